@@ -1,0 +1,44 @@
+"""hybridlock: reentrant locks that hold across the threads of one process and across processes and machines
+sharing a Redis or Valkey server.
+
+    registry = hybridlock.LockRegistry("redis://localhost:6379/0")
+    with registry.obtain("orders:42"):
+        ...
+
+Each lock takes a per-key local lock first, then a lease in the server whose value is the registry's
+``client_id``: threads of one process queue locally at no cost to the server, and reentrant use never leaves the
+process.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from ._lock import HybridLock
+from ._registry import LocalLockRegistry, LockRegistry
+from .errors import (
+    BackendUnavailableError,
+    HybridLockError,
+    InvalidArgumentError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    RegistryClosedError,
+)
+
+try:
+    __version__ = version("hybridlock")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "BackendUnavailableError",
+    "HybridLock",
+    "HybridLockError",
+    "InvalidArgumentError",
+    "LocalLockRegistry",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockRegistry",
+    "LockTimeoutError",
+    "RegistryClosedError",
+    "__version__",
+]

@@ -1,0 +1,59 @@
+"""How a lock key becomes server key names.
+
+A lock ``key`` in a registry with ``registry_key`` ``R`` uses these names in the server::
+
+    R:{key}            the lock itself (a string whose value is the owner's client_id)
+    R:{key}:fence      the fencing-token counter
+    R:{key}:wake       the pub/sub channel a release publishes on
+
+Why this shape:
+
+* Everything between the first ``{`` and the next ``}`` is the Redis Cluster hash tag, and every name above
+  starts with the same ``R:{key`` prefix, so all the names of one lock hash to one slot (even when ``key`` itself
+  contains ``}``: the tag then ends early, but at the same place in every name). One Lua script may therefore
+  touch all of them on a cluster.
+* ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
+  ``(registry_key, key)`` pairs can never produce the same lock name. The suffixes end in characters that differ
+  from each other and from ``}``, so a lock name never equals another lock's counter or channel name either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class LockNames:
+    """The server names one lock uses; see the module docstring for the layout."""
+
+    key: str
+    lock: str
+    fence: str
+    channel: str
+
+
+def validate_registry_key(registry_key: object) -> str:
+    if not isinstance(registry_key, str):
+        raise InvalidArgumentError(f"registry_key must be a str, not {type(registry_key).__name__}")
+    if not registry_key:
+        raise InvalidArgumentError("registry_key must not be empty")
+    if "{" in registry_key or "}" in registry_key:
+        raise InvalidArgumentError(
+            f"registry_key {registry_key!r} must not contain '{{' or '}}': they delimit the lock key's hash tag"
+        )
+    return registry_key
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"lock key must be a str, not {type(key).__name__}")
+    if not key:
+        raise InvalidArgumentError("lock key must not be empty")
+    return key
+
+
+def lock_names(registry_key: str, key: str) -> LockNames:
+    base = f"{registry_key}:{{{key}}}"
+    return LockNames(key=key, lock=base, fence=f"{base}:fence", channel=f"{base}:wake")

@@ -1,0 +1,323 @@
+"""HybridLock: a per-key local lock in front of a lease in the lock server.
+
+Acquiring takes the key's local mutex first, then the server lock; releasing does the reverse. So:
+
+* threads of one process queue on the local mutex and send nothing to the server while they wait; only the
+  thread at the head of that queue talks to the server;
+* a reentrant acquire or release by the owning thread only counts, locally;
+* the final release deletes the server key only if it still holds this registry's ``client_id`` and releases
+  the local mutex whatever the server said.
+
+Failure modes
+-------------
+* The lease ends while the lock is held (the holder was paused longer than the lease, renewal could not reach
+  the server, or someone deleted the key): another owner may enter. The holder learns it at the next renewal
+  (``lost``, ``on_lost`` callbacks) and at the final release (``LockLostError``). Leases cannot prevent this;
+  fencing tokens (``fencing_token``) let the protected resource reject the stale holder's writes.
+* The server is unreachable: ``acquire`` raises ``BackendUnavailableError`` with the local mutex released, never
+  returning True without the server lock; ``release`` releases locally, then raises the same error (the key ends
+  with its lease).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._keys import LockNames
+from .errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    LockLostError,
+    LockNotOwnedError,
+)
+
+if TYPE_CHECKING:
+    from ._registry import LockRegistry
+
+__all__ = ["HybridLock", "validate_timeout"]
+
+LostCallback = Callable[["HybridLock"], Any]
+
+
+def validate_timeout(blocking: object, timeout: object) -> float | None:
+    """Check ``acquire``'s arguments as ``threading.Lock.acquire`` does; return the timeout (None: forever)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if math.isnan(timeout):
+        raise InvalidArgumentError("timeout must not be NaN")
+    if not blocking:
+        if timeout != -1:
+            raise InvalidArgumentError("can't specify a timeout for a non-blocking call")
+        return 0.0
+    if timeout == -1 or timeout == math.inf:
+        return None
+    if timeout < 0:
+        raise InvalidArgumentError("timeout value must be a non-negative number or -1")
+    return float(timeout)
+
+
+class HybridLock:
+    """A reentrant lock that excludes threads of this process and every other owner of the same key.
+
+    Obtain it from a registry (``registry.obtain(key)``); it is a drop-in for ``threading.RLock``: ``with lock:``,
+    ``acquire(blocking, timeout)``, ``release()``, and ``threading.Condition(lock)`` all work.
+    """
+
+    def __init__(self, registry: LockRegistry, names: LockNames) -> None:
+        self._registry = registry
+        self._names = names
+        self._mutex = threading.Lock()
+        self._owner: int | None = None  # thread ident of the holder in this process
+        self._count = 0
+        self._fencing_token: int | None = None
+        self._valid_until: float | None = None
+        self._acquired_at: float | None = None
+        self._lost = False
+        self._tenancy = 0  # counts fresh acquisitions, so late renewal results for an earlier one are ignored
+        self._callbacks: list[LostCallback] = []
+        self.last_used = time.monotonic()
+
+    # -- what the lock is -----------------------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    @property
+    def registry(self) -> LockRegistry:
+        return self._registry
+
+    @property
+    def hold_count(self) -> int:
+        """The current thread's reentrancy depth (0 when it does not hold the lock)."""
+        return self._count if self._owner == threading.get_ident() else 0
+
+    def is_held_by_current_thread(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one)."""
+        if self._owner is not None:
+            return True
+        return self._registry._backend_call(self._names.key, lambda b: b.is_locked(self._names))
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token minted when this process last took the server lock, while it holds it; else None.
+
+        Tokens of one key strictly increase across every owner, so a resource that remembers the highest token it
+        has seen can refuse a write carrying a lower one (see ``hybridlock.fencing``)."""
+        return self._fencing_token if self._owner is not None else None
+
+    @property
+    def valid_until(self) -> float | None:
+        """A ``time.monotonic()`` deadline before which the lease is certainly still ours, or None when not held.
+
+        It is the start of the last successful acquire or renewal, plus the lease, minus a drift margin, so it
+        errs early. Check it before a side effect that must not happen after the lease ends."""
+        return self._valid_until if self._owner is not None else None
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal (or a release) found the server key gone or another owner's; reset by the next
+        successful acquire."""
+        return self._lost
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lock)`` once, from the registry's renewal thread, when the held lease is found lost."""
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
+        self._callbacks.append(callback)
+
+    def __repr__(self) -> str:
+        owner = self._owner
+        if owner is None:
+            state = "unlocked here"
+        else:
+            state = f"locked by thread {owner} (depth {self._count})"
+            if self._lost:
+                state += ", LOST"
+        return f"<hybridlock.HybridLock {self.key!r} {state} at {id(self):#x}>"
+
+    # -- acquiring --------------------------------------------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock, as ``threading.RLock.acquire`` does.
+
+        Returns True once both the local and the server lock are held (a reentrant acquire only counts, with no
+        round trip), False when ``blocking`` is False and the lock is busy, or when ``timeout`` seconds passed.
+        The timeout covers the local wait and the remote wait together.
+
+        Raises ``BackendUnavailableError`` (the local lock is then released again), ``RegistryClosedError``,
+        ``InvalidArgumentError`` for bad arguments.
+        """
+        wait = validate_timeout(blocking, timeout)
+        me = threading.get_ident()
+        if self._owner == me:
+            self._count += 1
+            return True
+        registry = self._registry
+        registry._check_open(self.key)
+        start = time.monotonic()
+        deadline = None if wait is None else start + wait
+        if wait is None:
+            got_local = self._mutex.acquire()
+        elif blocking:
+            got_local = self._mutex.acquire(True, wait)
+        else:
+            got_local = self._mutex.acquire(False)
+        if not got_local:
+            return False
+        try:
+            registry._check_open(self.key)
+            result = registry._acquire_remote(self._names, blocking, deadline)
+        except BaseException:
+            self._mutex.release()
+            raise
+        if result is None:
+            self._mutex.release()
+            return False
+        self._take_ownership(me, 1, result.fencing_token, start)
+        return True
+
+    def _take_ownership(self, me: int, count: int, token: int | None, start: float) -> None:
+        self._owner = me
+        self._count = count
+        self._tenancy += 1
+        self._fencing_token = token
+        self._lost = False
+        self._acquired_at = start
+        self._valid_until = self._registry._valid_until(start)
+        self.last_used = start
+        self._registry._track_held(self)
+
+    def try_lock(self, timeout: float | None = None) -> bool:
+        """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
+        ``timeout`` seconds. Returns whether the lock is now held."""
+        if timeout is None or timeout == 0:
+            return self.acquire(blocking=False)
+        return self.acquire(blocking=True, timeout=timeout)
+
+    tryLock = try_lock  # noqa: N815 - documented Java-style alias
+
+    def lock(self) -> None:
+        """Java's ``lock()``: wait as long as it takes."""
+        self.acquire()
+
+    def __enter__(self) -> HybridLock:
+        self.acquire()
+        return self
+
+    # -- releasing --------------------------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Undo one ``acquire`` by this thread; the last one releases the server lock, then the local lock.
+
+        Raises ``LockNotOwnedError`` (a ``RuntimeError``) when the current thread does not hold the lock,
+        ``LockLostError`` when the lease had ended before the final release (the lock is released all the same),
+        ``BackendUnavailableError`` when the server could not be told (the lock is released locally; the server
+        key ends with its lease).
+        """
+        if self._owner != threading.get_ident():
+            raise LockNotOwnedError("cannot release a lock this thread does not hold", key=self.key)
+        if self._count > 1:
+            self._count -= 1
+            return
+        self._release_fully()
+
+    unlock = release
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def _release_fully(self) -> None:
+        registry = self._registry
+        was_lost = self._lost
+        released = False
+        try:
+            released = registry._release_remote(self._names)
+        finally:
+            self._owner = None
+            self._count = 0
+            self._fencing_token = None
+            self._valid_until = None
+            self.last_used = time.monotonic()
+            registry._untrack_held(self)
+            self._mutex.release()
+        if was_lost or not released:
+            if not was_lost:
+                self._lost = True
+            raise LockLostError(
+                "the lock's lease had ended before release: another owner may have held it meanwhile, so data it "
+                "guarded may have been changed",
+                key=self.key,
+                server=registry.server,
+            )
+
+    # -- leases -------------------------------------------------------------------------------------------------------
+
+    def renew(self, expire_after: float | None = None) -> None:
+        """Reset the lease to ``expire_after`` seconds (default: the registry's) from now, in one round trip.
+
+        Any thread of this process may renew while some thread here holds the lock (a watchdog, say). Raises
+        ``LockNotOwnedError`` when no thread here holds it, ``LockLostError`` when the server key is no longer
+        ours (the lock is then marked lost)."""
+        self._registry._renew_by_hand(self, expire_after)
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
+        if self._owner is not None and self._tenancy == tenancy:
+            self._valid_until = self._registry._valid_until(start, lease)
+
+    def _mark_lost(self, tenancy: int) -> None:
+        """Record that the held lease of acquisition number ``tenancy`` ended; run the callbacks once."""
+        if self._lost or self._owner is None or self._tenancy != tenancy:
+            return
+        self._lost = True
+        self._valid_until = None
+        self._registry._report_lost(self, list(self._callbacks))
+
+    # -- threading.Condition support ---------------------------------------------------------------------------------
+    # Condition(lock) uses these when present, so that wait() releases every level of a reentrant hold (and the
+    # server lock, letting other owners in while we wait) and restores the depth afterwards.
+
+    def _is_owned(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    def _release_save(self) -> tuple[int, bool]:
+        if self._owner != threading.get_ident():
+            raise LockNotOwnedError("cannot wait on a condition without holding its lock", key=self.key)
+        count = self._count
+        try:
+            self._release_fully()
+        except LockLostError:
+            # Report it after the wait, once the lock is held again, so the caller's `with` exits cleanly.
+            return count, True
+        return count, False
+
+    def _acquire_restore(self, state: tuple[int, bool]) -> None:
+        count, lost_before_wait = state
+        self.acquire()
+        self._count = count
+        if lost_before_wait:
+            raise LockLostError(
+                "the lock's lease had ended before Condition.wait() released it; it is held again now",
+                key=self.key,
+                server=self._registry.server,
+            )
+
+    # -- fork ------------------------------------------------------------------------------------------------------
+
+    def _reset_after_fork(self) -> None:
+        # The child process owns none of its parent's locks, not even in the thread that forked: it gets a fresh
+        # mutex (the parent's may have been held at fork time) and, through the registry, a new client_id.
+        self._mutex = threading.Lock()
+        self._owner = None
+        self._count = 0
+        self._fencing_token = None
+        self._valid_until = None
+        self._lost = False
+

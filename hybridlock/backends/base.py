@@ -1,0 +1,97 @@
+"""The narrow interface between lock logic and a lock server.
+
+The lock classes decide *what* to do (reentrancy, timeouts, waiting, renewal, loss); a backend only *does* it,
+one atomic server operation per method. A backend:
+
+* never blocks longer than its client's own socket timeout;
+* translates every failure to reach its server into :class:`~hybridlock.BackendUnavailableError` carrying the
+  key and the server address (this is the one place where client exceptions are translated);
+* keeps all the names one lock uses in one place (:class:`~hybridlock._keys.LockNames`), so every operation on
+  one lock touches a single Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from .._keys import LockNames
+
+__all__ = ["AcquireResult", "LockBackend", "ReleaseWatch"]
+
+
+class AcquireResult(NamedTuple):
+    """What one remote acquire attempt found.
+
+    ``acquired`` is True when the caller now owns the key; ``fencing_token`` is then the token minted for this
+    tenancy. When False, ``holder_ttl`` is how many seconds the current holder's lease still runs (``None`` when
+    the holder's key has no expiry or the time is unknown): a waiter never needs to sleep past it.
+    """
+
+    acquired: bool
+    fencing_token: int | None = None
+    holder_ttl: float | None = None
+
+
+class ReleaseWatch(abc.ABC):
+    """A subscription to release notifications for one lock, open while a thread waits for it.
+
+    The waiting protocol that loses no wake-up is: open the watch, *then* try to acquire, then ``wait``; a release
+    that lands between the attempt and the wait has already been recorded by the watch.
+    """
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a release; True if one was seen since the watch opened or last
+        returned True."""
+
+    @property
+    def reliable(self) -> bool:
+        """False while the subscription is known to be down: the caller should back off instead of trusting
+        ``wait`` to wake it."""
+        return True
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop watching; idempotent."""
+
+    def __enter__(self) -> ReleaseWatch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class LockBackend(abc.ABC):
+    """A lock server: in memory, one Redis/Valkey server, and later quorum and cluster variants."""
+
+    #: Human-readable server address, used in error messages (``redis://127.0.0.1:6379/0``, ``memory``).
+    address: str = "unknown"
+
+    @abc.abstractmethod
+    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        """Take ``names.lock`` for ``owner`` for ``lease_ms`` milliseconds (None: no expiry), in one round trip,
+        minting a fencing token on success. Never waits for the lock."""
+
+    @abc.abstractmethod
+    def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        """Delete ``names.lock`` only if its value is ``owner`` (and then, if ``notify``, wake waiters). Returns
+        False when the key was gone or held by someone else: the caller's lease had ended."""
+
+    @abc.abstractmethod
+    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+        """Reset the lease of every lock in ``names`` still held by ``owner`` to ``lease_ms``, in as few round
+        trips as the server allows (one per cluster slot). Returns one flag per lock: False means it was lost."""
+
+    @abc.abstractmethod
+    def is_locked(self, names: LockNames) -> bool:
+        """Whether anyone holds ``names.lock`` right now."""
+
+    def watch(self, names: LockNames) -> ReleaseWatch | None:
+        """Start watching ``names`` for releases, or None when this backend cannot notify (callers then back off
+        and retry at the holder's lease end)."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends own nothing to close
+        """Release what the backend owns (connections, threads). Idempotent."""

@@ -1,0 +1,127 @@
+"""An in-process lock server: the backend of ``LocalLockRegistry`` and of fast unit tests.
+
+Two registries built on one ``MemoryBackend`` behave like two processes sharing one Redis server (each registry
+has its own ``client_id``), which lets the lock logic be tested quickly without a server. Leases use
+``time.monotonic()``; a lease of ``None`` never expires.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from .._keys import LockNames
+from .base import AcquireResult, LockBackend, ReleaseWatch
+
+__all__ = ["MemoryBackend"]
+
+
+class _Entry:
+    __slots__ = ("owner", "expires_at")
+
+    def __init__(self, owner: str, expires_at: float | None) -> None:
+        self.owner = owner
+        self.expires_at = expires_at
+
+
+class MemoryBackend(LockBackend):
+    """Keeps locks in a dict guarded by one condition variable."""
+
+    address = "memory"
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._entries: dict[str, _Entry] = {}
+        # Fencing counters are kept for the backend's life: an in-process store has no restart to survive.
+        self._fences: dict[str, int] = {}
+        # Release counter per watched lock name, and how many watches use it (dropped at zero).
+        self._release_counts: dict[str, int] = {}
+        self._watchers: dict[str, int] = {}
+
+    def _live_entry(self, name: str, now: float) -> _Entry | None:
+        entry = self._entries.get(name)
+        if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
+            del self._entries[name]
+            return None
+        return entry
+
+    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        now = time.monotonic()
+        with self._cond:
+            entry = self._live_entry(names.lock, now)
+            if entry is not None and entry.owner != owner:
+                ttl = None if entry.expires_at is None else max(0.0, entry.expires_at - now)
+                return AcquireResult(False, None, ttl)
+            expires_at = None if lease_ms is None else now + lease_ms / 1000.0
+            self._entries[names.lock] = _Entry(owner, expires_at)
+            token = self._fences.get(names.fence, 0) + 1
+            self._fences[names.fence] = token
+            return AcquireResult(True, token, None)
+
+    def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        with self._cond:
+            entry = self._live_entry(names.lock, time.monotonic())
+            if entry is None or entry.owner != owner:
+                return False
+            del self._entries[names.lock]
+            if notify and names.lock in self._release_counts:
+                self._release_counts[names.lock] += 1
+                self._cond.notify_all()
+            return True
+
+    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+        now = time.monotonic()
+        renewed = []
+        with self._cond:
+            for n in names:
+                entry = self._live_entry(n.lock, now)
+                ok = entry is not None and entry.owner == owner
+                if ok:
+                    assert entry is not None
+                    entry.expires_at = now + lease_ms / 1000.0
+                renewed.append(ok)
+        return renewed
+
+    def is_locked(self, names: LockNames) -> bool:
+        with self._cond:
+            return self._live_entry(names.lock, time.monotonic()) is not None
+
+    def delete(self, names: LockNames) -> None:
+        """Remove a lock whoever holds it: what an operator or an expiry does behind a holder's back (tests)."""
+        with self._cond:
+            self._entries.pop(names.lock, None)
+
+    def watch(self, names: LockNames) -> ReleaseWatch:
+        return _MemoryWatch(self, names.lock)
+
+
+class _MemoryWatch(ReleaseWatch):
+    def __init__(self, backend: MemoryBackend, name: str) -> None:
+        self._backend = backend
+        self._name = name
+        self._closed = False
+        with backend._cond:
+            backend._watchers[name] = backend._watchers.get(name, 0) + 1
+            self._seen = backend._release_counts.setdefault(name, 0)
+
+    def wait(self, timeout: float) -> bool:
+        backend = self._backend
+        with backend._cond:
+            backend._cond.wait_for(lambda: backend._release_counts[self._name] != self._seen, timeout)
+            current = backend._release_counts[self._name]
+            woken, self._seen = current != self._seen, current
+            return woken
+
+    def close(self) -> None:
+        backend = self._backend
+        with backend._cond:
+            if self._closed:
+                return
+            self._closed = True
+            left = backend._watchers[self._name] - 1
+            if left:
+                backend._watchers[self._name] = left
+            else:
+                del backend._watchers[self._name]
+                del backend._release_counts[self._name]

@@ -1,0 +1,135 @@
+"""The Redis / Valkey backend: one server, reached through a redis-py client.
+
+Failure modes
+-------------
+* The server is unreachable or does not answer within the client's ``socket_timeout``: every method raises
+  :class:`~hybridlock.BackendUnavailableError` naming the key and the server. Nothing retries forever.
+* A reply is lost after the server executed the command (a timeout, a dropped connection) and the client retries:
+  a retried ACQUIRE finds our own ``client_id`` and takes the lock over (see ``scripts.ACQUIRE``); a retried
+  RELEASE finds the key gone and reports the lock as lost. That false alarm errs on the safe side.
+* The server restarts without persistence: held keys vanish. Holders find out at their next renewal or release
+  (``LockLostError``); fencing counters are re-seeded from the server clock and stay monotonic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+import redis.exceptions
+
+from .._keys import LockNames
+from ..errors import BackendUnavailableError, HybridLockError
+from . import scripts
+from .base import AcquireResult, LockBackend, ReleaseWatch
+
+__all__ = ["RedisBackend", "ScriptRunner", "client_address"]
+
+
+def client_address(client: Any) -> str:
+    """A readable ``redis://host:port/db`` (or ``unix://path``) for error messages."""
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+    except AttributeError:
+        return type(client).__name__
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+class ScriptRunner:
+    """Runs the Lua scripts of ``scripts`` on one client: EVALSHA first, EVAL when the server answers NOSCRIPT.
+
+    The SHA1 digests are computed locally, so nothing is sent ahead of first use, and a server that lost its
+    script cache (restart, ``SCRIPT FLUSH``, failover) costs one EVAL, after which EVALSHA works again.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._sha: dict[str, str] = {}
+
+    def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        sha = self._sha.get(source)
+        if sha is None:
+            sha = self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+        try:
+            return self._client.evalsha(sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return self._client.eval(source, len(keys), *keys, *args)
+
+
+class RedisBackend(LockBackend):
+    """Locks in one Redis or Valkey server. ``client`` is a ``redis.Redis`` (or compatible) instance."""
+
+    def __init__(self, client: Any, *, owns_client: bool = False) -> None:
+        self.client = client
+        self.address = client_address(client)
+        self._owns_client = owns_client
+        self._scripts = ScriptRunner(client)
+
+    @contextlib.contextmanager
+    def _translated(self, key: str | None) -> Iterator[None]:
+        # The one place where client exceptions become hybridlock's.
+        try:
+            yield
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            raise BackendUnavailableError(f"lock server unreachable: {exc}", key=key, server=self.address) from exc
+        except redis.exceptions.BusyLoadingError as exc:
+            raise BackendUnavailableError(f"lock server is loading: {exc}", key=key, server=self.address) from exc
+        except redis.exceptions.ReadOnlyError as exc:
+            raise BackendUnavailableError(
+                f"lock server is a read-only replica: {exc}", key=key, server=self.address
+            ) from exc
+        except redis.exceptions.RedisError as exc:
+            raise HybridLockError(f"lock server error: {exc}", key=key, server=self.address) from exc
+
+    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        with self._translated(names.key):
+            acquired, value = self._scripts.run(
+                scripts.ACQUIRE,
+                (names.lock, names.fence),
+                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS),
+            )
+        if acquired:
+            return AcquireResult(True, int(value), None)
+        return AcquireResult(False, None, None if value < 0 else value / 1000.0)
+
+    def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        with self._translated(names.key):
+            released = self._scripts.run(
+                scripts.RELEASE, (names.lock,), (owner, names.channel, "publish" if notify else "")
+            )
+        return bool(released)
+
+    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+        if not names:
+            return []
+        with self._translated(names[0].key if len(names) == 1 else None):
+            flags = self._scripts.run(scripts.RENEW, [n.lock for n in names], (owner, lease_ms))
+        return [bool(flag) for flag in flags]
+
+    def is_locked(self, names: LockNames) -> bool:
+        with self._translated(names.key):
+            return bool(self.client.exists(names.lock))
+
+    def watch(self, names: LockNames) -> ReleaseWatch | None:
+        return None
+
+    def close(self) -> None:
+        if self._owns_client:
+            with contextlib.suppress(Exception):
+                self.client.close()
+
+
+def redis_client_from_url(url: str) -> redis.Redis:
+    """A client for ``url`` with hybridlock's defaults: bounded timeouts and a single immediate retry (which
+    reconnects a pooled connection the server dropped, without stretching a dead server's error by seconds)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+    options["retry"] = Retry(NoBackoff(), 1)
+    return redis.Redis.from_url(url, **options)

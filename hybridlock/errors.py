@@ -1,0 +1,91 @@
+"""The hybridlock error tree.
+
+Every exception the library raises on purpose derives from :class:`HybridLockError`. Each child also derives
+from the standard exception a caller would already catch for that kind of failure (``RuntimeError`` for misuse
+and lost locks, ``TimeoutError`` for a wait that ran out, ``ConnectionError`` for an unreachable server,
+``ValueError``/``TypeError`` for bad arguments), so code written against ``threading`` keeps working.
+
+Each error carries the lock ``key`` and the ``server`` address (where they apply) as attributes, includes them
+in its message, and survives pickling (so it can cross a ``multiprocessing`` boundary intact).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendUnavailableError",
+    "HybridLockError",
+    "InvalidArgumentError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockTimeoutError",
+    "RegistryClosedError",
+]
+
+
+class HybridLockError(Exception):
+    """Root of every error hybridlock raises.
+
+    Attributes:
+        key: the lock key the error is about, or ``None``.
+        server: the address of the server involved (``"redis://127.0.0.1:6379/0"``, ``"memory"``), or ``None``.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, server: str | None = None) -> None:
+        self.message = message
+        self.key = key
+        self.server = server
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.key is not None:
+            where.append(f"key={self.key!r}")
+        if self.server is not None:
+            where.append(f"server={self.server}")
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default reduce would call cls(*self.args) and lose the keyword-only fields.
+        return (_rebuild, (type(self), self.message, self.key, self.server))
+
+
+def _rebuild(cls: type[HybridLockError], message: str, key: str | None, server: str | None) -> HybridLockError:
+    return cls(message, key=key, server=server)
+
+
+class InvalidArgumentError(HybridLockError, ValueError, TypeError):
+    """A caller passed a bad value or type: an empty key, a negative timeout, ``expire_after <= 0``, ...
+
+    It is both a ``ValueError`` (as ``threading`` raises for bad timeouts) and a ``TypeError`` (for wrong types),
+    so either ``except`` clause a caller already has catches it.
+    """
+
+
+class LockNotOwnedError(HybridLockError, RuntimeError):
+    """``release()`` by a thread that does not hold the lock (``threading.RLock`` raises ``RuntimeError`` too)."""
+
+
+class LockLostError(HybridLockError, RuntimeError):
+    """The lock's lease in the server ended (it expired, or the key was deleted or taken) while it was held.
+
+    Another holder may have entered the critical section in the meantime, so data the lock guarded may have been
+    changed by someone else. The local lock has been released all the same when this is raised from ``release()``.
+    """
+
+
+class LockTimeoutError(HybridLockError, TimeoutError):
+    """A wait for a lock ran out of time where the API promises the lock or an exception."""
+
+
+class BackendUnavailableError(HybridLockError, ConnectionError):
+    """The lock server could not be reached, or did not answer in time.
+
+    The operation did not take the lock: an ``acquire`` that raises this has released the local lock, and a
+    ``release`` that raises this has released the local lock (the server key then ends with its lease).
+    """
+
+
+class RegistryClosedError(HybridLockError, RuntimeError):
+    """The registry (or a lock obtained from it) was used after ``close()``."""
