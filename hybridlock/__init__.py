@@ -10,7 +10,8 @@ Each lock takes a per-key local lock first, then a lease in the server whose val
 process.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from ._lock import HybridLock
 from ._registry import LocalLockRegistry, LockRegistry
@@ -25,8 +26,8 @@ from .errors import (
 )
 
 try:
-    __version__ = version("hybridlock")
-except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = _version("hybridlock")
+except _PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
 __all__ = [
