@@ -29,7 +29,7 @@ from ._keys import LockNames, lock_names, validate_key, validate_registry_key
 from ._lock import HybridLock, LostCallback
 from ._renewal import LeaseRenewer
 from ._waiting import WaitPolicy
-from .backends.base import AcquireResult, LockBackend
+from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
 from .errors import InvalidArgumentError, LockLostError, LockNotOwnedError, RegistryClosedError
 
@@ -241,10 +241,11 @@ class LockRegistry:
 
         Returns the successful result, or None when not blocking or out of time."""
         backend = self._backend
-        watch = None
+        watch: ReleaseWatch | None = None
         attempt = 0
         try:
             while True:
+                epoch_before = None if watch is None else watch.epoch()
                 result = backend.try_acquire(names, self._client_id, self._lease_ms)
                 if result.acquired:
                     return result
@@ -259,13 +260,16 @@ class LockRegistry:
                         # Subscribed now: try once more before sleeping, or a release that landed between the
                         # failed attempt and the subscription would never wake us.
                         continue
-                notified = watch is not None and watch.reliable
+                epoch = None if watch is None else watch.epoch()
+                if epoch is not None and epoch != epoch_before:
+                    continue  # the subscription came (back) up after that attempt: same reasoning, retry first
+                notified = epoch is not None
                 delay = self._wait_policy.delay(attempt, result.holder_ttl, notified)
                 attempt += 1
                 if deadline is not None:
                     delay = min(delay, deadline - now)
-                if notified:
-                    assert watch is not None
+                if watch is not None:
+                    # Also returns early when the subscription's state changes.
                     watch.wait(delay)
                 else:
                     self._closed_event.wait(delay)

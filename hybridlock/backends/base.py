@@ -37,30 +37,24 @@ class AcquireResult(NamedTuple):
 class ReleaseWatch(abc.ABC):
     """A subscription to release notifications for one lock, open while a thread waits for it.
 
-    The waiting protocol that loses no wake-up is: open the watch, *then* try to acquire, then ``wait``; a release
-    that lands between the attempt and the wait has already been recorded by the watch.
+    The waiting protocol that loses no wake-up: note ``epoch()``, try to acquire, and only if ``epoch()`` is
+    still the same and not None, ``wait`` for a notification; a release that lands after the attempt has then
+    been recorded by the watch. A None epoch means the subscription is down (or not yet confirmed): back off.
     """
 
     @abc.abstractmethod
-    def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a release; True if one was seen since the watch opened or last
-        returned True."""
+    def epoch(self) -> int | None:
+        """An id of the current confirmed subscription, changing whenever it is (re-)established; None while
+        the subscription is down or not yet confirmed."""
 
-    @property
-    def reliable(self) -> bool:
-        """False while the subscription is known to be down: the caller should back off instead of trusting
-        ``wait`` to wake it."""
-        return True
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds for a release or a change of the subscription's state; True if one
+        happened since the watch opened or ``wait`` last returned True."""
 
     @abc.abstractmethod
     def close(self) -> None:
         """Stop watching; idempotent."""
-
-    def __enter__(self) -> ReleaseWatch:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class LockBackend(abc.ABC):

@@ -105,6 +105,9 @@ class _MemoryWatch(ReleaseWatch):
             backend._watchers[name] = backend._watchers.get(name, 0) + 1
             self._seen = backend._release_counts.setdefault(name, 0)
 
+    def epoch(self) -> int | None:
+        return 0  # an in-process notification cannot be lost
+
     def wait(self, timeout: float) -> bool:
         backend = self._backend
         with backend._cond:

@@ -25,6 +25,7 @@ from .._keys import LockNames
 from ..errors import BackendUnavailableError, HybridLockError
 from . import scripts
 from .base import AcquireResult, LockBackend, ReleaseWatch
+from .redis_pubsub import Subscriber
 
 __all__ = ["RedisBackend", "ScriptRunner", "client_address"]
 
@@ -69,6 +70,10 @@ class RedisBackend(LockBackend):
         self.address = client_address(client)
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client)
+        self._subscriber = Subscriber(client)
+
+    def after_fork_in_child(self) -> None:
+        self._subscriber.after_fork_in_child()
 
     @contextlib.contextmanager
     def _translated(self, key: str | None) -> Iterator[None]:
@@ -116,9 +121,10 @@ class RedisBackend(LockBackend):
             return bool(self.client.exists(names.lock))
 
     def watch(self, names: LockNames) -> ReleaseWatch | None:
-        return None
+        return self._subscriber.watch(names.channel)
 
     def close(self) -> None:
+        self._subscriber.close()
         if self._owns_client:
             with contextlib.suppress(Exception):
                 self.client.close()

@@ -1,0 +1,259 @@
+"""Release notifications over Redis pub/sub: one subscriber connection and one listener thread per backend.
+
+Waiting threads never touch a socket. Each opens a :class:`ReleaseWatch` on its lock's channel (reference
+counted: forty threads waiting on one key share one subscription) and waits on a condition variable that the
+listener thread signals when a release message arrives.
+
+Failure modes
+-------------
+* SUBSCRIBE is refused (an ACL, a renamed command) or the connection breaks (``CLIENT KILL``, a restart, a
+  network fault): the listener marks the subscription down (watch epoch ``None``), wakes every waiter so each
+  retries at once and then falls back to jittered backoff bounded by the holder's lease, and re-subscribes with
+  growing pauses. When the subscription is confirmed again the epoch changes, so waiters retry their acquire once
+  more before trusting notifications again: no release that happened meanwhile is missed.
+* A published message is lost in transit: a waiter still wakes at the holder's lease end, or after
+  ``WaitPolicy.notified_cap`` when the lease has no end.
+
+Channels whose last watcher left are unsubscribed lazily by the listener (after ``_IDLE_UNSUBSCRIBE`` seconds),
+so a key waited on again and again does not churn SUBSCRIBE/UNSUBSCRIBE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+from .base import ReleaseWatch
+
+__all__ = ["Subscriber"]
+
+logger = logging.getLogger("hybridlock")
+
+_IDLE_UNSUBSCRIBE = 5.0
+_LISTEN_TIMEOUT = 1.0
+_RECONNECT_INITIAL = 0.05
+_RECONNECT_CAP = 2.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Subscriber:
+    """Owns the pub/sub connection of one Redis backend. Thread-safe."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._cond = threading.Condition(threading.Lock())
+        self._refs: dict[str, int] = {}  # channel -> open watches
+        self._released: dict[str, int] = {}  # channel -> release messages seen (watches compare counts)
+        self._idle_since: dict[str, float] = {}  # channel with no watch -> since when
+        self._subscribed: set[str] = set()  # confirmed by the server
+        self._requested: set[str] = set()  # SUBSCRIBE sent (or to be re-sent after reconnecting)
+        self._epoch = 0  # bumped whenever the connection is (re-)established
+        self._up = False  # the connection works and has not failed since it was established
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        #: Times the subscription went down (for tests and statistics).
+        self.failures = 0
+
+    # -- used by watches -------------------------------------------------------------------------------------------
+
+    def watch(self, channel: str) -> _RedisWatch:
+        with self._cond:
+            self._refs[channel] = self._refs.get(channel, 0) + 1
+            self._idle_since.pop(channel, None)
+            self._released.setdefault(channel, 0)
+            watch = _RedisWatch(self, channel, self._released[channel])
+            if channel not in self._requested and self._up:
+                self._send_locked("subscribe", channel)
+            self._requested.add(channel)
+            self._start_locked()
+            return watch
+
+    def _unwatch(self, channel: str) -> None:
+        with self._cond:
+            left = self._refs[channel] - 1
+            if left:
+                self._refs[channel] = left
+            else:
+                del self._refs[channel]
+                self._idle_since[channel] = time.monotonic()
+
+    def _channel_epoch(self, channel: str) -> int | None:
+        # Called with the condition held.
+        return self._epoch if self._up and channel in self._subscribed else None
+
+    # -- the connection ----------------------------------------------------------------------------------------------
+
+    def _start_locked(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._run, name="hybridlock-pubsub-listener", daemon=True)
+            self._thread.start()
+
+    def _send_locked(self, command: str, *channels: str) -> None:
+        # redis-py lets one thread send (un)subscribe commands while another reads messages. A failure here is
+        # left for the listener to notice on its next read.
+        try:
+            getattr(self._pubsub, command)(*channels)
+        except Exception as exc:  # noqa: BLE001 - any client failure means the same: the connection is down
+            self._mark_down_locked(exc)
+
+    def _mark_down_locked(self, exc: BaseException) -> None:
+        if self._up:
+            self.failures += 1
+            logger.info("hybridlock: pub/sub subscription lost (%s); waiters fall back to backoff", exc)
+        self._up = False
+        self._subscribed.clear()
+        self._cond.notify_all()  # waiters retry now and back off until we are up again
+
+    def _connect(self) -> None:
+        with self._cond:
+            old, self._pubsub = self._pubsub, self._client.pubsub()
+            wanted = sorted(self._requested)
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        if wanted:
+            self._pubsub.subscribe(*wanted)
+        else:
+            # Open the connection now, so a failure shows here rather than on the first watch.
+            self._pubsub.ping()
+        with self._cond:
+            self._epoch += 1
+            self._up = True
+            # Channels asked for while we were connecting.
+            missing = sorted(self._requested.difference(wanted))
+            if missing:
+                self._send_locked("subscribe", *missing)
+
+    def _run(self) -> None:
+        pause = _RECONNECT_INITIAL
+        while True:
+            with self._cond:
+                if self._stopped:
+                    break
+                up = self._up
+            if not up:
+                try:
+                    self._connect()
+                    pause = _RECONNECT_INITIAL
+                except Exception as exc:  # noqa: BLE001
+                    with self._cond:
+                        self._mark_down_locked(exc)
+                        self._cond.wait(pause)
+                    pause = min(pause * 2, _RECONNECT_CAP)
+                    continue
+            try:
+                message = self._pubsub.get_message(timeout=_LISTEN_TIMEOUT)
+            except Exception as exc:  # noqa: BLE001
+                with self._cond:
+                    self._mark_down_locked(exc)
+                    self._cond.wait(pause)
+                pause = min(pause * 2, _RECONNECT_CAP)
+                continue
+            if message is not None:
+                self._handle(message)
+            self._unsubscribe_idle()
+        with contextlib.suppress(Exception):
+            if self._pubsub is not None:
+                self._pubsub.close()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = _text(message.get("type"))
+        channel = _text(message.get("channel"))
+        with self._cond:
+            if kind == "message":
+                if channel in self._released:
+                    self._released[channel] += 1
+            elif kind == "subscribe":
+                self._subscribed.add(channel)
+            elif kind == "unsubscribe":
+                self._subscribed.discard(channel)
+                if channel in self._refs:
+                    # Wanted again while the UNSUBSCRIBE was in flight.
+                    self._send_locked("subscribe", channel)
+                else:
+                    self._requested.discard(channel)
+                    self._released.pop(channel, None)
+            else:
+                return
+            self._cond.notify_all()
+
+    def _unsubscribe_idle(self) -> None:
+        with self._cond:
+            if not self._idle_since:
+                return
+            cutoff = time.monotonic() - _IDLE_UNSUBSCRIBE
+            idle = [ch for ch, since in self._idle_since.items() if since <= cutoff]
+            for ch in idle:
+                del self._idle_since[ch]
+                # Not to be trusted from now on: a watcher arriving before the UNSUBSCRIBE is confirmed must wait
+                # for the re-subscription (see _handle) before relying on notifications.
+                self._subscribed.discard(ch)
+            if idle and self._up:
+                self._send_locked("unsubscribe", *idle)
+            elif idle:
+                for ch in idle:
+                    self._requested.discard(ch)
+                    self._released.pop(ch, None)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._up = False
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=_LISTEN_TIMEOUT + 2.0)
+
+    def after_fork_in_child(self) -> None:
+        # The listener thread and the parent's connection do not exist in the child; start afresh.
+        self._cond = threading.Condition(threading.Lock())
+        self._refs.clear()
+        self._released.clear()
+        self._idle_since.clear()
+        self._subscribed.clear()
+        self._requested.clear()
+        self._up = False
+        self._pubsub = None
+        self._thread = None
+
+
+class _RedisWatch(ReleaseWatch):
+    def __init__(self, subscriber: Subscriber, channel: str, seen: int) -> None:
+        self._subscriber = subscriber
+        self._channel = channel
+        self._seen = seen
+        self._state = subscriber._channel_epoch(channel)
+        self._closed = False
+
+    def epoch(self) -> int | None:
+        with self._subscriber._cond:
+            return self._subscriber._channel_epoch(self._channel)
+
+    def wait(self, timeout: float) -> bool:
+        sub = self._subscriber
+
+        def changed() -> bool:
+            return (
+                sub._released.get(self._channel, self._seen) != self._seen
+                or sub._channel_epoch(self._channel) != self._state
+                or sub._stopped
+            )
+
+        with sub._cond:
+            sub._cond.wait_for(changed, timeout)
+            woken = changed()
+            self._seen = sub._released.get(self._channel, self._seen)
+            self._state = sub._channel_epoch(self._channel)
+            return woken
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._subscriber._unwatch(self._channel)
