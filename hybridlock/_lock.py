@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from ._keys import LockNames
 from .errors import (
-    BackendUnavailableError,
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
@@ -103,7 +102,8 @@ class HybridLock:
         """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one)."""
         if self._owner is not None:
             return True
-        return self._registry._backend_call(self._names.key, lambda b: b.is_locked(self._names))
+        self._registry._check_open(self.key)
+        return self._registry.backend.is_locked(self._names)
 
     @property
     def fencing_token(self) -> int | None:
@@ -320,4 +320,3 @@ class HybridLock:
         self._fencing_token = None
         self._valid_until = None
         self._lost = False
-

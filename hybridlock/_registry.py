@@ -22,7 +22,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from ._keys import LockNames, lock_names, validate_key, validate_registry_key
@@ -232,10 +232,6 @@ class LockRegistry:
         if self._closed:
             raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
 
-    def _backend_call(self, key: str, call: Callable[[LockBackend], Any]) -> Any:
-        self._check_open(key)
-        return call(self._backend)
-
     def _acquire_remote(self, names: LockNames, blocking: bool, deadline: float | None) -> AcquireResult | None:
         """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
@@ -301,8 +297,7 @@ class LockRegistry:
         lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)
         assert lease is not None
         if lock._owner is None:
-            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=lock.key,
-                                    server=self.server)
+            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=lock.key, server=self.server)
         if lock.lost:
             raise LockLostError("the lock's lease has already ended", key=lock.key, server=self.server)
         start = time.monotonic()

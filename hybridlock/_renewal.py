@@ -73,16 +73,13 @@ class LeaseRenewer:
         locks = [
             (lock, lock._tenancy)
             for lock in registry.held_locks()
-            if not lock.lost
-            and (max_hold is None or lock._acquired_at is None or now - lock._acquired_at < max_hold)
+            if not lock.lost and (max_hold is None or lock._acquired_at is None or now - lock._acquired_at < max_hold)
         ]
         if not locks:
             return
         start = time.monotonic()
         try:
-            flags = registry.backend.renew(
-                [lock._names for lock, _ in locks], registry.client_id, registry._lease_ms
-            )
+            flags = registry.backend.renew([lock._names for lock, _ in locks], registry.client_id, registry._lease_ms)
         except HybridLockError:
             # Unreachable server: leases keep running out; any that certainly ended is lost (see module docstring).
             after = time.monotonic()
@@ -92,7 +89,7 @@ class LeaseRenewer:
                     lock._mark_lost(tenancy)
             return
         self.rounds += 1
-        for (lock, tenancy), renewed in zip(locks, flags):
+        for (lock, tenancy), renewed in zip(locks, flags, strict=True):
             if renewed:
                 lock._renewed(tenancy, start)
             else:

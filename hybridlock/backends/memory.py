@@ -18,7 +18,7 @@ __all__ = ["MemoryBackend"]
 
 
 class _Entry:
-    __slots__ = ("owner", "expires_at")
+    __slots__ = ("expires_at", "owner")
 
     def __init__(self, owner: str, expires_at: float | None) -> None:
         self.owner = owner

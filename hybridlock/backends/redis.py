@@ -27,7 +27,7 @@ from . import scripts
 from .base import AcquireResult, LockBackend, ReleaseWatch
 from .redis_pubsub import Subscriber
 
-__all__ = ["RedisBackend", "ScriptRunner", "client_address"]
+__all__ = ["RedisBackend", "ScriptRunner", "client_address", "translated_errors"]
 
 
 def client_address(client: Any) -> str:
@@ -39,6 +39,21 @@ def client_address(client: Any) -> str:
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+@contextlib.contextmanager
+def translated_errors(key: str | None, server: str) -> Iterator[None]:
+    """The one place where redis-py exceptions become hybridlock's, naming the key and the server."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise BackendUnavailableError(f"lock server unreachable: {exc}", key=key, server=server) from exc
+    except redis.exceptions.BusyLoadingError as exc:
+        raise BackendUnavailableError(f"lock server is loading: {exc}", key=key, server=server) from exc
+    except redis.exceptions.ReadOnlyError as exc:
+        raise BackendUnavailableError(f"lock server is a read-only replica: {exc}", key=key, server=server) from exc
+    except redis.exceptions.RedisError as exc:
+        raise HybridLockError(f"lock server error: {exc}", key=key, server=server) from exc
 
 
 class ScriptRunner:
@@ -75,21 +90,8 @@ class RedisBackend(LockBackend):
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
 
-    @contextlib.contextmanager
-    def _translated(self, key: str | None) -> Iterator[None]:
-        # The one place where client exceptions become hybridlock's.
-        try:
-            yield
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            raise BackendUnavailableError(f"lock server unreachable: {exc}", key=key, server=self.address) from exc
-        except redis.exceptions.BusyLoadingError as exc:
-            raise BackendUnavailableError(f"lock server is loading: {exc}", key=key, server=self.address) from exc
-        except redis.exceptions.ReadOnlyError as exc:
-            raise BackendUnavailableError(
-                f"lock server is a read-only replica: {exc}", key=key, server=self.address
-            ) from exc
-        except redis.exceptions.RedisError as exc:
-            raise HybridLockError(f"lock server error: {exc}", key=key, server=self.address) from exc
+    def _translated(self, key: str | None) -> contextlib.AbstractContextManager[None]:
+        return translated_errors(key, self.address)
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
         with self._translated(names.key):

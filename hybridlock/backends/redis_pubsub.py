@@ -100,7 +100,7 @@ class Subscriber:
         # left for the listener to notice on its next read.
         try:
             getattr(self._pubsub, command)(*channels)
-        except Exception as exc:  # noqa: BLE001 - any client failure means the same: the connection is down
+        except Exception as exc:
             self._mark_down_locked(exc)
 
     def _mark_down_locked(self, exc: BaseException) -> None:
@@ -142,7 +142,7 @@ class Subscriber:
                 try:
                     self._connect()
                     pause = _RECONNECT_INITIAL
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     with self._cond:
                         self._mark_down_locked(exc)
                         self._cond.wait(pause)
@@ -150,7 +150,7 @@ class Subscriber:
                     continue
             try:
                 message = self._pubsub.get_message(timeout=_LISTEN_TIMEOUT)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 with self._cond:
                     self._mark_down_locked(exc)
                     self._cond.wait(pause)

@@ -1,0 +1,59 @@
+"""The resource side of fencing tokens.
+
+A lease can end while its holder still works (a long GC pause, a frozen VM, a slow network): the lock then has a
+new holder, and the old one does not know yet. No lock can prevent that; the resource can. Every fresh acquisition
+mints a token greater than every earlier one for that key (``lock.fencing_token``), the holder passes it along with
+each write, and the resource refuses a write whose token is lower than one it has already accepted.
+
+For data kept in Redis, :func:`fenced_set` does the check and the write in one script. For a SQL database, keep
+the highest token in the row and make it part of the update's condition::
+
+    UPDATE accounts
+       SET balance = :balance, fence_token = :token
+     WHERE id = :id AND fence_token <= :token
+
+An update that matches no row was fenced off: a newer holder has written already, so the stale holder must stop
+(treat it as ``LockLostError``). ``tests/test_fencing.py`` runs this statement on SQLite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backends.redis import ScriptRunner, client_address, translated_errors
+from .backends.scripts import FENCED_SET
+from .errors import InvalidArgumentError
+
+__all__ = ["fenced_set"]
+
+
+def fenced_set(
+    client: Any,
+    key: str,
+    value: str | bytes | int | float,
+    token: int,
+    *,
+    fence_key: str | None = None,
+    expire_after: float | None = None,
+) -> bool:
+    """Write ``value`` to ``key`` only if ``token`` is at least the highest token written there before.
+
+    Returns True when written, False when a holder with a newer token has written already (the caller's lease
+    has ended; it must not go on as if it held the lock). One round trip.
+
+    The highest token is kept in ``fence_key`` (default: ``key + ":fence"``). On Redis Cluster both keys must
+    share a slot: give ``key`` a hash tag, e.g. ``"{profile:42}"``. ``expire_after`` (seconds) sets a TTL on
+    both keys.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError("key must be a non-empty str")
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise InvalidArgumentError(f"token must be a non-negative int (a lock's fencing_token), not {token!r}")
+    ttl_ms = 0
+    if expire_after is not None:
+        if isinstance(expire_after, bool) or not isinstance(expire_after, (int, float)) or not expire_after > 0:
+            raise InvalidArgumentError(f"expire_after must be a positive number of seconds, not {expire_after!r}")
+        ttl_ms = max(1, round(expire_after * 1000))
+    with translated_errors(key, client_address(client)):
+        written = ScriptRunner(client).run(FENCED_SET, (key, fence_key or f"{key}:fence"), (token, value, ttl_ms))
+    return bool(written)
