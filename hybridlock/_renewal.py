@@ -70,11 +70,17 @@ class LeaseRenewer:
         registry = self._registry
         now = time.monotonic()
         max_hold = registry._max_hold
-        locks = [
-            (lock, lock._tenancy)
-            for lock in registry.held_locks()
-            if not lock.lost and (max_hold is None or lock._acquired_at is None or now - lock._acquired_at < max_hold)
-        ]
+        locks = []
+        for lock in registry.held_locks():
+            tenancy, acquired_at, valid_until = lock._tenancy, lock._acquired_at, lock._valid_until
+            if lock.lost:
+                continue
+            if max_hold is not None and acquired_at is not None and now - acquired_at >= max_hold:
+                # No longer renewed; once its lease has certainly run out, the holder must hear it is lost.
+                if valid_until is not None and valid_until <= now:
+                    lock._mark_lost(tenancy)
+                continue
+            locks.append((lock, tenancy))
         if not locks:
             return
         start = time.monotonic()

@@ -1,0 +1,176 @@
+"""Lease renewal, loss detection, manual renewal and max_hold, on a real server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import hybridlock
+
+pytestmark = pytest.mark.server
+
+
+def _wait_until(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_renewal_keeps_a_live_holder_past_several_leases(make_registry, redis_client):
+    holder, rival = make_registry(expire_after=0.6), make_registry(expire_after=0.6)
+    lock = holder.obtain("job")
+    with lock:
+        end = time.monotonic() + 2.5  # four leases
+        while time.monotonic() < end:
+            assert not rival.obtain("job").acquire(blocking=False)
+            assert redis_client.pttl("hybridlock:{job}") > 0
+            time.sleep(0.1)
+        assert not lock.lost
+    # Released cleanly: no LockLostError above, and the key is gone.
+    assert not redis_client.exists("hybridlock:{job}")
+
+
+def test_key_deleted_behind_the_holder_is_noticed_within_one_period(make_registry, redis_client):
+    registry = make_registry(expire_after=1.5)  # renewal period 0.5 s
+    seen_by_lock, seen_by_registry = [], []
+    registry.on_lost(seen_by_registry.append)
+    lock = registry.obtain("job")
+    lock.on_lost(seen_by_lock.append)
+    lock.acquire()
+    redis_client.delete("hybridlock:{job}")
+    deleted_at = time.monotonic()
+    assert _wait_until(lambda: lock.lost, timeout=3.0)
+    assert time.monotonic() - deleted_at < 0.5 + 0.5  # one period plus generous slack
+    time.sleep(0.7)  # further renewals must not call the callbacks again
+    assert seen_by_lock == [lock]
+    assert seen_by_registry == [lock]
+    assert lock.valid_until is None
+    with pytest.raises(hybridlock.LockLostError) as info:
+        lock.release()
+    assert info.value.key == "job"
+    assert not lock.is_held_by_current_thread()
+    # The next successful acquire clears the flag.
+    with lock:
+        assert not lock.lost
+
+
+def test_loss_is_reported_when_another_owner_took_the_key(make_registry, redis_client):
+    registry, rival = make_registry(expire_after=1.5), make_registry()
+    lock = registry.obtain("job")
+    lock.acquire()
+    redis_client.set("hybridlock:{job}", rival.client_id, px=5000)
+    assert _wait_until(lambda: lock.lost, timeout=3.0)
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()
+    assert redis_client.get("hybridlock:{job}").decode() == rival.client_id  # the other's key is untouched
+
+
+def test_max_hold_stops_renewal(make_registry):
+    registry = make_registry(expire_after=0.6, max_hold=0.5)
+    rival = make_registry()
+    lock = registry.obtain("stuck")
+    lock.acquire()
+    started = time.monotonic()
+    assert rival.obtain("stuck").acquire(timeout=5.0)
+    # Not renewed after max_hold, so the key ended at most one lease later.
+    assert time.monotonic() - started < 0.5 + 0.6 + 1.0
+    assert _wait_until(lambda: lock.lost, timeout=2.0)
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()
+    rival.obtain("stuck").release()
+
+
+def test_renew_by_hand(make_registry, redis_client):
+    registry = make_registry(expire_after=0.5, auto_renew=False)
+    lock = registry.obtain("manual")
+    with pytest.raises(hybridlock.LockNotOwnedError):
+        lock.renew()
+    lock.acquire()
+    first_deadline = lock.valid_until
+    lock.renew(3.0)
+    assert lock.valid_until > first_deadline
+    assert redis_client.pttl("hybridlock:{manual}") > 2000
+    time.sleep(0.8)  # past the original lease
+    registry.renew_lock("manual")
+    assert redis_client.get("hybridlock:{manual}").decode() == registry.client_id
+    redis_client.delete("hybridlock:{manual}")
+    with pytest.raises(hybridlock.LockLostError):
+        registry.renew_lock("manual")
+    assert lock.lost
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()
+    with pytest.raises(hybridlock.LockNotOwnedError):
+        registry.renew_lock("manual")
+
+
+def test_renewal_from_a_watchdog_thread(make_registry):
+    registry = make_registry(expire_after=0.5, auto_renew=False)
+    lock = registry.obtain("watched")
+    errors = []
+    with lock:
+        def watchdog() -> None:
+            try:
+                lock.renew(5.0)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=watchdog)
+        thread.start()
+        thread.join(5)
+        time.sleep(0.8)
+    assert errors == []
+
+
+def test_valid_until_is_a_conservative_monotonic_deadline(make_registry):
+    registry = make_registry(expire_after=2.0)
+    lock = registry.obtain("v")
+    assert lock.valid_until is None
+    before = time.monotonic()
+    with lock:
+        assert before < lock.valid_until < before + 2.0
+    assert lock.valid_until is None
+
+
+def test_many_held_locks_are_renewed_in_one_round_trip_per_period(make_registry, redis_client):
+    registry = make_registry(expire_after=1.5)  # period 0.5 s
+    locks = [registry.obtain(f"bulk:{i}") for i in range(2000)]
+    for lock in locks:
+        lock.acquire()
+    try:
+        redis_client.config_resetstat()
+        time.sleep(1.6)  # three periods
+        stats = redis_client.info("commandstats")
+        calls = stats.get("cmdstat_evalsha", {}).get("calls", 0) + stats.get("cmdstat_eval", {}).get("calls", 0)
+        assert 2 <= calls <= 4  # one script call per period for all 2000 locks
+        assert all(redis_client.pttl(f"hybridlock:{{bulk:{i}}}") > 0 for i in (0, 999, 1999))
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def test_renewer_and_listener_are_one_thread_each_per_registry(make_registry):
+    registry, rival = make_registry(expire_after=2.0), make_registry(expire_after=2.0)
+    before = {t.name for t in threading.enumerate()}
+    for i in range(20):
+        registry.obtain(f"t:{i}").acquire()
+    held_by_rival = rival.obtain("t:0")
+    waiters = [threading.Thread(target=held_by_rival.acquire, kwargs={"timeout": 0.5}) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    for waiter in waiters:
+        waiter.join(5)
+    names = [t.name for t in threading.enumerate() if t.name not in before]
+    assert names.count("hybridlock-renewer-hybridlock") == 1
+    assert names.count("hybridlock-pubsub-listener") <= 1
+    for i in range(20):
+        registry.obtain(f"t:{i}").release()
+    registry.close()
+    rival.close()
+    time.sleep(0.1)
+    left = [t for t in threading.enumerate() if t.name.startswith("hybridlock-")]
+    assert left == []
