@@ -71,6 +71,12 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _non_empty(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``demo`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
@@ -108,7 +114,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="C",
         help="instead of a duration, have every thread run C lock cycles (N x M x C in all)",
     )
-    parser.add_argument("--key", default="counter", help="the lock key to contend on (default: counter)")
+    parser.add_argument(
+        "--key", type=_non_empty, default="counter", help="the lock key to contend on (default: counter)"
+    )
     parser.set_defaults(func=_command)
     return parser
 
@@ -196,7 +204,8 @@ def _run(settings: DemoSettings, client: redis.Redis, seconds: float | None) -> 
             failures.append("not every worker process started")
         start = time.monotonic()
         go.set()
-        elapsed = _watch_progress(settings, workers, done, start, seconds, failures, errors)
+        progress = _Progress(sys.stderr, start)
+        elapsed = _watch_progress(settings, workers, done, start, seconds, failures, errors, progress)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -209,8 +218,11 @@ def _run(settings: DemoSettings, client: redis.Redis, seconds: float | None) -> 
                 worker.terminate()
                 worker.join()
         _drain(errors, failures)
+    per_process = done[:]
+    # The last line counts the cycles that were in flight when the run ended too, as the report below does.
+    progress.show(_fraction(settings, sum(per_process), elapsed, seconds), sum(per_process), elapsed, final=True)
     failures.extend(f"{w.name} exited with status {w.exitcode}" for w in workers if w.exitcode != 0)
-    return _report(settings, client, list(done), elapsed, failures)
+    return _report(settings, client, per_process, elapsed, failures)
 
 
 def _wait_ready(workers: list[Any], ready: Synchronized[int]) -> bool:
@@ -230,28 +242,26 @@ def _watch_progress(
     seconds: float | None,
     failures: list[str],
     errors: Queue[str],
+    progress: _Progress,
 ) -> float:
-    """Show progress until the run is over; return its duration in seconds."""
-    target = None if settings.cycles is None else settings.processes * settings.threads * settings.cycles
-    progress = _Progress(sys.stderr)
+    """Show progress until the run is over (or every worker has exited); return its duration in seconds."""
     while True:
         time.sleep(_POLL)
         elapsed = time.monotonic() - start
-        total = sum(done)
-        if target is not None:
-            fraction = total / target
-            finished = total >= target
-        else:
-            assert seconds is not None
-            fraction = elapsed / seconds
-            finished = elapsed >= seconds
+        total = sum(done[:])
+        fraction = _fraction(settings, total, elapsed, seconds)
         # Drain as we go: a child cannot exit while its queue's pipe is full.
         _drain(errors, failures)
-        if not any(w.is_alive() for w in workers):
-            finished = True
-        progress.show(min(fraction, 1.0), total, elapsed, final=finished)
-        if finished:
+        if fraction >= 1.0 or not any(w.is_alive() for w in workers):
             return elapsed
+        progress.show(fraction, total, elapsed)
+
+
+def _fraction(settings: DemoSettings, total: int, elapsed: float, seconds: float | None) -> float:
+    if settings.cycles is not None:
+        return min(1.0, total / (settings.processes * settings.threads * settings.cycles))
+    assert seconds is not None
+    return min(1.0, elapsed / seconds)
 
 
 def _drain(errors: Queue[str], failures: list[str]) -> None:
@@ -286,7 +296,7 @@ def _report(
         )
         return 1
     if failures:
-        print("FAILED: some workers did not finish cleanly (see above), although the count matches")
+        print("FAILED: some workers did not finish cleanly (see above)")
         return 1
     if settings.cycles is not None and expected != settings.processes * settings.threads * settings.cycles:
         print(f"FAILED: only {expected} of {settings.processes * settings.threads * settings.cycles} cycles ran")
@@ -298,11 +308,11 @@ def _report(
 class _Progress:
     """A progress bar redrawn in place with \\r on a terminal; elsewhere (logs, CI) a plain line every second."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, start: float) -> None:
         self._stream = stream
         self._tty = bool(getattr(stream, "isatty", lambda: False)())
         self._interval = 0.1 if self._tty else 1.0
-        self._last = 0.0
+        self._last = start
 
     def show(self, fraction: float, total: int, elapsed: float, *, final: bool = False) -> None:
         now = time.monotonic()
@@ -316,7 +326,7 @@ class _Progress:
         if self._tty:
             # Trailing spaces wipe any longer text left from the previous draw.
             self._stream.write("\r" + text + "   " + ("\n" if final else ""))
-        elif total or final:
+        else:
             self._stream.write(text + "\n")
         self._stream.flush()
 
