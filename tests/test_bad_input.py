@@ -32,7 +32,7 @@ def assert_invalid(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
     assert str(err), "the error must say what was wrong"
 
 
-# -- lock keys ---------------------------------------------------------------------------------------------------
+# -- lock keys ---------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("key", ["", None, 1, 1.5, b"orders:42", ["k"], ("k",), object()])
@@ -50,7 +50,7 @@ def test_local_registry_rejects_a_bad_key(key):
     assert_invalid(excinfo)
 
 
-# -- registry construction -----------------------------------------------------------------------------------------
+# -- registry construction ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("registry_key", ["", "a{b", "a}b", "{hybridlock}", "x{", "}", None, 3, b"hybridlock"])
@@ -105,7 +105,7 @@ def test_registry_rejects_a_bad_url(url):
     assert_invalid(excinfo)
 
 
-# -- acquire arguments -----------------------------------------------------------------------------------------------
+# -- acquire arguments -------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("timeout", [-2, -0.5, -1.0001, -math.inf, math.nan, "1", None, True, [1]])
@@ -180,7 +180,7 @@ def test_bad_timeout_is_rejected_while_another_thread_holds(registry):
     assert not thread.is_alive()
 
 
-# -- other calls ------------------------------------------------------------------------------------------------------
+# -- other calls -------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("age", [-1, -0.1, "10", None, True])
@@ -201,7 +201,7 @@ def test_release_of_an_unheld_lock_is_a_runtime_error(registry):
         lock.unlock()
 
 
-# -- errors survive pickling ------------------------------------------------------------------------------------------
+# -- errors survive pickling -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
