@@ -24,6 +24,7 @@ import contextlib
 import logging
 import threading
 import time
+import types
 from typing import Any
 
 from .base import ReleaseWatch
@@ -58,7 +59,7 @@ class Subscriber:
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
         self._stopped = False
-        #: Times the subscription went down (for tests and statistics).
+        #: Times the connection was re-established after a failure (for tests and statistics).
         self.failures = 0
 
     # -- used by watches -------------------------------------------------------------------------------------------
@@ -105,15 +106,38 @@ class Subscriber:
 
     def _mark_down_locked(self, exc: BaseException) -> None:
         if self._up:
-            self.failures += 1
             logger.info("hybridlock: pub/sub subscription lost (%s); waiters fall back to backoff", exc)
         self._up = False
         self._subscribed.clear()
         self._cond.notify_all()  # waiters retry now and back off until we are up again
 
+    def _new_pubsub(self) -> Any:
+        pubsub = self._client.pubsub()
+        resubscribe = pubsub.on_connect
+
+        # redis-py reconnects a broken pub/sub connection by itself (when its client retries) and re-subscribes
+        # from its own records. Releases published in that gap were never delivered, so we must hear of every new
+        # connection: it invalidates the confirmed subscriptions, and waiters retry once the server confirms them
+        # again. The hook is set before the first command, when redis-py registers it with the connection.
+        # redis-py keeps only a weak reference to a bound method, so the hook is bound to the PubSub object.
+        def on_connect(_pubsub: Any, connection: Any) -> None:
+            self._connection_made()
+            resubscribe(connection)
+
+        pubsub.on_connect = types.MethodType(on_connect, pubsub)
+        return pubsub
+
+    def _connection_made(self) -> None:
+        with self._cond:
+            if self._up:  # a re-connection made by redis-py behind our back
+                self.failures += 1
+            self._epoch += 1
+            self._subscribed.clear()
+            self._cond.notify_all()
+
     def _connect(self) -> None:
         with self._cond:
-            old, self._pubsub = self._pubsub, self._client.pubsub()
+            old, self._pubsub = self._pubsub, self._new_pubsub()
             wanted = sorted(self._requested)
         if old is not None:
             with contextlib.suppress(Exception):
@@ -124,7 +148,6 @@ class Subscriber:
             # Open the connection now, so a failure shows here rather than on the first watch.
             self._pubsub.ping()
         with self._cond:
-            self._epoch += 1
             self._up = True
             # Channels asked for while we were connecting.
             missing = sorted(self._requested.difference(wanted))
