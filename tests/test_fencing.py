@@ -1,0 +1,113 @@
+"""Fencing tokens: strictly increasing per key across owners, processes, crashes and counter expiry; the
+resource-side helpers reject a stale holder's write."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import time
+
+import pytest
+
+import hybridlock
+from hybridlock.fencing import fenced_set
+from tests import _wake_workers
+
+CTX = multiprocessing.get_context("spawn")
+
+
+def test_tokens_increase_with_every_fresh_acquisition(any_registry_factory):
+    first, second = any_registry_factory(), any_registry_factory()
+    tokens = []
+    for registry in (first, second, first, second):
+        lock = registry.obtain("res")
+        with lock:
+            tokens.append(lock.fencing_token)
+            with lock:  # reentrant: the same tenancy, the same token
+                assert lock.fencing_token == tokens[-1]
+        assert lock.fencing_token is None
+    assert tokens == sorted(set(tokens))
+
+
+@pytest.mark.server
+def test_tokens_increase_across_processes_and_a_crashed_holder(server, make_registry, redis_client):
+    registry = make_registry()
+    lock = registry.obtain("crashy")
+    with lock:
+        before = lock.fencing_token
+    ready, crashed_token = CTX.Event(), CTX.Value("q", 0)
+    crasher = CTX.Process(target=_wake_workers.hold_and_die, args=(server.url, "crashy", 0.5, ready, crashed_token))
+    crasher.start()
+    assert ready.wait(20)
+    crasher.join(20)
+    assert lock.acquire(timeout=10)  # after the crashed holder's lease ran out
+    after = lock.fencing_token
+    lock.release()
+    assert before < crashed_token.value < after
+
+
+@pytest.mark.server
+def test_tokens_stay_monotonic_when_the_counter_expired(make_registry, redis_client):
+    registry = make_registry()
+    lock = registry.obtain("idle")
+    with lock:
+        first = lock.fencing_token
+    redis_client.delete("hybridlock:{idle}:fence")  # what a week without acquisitions does
+    with lock:
+        assert lock.fencing_token > first
+    assert 0 < redis_client.pttl("hybridlock:{idle}:fence") <= 7 * 24 * 3600 * 1000
+
+
+@pytest.mark.server
+def test_fenced_set_rejects_a_stale_holders_write(make_registry, redis_client):
+    stale_registry = make_registry(expire_after=0.3, auto_renew=False)
+    fresh_registry = make_registry()
+    stale = stale_registry.obtain("account")
+    stale.acquire()
+    stale_token = stale.fencing_token
+    time.sleep(0.5)  # the stale holder is paused past its lease...
+    fresh = fresh_registry.obtain("account")
+    assert fresh.acquire(timeout=5)
+    assert fenced_set(redis_client, "{account}:balance", "100", fresh.fencing_token)
+    fresh.release()
+    # ...and wakes up to write with its old token: refused, and the newer value stays.
+    assert not fenced_set(redis_client, "{account}:balance", "999", stale_token)
+    assert redis_client.get("{account}:balance") == b"100"
+    with pytest.raises(hybridlock.LockLostError):
+        stale.release()
+
+
+@pytest.mark.server
+def test_fenced_set_accepts_repeated_writes_of_one_holder_and_sets_ttl(redis_client):
+    assert fenced_set(redis_client, "doc", "a", 5, expire_after=10)
+    assert fenced_set(redis_client, "doc", "b", 5)
+    assert redis_client.get("doc") == b"b"
+    assert fenced_set(redis_client, "doc", "c", 6, expire_after=10)
+    assert 0 < redis_client.pttl("doc:fence") <= 10_000
+
+
+@pytest.mark.server
+def test_fenced_set_rejects_bad_input(redis_client):
+    with pytest.raises(hybridlock.InvalidArgumentError):
+        fenced_set(redis_client, "", "v", 1)
+    with pytest.raises(hybridlock.InvalidArgumentError):
+        fenced_set(redis_client, "k", "v", -1)
+    with pytest.raises(hybridlock.InvalidArgumentError):
+        fenced_set(redis_client, "k", "v", 1, expire_after=0)
+
+
+def test_sql_pattern_rejects_a_stale_holders_update():
+    """The documented pattern: ``UPDATE ... WHERE fence_token <= :token``."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER, fence_token INTEGER)")
+    db.execute("INSERT INTO accounts VALUES (1, 0, 0)")
+    update = "UPDATE accounts SET balance = :balance, fence_token = :token WHERE id = 1 AND fence_token <= :token"
+    registry = hybridlock.LocalLockRegistry()
+    lock = registry.obtain("account:1")
+    with lock:
+        old_token = lock.fencing_token
+    with lock:
+        new_token = lock.fencing_token
+    assert db.execute(update, {"balance": 100, "token": new_token}).rowcount == 1
+    assert db.execute(update, {"balance": 999, "token": old_token}).rowcount == 0  # fenced off
+    assert db.execute("SELECT balance FROM accounts").fetchone() == (100,)
