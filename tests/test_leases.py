@@ -116,7 +116,7 @@ def test_renewal_from_a_watchdog_thread(make_registry):
         def watchdog() -> None:
             try:
                 lock.renew(5.0)
-            except Exception as exc:  # noqa: BLE001 - reported below
+            except Exception as exc:
                 errors.append(exc)
 
         thread = threading.Thread(target=watchdog)

@@ -29,7 +29,8 @@ def test_waiter_in_another_process_wakes_promptly_on_release(server, make_regist
     delays = []
     for _ in range(5):
         ready, released_at = CTX.Event(), CTX.Value("d", 0.0)
-        holder = CTX.Process(target=_wake_workers.hold_then_release, args=(server.url, "handoff", 1.0, ready, released_at))
+        args = (server.url, "handoff", 1.0, ready, released_at)
+        holder = CTX.Process(target=_wake_workers.hold_then_release, args=args)
         holder.start()
         try:
             assert ready.wait(20)
