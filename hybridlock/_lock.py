@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._keys import LockNames
+from ._local import FifoMutex
 from .errors import (
     InvalidArgumentError,
     LockLostError,
@@ -69,7 +70,7 @@ class HybridLock:
     def __init__(self, registry: LockRegistry, names: LockNames) -> None:
         self._registry = registry
         self._names = names
-        self._mutex = threading.Lock()
+        self._mutex = FifoMutex()
         self._owner: int | None = None  # thread ident of the holder in this process
         self._count = 0
         self._fencing_token: int | None = None
@@ -314,7 +315,7 @@ class HybridLock:
     def _reset_after_fork(self) -> None:
         # The child process owns none of its parent's locks, not even in the thread that forked: it gets a fresh
         # mutex (the parent's may have been held at fork time) and, through the registry, a new client_id.
-        self._mutex = threading.Lock()
+        self._mutex = FifoMutex()
         self._owner = None
         self._count = 0
         self._fencing_token = None
