@@ -13,8 +13,10 @@ import weakref
 from collections.abc import Callable
 
 import pytest
+import redis
 
 import hybridlock
+from hybridlock._server import EmbeddedServer
 
 # The fixture's params, with the server mark on the Redis case so ``-m "not server"`` still runs the memory case.
 over_backends = pytest.mark.parametrize(
@@ -794,3 +796,92 @@ def test_local_lock_registries_are_separate():
     with hybridlock.LocalLockRegistry() as one, hybridlock.LocalLockRegistry() as two, one.obtain("k"):
         assert two.obtain("k").acquire(blocking=False)
         two.obtain("k").release()
+
+
+# -- what it costs the server, and where its keys live -----------------------------------------------------------------
+
+
+def script_calls(client) -> int:
+    stats = client.info("commandstats")
+    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("lock_type", ["pubsub", "spin"])
+def test_waiting_for_another_owner_does_not_poll_every_few_milliseconds(make_registry, redis_client, lock_type):
+    holder, waiter = make_registry(), make_registry(lock_type=lock_type)
+    theirs, lock = holder.obtain("k"), waiter.obtain("k")
+    held, release_now = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with theirs:
+            held.set()
+            release_now.wait(10)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert held.wait(5)
+    before = script_calls(redis_client)
+    timer = threading.Timer(1.0, release_now.set)
+    timer.start()
+    start = time.monotonic()
+    try:
+        assert lock.acquire(timeout=10)
+        waited = time.monotonic() - start
+        calls = script_calls(redis_client) - before
+        lock.release()
+    finally:
+        release_now.set()
+        timer.cancel()
+        thread.join(JOIN_TIMEOUT)
+    assert 0.9 <= waited <= 2.0, f"got the lock {waited:.2f}s after starting to wait (released after 1 s)"
+    # Polling every few milliseconds would be hundreds of attempts; backoff capped near 0.1 s is a few dozen.
+    assert calls <= 60, f"{calls} script calls while waiting 1 s"
+
+
+def cluster_mode_server() -> EmbeddedServer:
+    """A single-node Redis Cluster owning every slot: the server then refuses scripts that cross slots."""
+    srv = EmbeddedServer(extra_args=("--cluster-enabled", "yes")).start()
+    try:
+        client = redis.Redis.from_url(srv.url)
+        try:
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        except redis.ResponseError:
+            client.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "the cluster-mode server never became ready"
+            time.sleep(0.05)
+        client.close()
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+@pytest.mark.server
+def test_every_script_touches_one_cluster_slot():
+    keys = ["k", "orders:42", "a}b", "{x}", "x{y}z", "{}", "ü-ключ", "with space", "a:b:c"]
+    srv = cluster_mode_server()
+    try:
+        client = redis.Redis.from_url(srv.url)
+        with hybridlock.LockRegistry(srv.url) as mine, hybridlock.LockRegistry(srv.url) as other:
+            for key in keys:
+                lock = mine.obtain(key)
+                assert lock.acquire(timeout=5), key  # ACQUIRE: lock key and fencing counter together
+                lock.renew()  # RENEW of one lock
+                assert other.obtain(key).acquire(blocking=False) is False, key
+                lock.release()  # RELEASE
+                assert other.obtain(key).acquire(timeout=5), key
+                other.obtain(key).release()
+            # A wait subscribes to the lock's release channel: that works in cluster mode too.
+            with Holder(mine.obtain("k")):
+                assert other.obtain("k").acquire(timeout=0.2) is False
+            assert other.obtain("k").acquire(timeout=5)
+            other.obtain("k").release()
+            names = [name.decode() for name in client.scan_iter()]
+            assert names, "nothing was stored?"
+            assert all(name.startswith("hybridlock:") for name in names), names
+        client.close()
+    finally:
+        srv.stop()

@@ -163,6 +163,7 @@ def test_lease_that_runs_out_raises_lock_lost_at_release(make_registry, redis_cl
     assert isinstance(err, hybridlock.HybridLockError)
     assert err.key == "orders:42"
     assert "orders:42" in str(err)
+    assert "changed" in str(err), "the message should warn that guarded data may have been changed"
     assert err.server == slow.server
     # The local lock is released all the same ...
     assert mine.hold_count == 0
