@@ -231,6 +231,28 @@ def test_reentrant_acquire_and_release_send_nothing_to_redis(make_registry, redi
     assert command_calls(redis_client) != after_first, "the final release must reach the server"
 
 
+# What the acquire and release scripts may run inside the server (counted by INFO commandstats too).
+SCRIPT_INTERNAL = {"get", "set", "exists", "time", "incr", "pexpire", "pttl", "del", "publish", "spublish"}
+
+
+@pytest.mark.server
+def test_uncontended_acquire_and_release_take_one_round_trip_each(make_registry, redis_client):
+    registry = make_registry()
+    lock = registry.obtain("k")
+    with lock:  # the first use may load the scripts (NOSCRIPT, then EVAL)
+        pass
+    before = command_calls(redis_client)
+    for _ in range(20):
+        assert lock.acquire()
+        lock.release()
+    after = command_calls(redis_client)
+    changed = {name for name in after if after[name] != before.get(name, 0)}
+    script_runs = sum(after.get(n, 0) - before.get(n, 0) for n in ("cmdstat_evalsha", "cmdstat_eval"))
+    assert script_runs == 40, f"{script_runs} script calls for 20 acquire/release pairs"
+    others = {name.removeprefix("cmdstat_") for name in changed} - {"evalsha", "eval"} - SCRIPT_INTERNAL
+    assert not others, f"commands besides the scripts: {others}"
+
+
 @pytest.mark.server
 def test_threads_waiting_on_the_local_lock_send_nothing_to_redis(make_registry, redis_client):
     registry = make_registry()
