@@ -11,7 +11,8 @@ Why this shape:
 * Everything between the first ``{`` and the next ``}`` is the Redis Cluster hash tag, and every name above
   starts with the same ``R:{key`` prefix, so all the names of one lock hash to one slot (even when ``key`` itself
   contains ``}``: the tag then ends early, but at the same place in every name). One Lua script may therefore
-  touch all of them on a cluster.
+  touch all of them on a cluster. A key may not *start* with ``}``: the tag would be empty, and Redis then hashes
+  each name whole.
 * ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
   ``(registry_key, key)`` pairs can never produce the same lock name. The suffixes end in characters that differ
   from each other and from ``}``, so a lock name never equals another lock's counter or channel name either.
@@ -51,6 +52,10 @@ def validate_key(key: object) -> str:
         raise InvalidArgumentError(f"lock key must be a str, not {type(key).__name__}")
     if not key:
         raise InvalidArgumentError("lock key must not be empty")
+    if key.startswith("}"):
+        # "R:{}..." has an empty hash tag: Redis Cluster would hash each name whole and scatter one lock's names
+        # over several slots.
+        raise InvalidArgumentError(f"lock key {key!r} must not start with '}}' (it would empty the hash tag)")
     return key
 
 

@@ -79,6 +79,9 @@ class HybridLock:
         self._lost = False
         self._tenancy = 0  # counts fresh acquisitions, so late renewal results for an earlier one are ignored
         self._callbacks: list[LostCallback] = []
+        # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
+        # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
+        self._failed_restores: set[int] = set()
         self.last_used = time.monotonic()
 
     # -- what the lock is -----------------------------------------------------------------------------------------
@@ -223,7 +226,11 @@ class HybridLock:
         ``BackendUnavailableError`` when the server could not be told (the lock is released locally; the server
         key ends with its lease).
         """
-        if self._owner != threading.get_ident():
+        me = threading.get_ident()
+        if self._owner != me:
+            if me in self._failed_restores:
+                self._failed_restores.discard(me)
+                return
             raise LockNotOwnedError("cannot release a lock this thread does not hold", key=self.key)
         if self._count > 1:
             self._count -= 1
@@ -301,7 +308,11 @@ class HybridLock:
 
     def _acquire_restore(self, state: tuple[int, bool]) -> None:
         count, lost_before_wait = state
-        self.acquire()
+        try:
+            self.acquire()
+        except BaseException:
+            self._failed_restores.add(threading.get_ident())
+            raise
         self._count = count
         if lost_before_wait:
             raise LockLostError(
@@ -321,3 +332,4 @@ class HybridLock:
         self._fencing_token = None
         self._valid_until = None
         self._lost = False
+        self._failed_restores = set()

@@ -22,3 +22,15 @@ def test_public_surface_is_exactly_all():
     }
     assert public == set(hybridlock.__all__) - {"__version__"}
     assert isinstance(hybridlock.__version__, str)
+
+
+def test_a_key_may_not_empty_the_cluster_hash_tag():
+    registry = hybridlock.LocalLockRegistry()
+    for key in ("}", "}x", "}orders:42"):
+        try:
+            registry.obtain(key)
+        except hybridlock.InvalidArgumentError as exc:
+            assert "hash tag" in str(exc)
+        else:  # pragma: no cover - the failure message
+            raise AssertionError(f"{key!r} was accepted")
+    assert registry.obtain("orders:{42}").key == "orders:{42}"  # braces elsewhere are fine

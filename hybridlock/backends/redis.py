@@ -133,11 +133,11 @@ class RedisBackend(LockBackend):
 
 
 def redis_client_from_url(url: str) -> redis.Redis:
-    """A client for ``url`` with hybridlock's defaults: bounded timeouts and a single immediate retry (which
-    reconnects a pooled connection the server dropped, without stretching a dead server's error by seconds)."""
+    """A client for ``url`` with hybridlock's defaults: 5 s timeouts, and one immediate retry on a broken
+    connection only (it reconnects a pooled connection the server dropped). A *timeout* is not retried, so an
+    unresponsive server costs one socket timeout, not several."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    options: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
-    options["retry"] = Retry(NoBackoff(), 1)
-    return redis.Redis.from_url(url, **options)
+    retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    return redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, retry=retry)
