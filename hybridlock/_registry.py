@@ -22,9 +22,10 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar
 
+from ._decorator import execute_locked, synchronized
 from ._keys import LockNames, lock_names, validate_key, validate_registry_key
 from ._lock import HybridLock, LostCallback
 from ._renewal import LeaseRenewer
@@ -38,6 +39,8 @@ __all__ = ["LocalLockRegistry", "LockRegistry"]
 logger = logging.getLogger("hybridlock")
 
 LockType = Literal["pubsub", "spin"]
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # How many released locks the registry keeps alive for reuse; older unused ones are left to the garbage collector.
 _RECENT_CAPACITY = 1024
@@ -179,6 +182,21 @@ class LockRegistry:
         if lock is None:
             raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=key, server=self.server)
         self._renew_by_hand(lock, expire_after)
+
+    def synchronized(self, template: str, *, timeout: float | None = None) -> Callable[[F], F]:
+        """Decorator: run the function holding the lock whose key ``template`` builds from its arguments.
+
+        ``@registry.synchronized("order:{order_id}", timeout=5)``; placeholders may use attribute access
+        (``{self.account}``, ``{invoice.id}``) and are checked against the signature when decorating. Raises
+        ``LockTimeoutError`` (a ``TimeoutError``) naming the key when ``timeout`` seconds pass first."""
+        return synchronized(self, template, timeout=timeout)
+
+    def execute_locked(
+        self, key: str, function: Callable[..., T], *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> T:
+        """Run ``function(*args, **kwargs)`` holding ``key``'s lock and return its result (Spring's
+        ``executeLocked``); ``LockTimeoutError`` when ``timeout`` seconds pass first."""
+        return execute_locked(self, key, function, *args, timeout=timeout, **kwargs)  # type: ignore[no-any-return]
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""
