@@ -35,7 +35,8 @@ def assert_invalid(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
 # -- lock keys ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["", None, 1, 1.5, b"orders:42", ["k"], ("k",), object()])
+# A key starting with "}" would give its server names an empty hash tag, scattering them over cluster slots.
+@pytest.mark.parametrize("key", ["", None, 1, 1.5, b"orders:42", ["k"], ("k",), object(), "}", "}x", "}}"])
 def test_obtain_rejects_a_bad_key(registry, key):
     with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
         registry.obtain(key)

@@ -200,3 +200,60 @@ def test_paused_server_never_yields_a_lock_without_the_server(own_server):
             lock.release()
     finally:
         client.close()
+
+
+def test_paused_server_with_a_url_made_client_costs_one_socket_timeout(own_server):
+    # The registry's own client (5 s socket timeout) must not retry a timeout: acquire(timeout=0.5) against a
+    # frozen server fails within the caller's timeout plus one socket timeout.
+    with hybridlock.LockRegistry(own_server.url) as registry:
+        lock = registry.obtain("k")
+        with lock:
+            pass
+        own_server.pause()
+        try:
+            start = time.monotonic()
+            kind, value = outcome_in_thread(lambda: lock.acquire(timeout=0.5))
+            elapsed = time.monotonic() - start
+        finally:
+            own_server.resume()
+        assert kind == "raised", f"acquire against a frozen server returned {value!r}"
+        assert_unavailable(value, "k", own_server)
+        assert elapsed < 0.5 + 5.0 + 1.5, f"took {elapsed:.1f}s (caller timeout 0.5 s, socket timeout 5 s)"
+        assert not lock.is_held_by_current_thread()
+        assert lock.acquire(timeout=5)
+        lock.release()
+
+
+def test_server_killed_during_condition_wait_raises_a_connection_error(own_server):
+    # `with cond: cond.wait()` when the server dies mid-wait: the re-acquire fails, and the caller must see that
+    # BackendUnavailableError, not a LockNotOwnedError from the `with` exit hiding it.
+    with hybridlock.LockRegistry(own_server.url) as registry:
+        lock = registry.obtain("k")
+        cond = threading.Condition(lock)
+        waiting = threading.Event()
+
+        thread_result: list[tuple[str, object]] = []
+
+        def wait() -> None:
+            try:
+                with cond:
+                    waiting.set()
+                    cond.wait(timeout=1)
+                thread_result.append(("ok", None))
+            except BaseException as exc:
+                thread_result.append(("raised", exc))
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert waiting.wait(5)
+        time.sleep(0.3)  # it is inside cond.wait() now, the lock released
+        own_server.kill()
+        thread.join(JOIN_TIMEOUT)
+        assert not thread.is_alive(), "the condition waiter hung after the server died"
+        kind, value = thread_result[0]
+        assert kind == "raised", "cond.wait() came back holding a lock it could not re-acquire"
+        assert_unavailable(value, "k", own_server)
+        assert not lock.is_held_by_current_thread()
+        # The lock object is still consistent: releasing it here is refused as usual.
+        with pytest.raises(hybridlock.LockNotOwnedError):
+            lock.release()
