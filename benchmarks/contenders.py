@@ -1,0 +1,320 @@
+"""The locks under test, each behind the same small interface, and how their round trips are counted.
+
+A *contender* is one lock library used the way its documentation shows, with its default settings except the
+lease. A :class:`Session` is one process's use of it: its client (and registry, for hybridlock), a factory of lock
+objects, and, for the libraries that do not renew leases themselves, a by-hand renewal as a user would write it.
+
+Round trips are counted on the client side, by :class:`CountingConnection`: one count per write to the socket, so
+a pipeline counts once and the commands a Lua script runs inside the server do not count at all (``INFO
+commandstats`` counts those too, which is why the workloads report both). The connection handshake (``HELLO``,
+``CLIENT SETINFO``, ``SELECT``) is not counted: it happens once per pooled connection, not per lock operation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import threading
+from typing import Any, ClassVar, Protocol
+
+import redis
+
+__all__ = [
+    "CONTENDERS",
+    "CountingConnection",
+    "LockLike",
+    "Session",
+    "contender_available",
+    "make_session",
+    "round_trips_sent",
+]
+
+
+class LockLike(Protocol):
+    def acquire(self) -> Any: ...
+
+    def release(self) -> Any: ...
+
+
+class CountingConnection(redis.Connection):
+    """A redis-py connection that counts its writes (round trips) in a per-process total, handshake excluded."""
+
+    _total_lock = threading.Lock()
+    _total = 0
+    _handshaking = 0
+
+    def on_connect(self, *args: Any, **kwargs: Any) -> Any:
+        self._handshaking += 1
+        try:
+            return super().on_connect(*args, **kwargs)
+        finally:
+            self._handshaking -= 1
+
+    if hasattr(redis.Connection, "on_connect_check_health"):  # redis-py 6+: on_connect delegates to this one
+
+        def on_connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+            self._handshaking += 1
+            try:
+                return super().on_connect_check_health(*args, **kwargs)
+            finally:
+                self._handshaking -= 1
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._handshaking:
+            with CountingConnection._total_lock:
+                CountingConnection._total += 1
+        super().send_packed_command(command, check_health)
+
+
+def round_trips_sent() -> int:
+    """Round trips sent so far by every counting client of this process."""
+    return CountingConnection._total
+
+
+def counting_client(url: str) -> redis.Redis:
+    # Every contender gets the same client settings: redis-py's defaults, plus the counting connection class.
+    return redis.Redis.from_url(url, connection_class=CountingConnection)
+
+
+class Session:
+    """One process's use of one lock library."""
+
+    #: Short id used in the results, and the display name.
+    id: ClassVar[str]
+    title: ClassVar[str]
+    #: The module that must import for the contender to run, and the distribution whose version is reported.
+    module: ClassVar[str | None] = None
+    distribution: ClassVar[str | None] = None
+    #: Whether locks live in the Redis server (False: the in-process floor).
+    uses_server: ClassVar[bool] = True
+    #: Whether a second acquire by the holding thread counts up instead of blocking.
+    reentrant: ClassVar[bool] = False
+    #: Whether the library renews held leases on its own (else ``renew_by_hand`` is how a user would do it).
+    renews_itself: ClassVar[bool] = False
+
+    def __init__(self, url: str, lease: float) -> None:
+        self.url = url
+        self.lease = lease
+
+    def lock(self, key: str) -> LockLike:
+        """A lock object for ``key``, for use by the calling thread."""
+        raise NotImplementedError
+
+    def renewing_lock(self, key: str) -> LockLike:
+        """A lock object for ``key`` whose lease is kept alive while held (by the library, or by
+        ``renew_by_hand``)."""
+        return self.lock(key)
+
+    def server_key(self, key: str) -> str | None:
+        """The name of the key the lock for ``key`` keeps in the server while held (None: not in a server)."""
+        return None
+
+    def renew_by_hand(self, lock: LockLike) -> None:
+        """Reset the held lock's lease, as a user of a library without renewal would; raises when it is no longer
+        held (its lease ran out)."""
+        raise NotImplementedError
+
+    def lost(self, lock: LockLike) -> bool:
+        """Whether the library itself reports the held lock as lost (only hybridlock can tell)."""
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class HybridlockSession(Session):
+    id = "hybridlock"
+    title = "hybridlock"
+    module = "hybridlock"
+    distribution = "hybridlock"
+    reentrant = True
+    renews_itself = True
+    lock_type = "pubsub"
+
+    def __init__(self, url: str, lease: float) -> None:
+        import hybridlock
+
+        super().__init__(url, lease)
+        self.client = counting_client(url)
+        self.registry = hybridlock.LockRegistry(
+            self.client, registry_key="bench", expire_after=lease, lock_type=self.lock_type
+        )
+
+    def lock(self, key: str) -> LockLike:
+        # One object per key, shared by the threads of the process: that is the registry's design.
+        return self.registry.obtain(key)
+
+    def server_key(self, key: str) -> str:
+        # Documented layout (hybridlock/_keys.py): "<registry_key>:{<key>}".
+        return f"bench:{{{key}}}"
+
+    def lost(self, lock: Any) -> bool:
+        return bool(lock.lost)
+
+    def close(self) -> None:
+        self.registry.close()
+        self.client.close()
+
+
+class HybridlockSpinSession(HybridlockSession):
+    id = "hybridlock-spin"
+    title = 'hybridlock (lock_type="spin")'
+    lock_type = "spin"
+
+
+class RedisPySession(Session):
+    id = "redis-py"
+    title = "redis-py Lock"
+    module = "redis"
+    distribution = "redis"
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self.client = counting_client(url)
+
+    def lock(self, key: str) -> LockLike:
+        # Default settings (sleep=0.1, thread_local=True); a Lock keeps one token per thread, so one object per
+        # thread is the same as sharing one.
+        return self.client.lock(self.server_key(key), timeout=self.lease)
+
+    def server_key(self, key: str) -> str:
+        return f"bench-redispy:{key}"
+
+    def renew_by_hand(self, lock: LockLike) -> None:
+        lock.reacquire()  # type: ignore[attr-defined]  # resets the TTL to `timeout`: one EVALSHA
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class PythonRedisLockSession(Session):
+    id = "python-redis-lock"
+    title = "python-redis-lock"
+    module = "redis_lock"
+    distribution = "python-redis-lock"
+    renews_itself = True
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self.client = counting_client(url)
+        # Its expire is whole seconds.
+        self.expire = max(1, round(lease))
+        self._renewal_client: redis.Redis | None = None
+
+    def lock(self, key: str) -> LockLike:
+        import redis_lock
+
+        # A Lock's id is per object: a thread needs its own object.
+        return redis_lock.Lock(self.client, self._name(key), expire=self.expire)
+
+    def renewing_lock(self, key: str) -> LockLike:
+        import redis_lock
+
+        # auto_renewal starts one thread per held lock, renewing every expire * 2/3. Thousands of renewal threads
+        # overflow redis-py's default pool (100 connections: MaxConnectionsError, and the thread dies), so they
+        # share a blocking pool instead, where a renewal waits for a free connection.
+        if self._renewal_client is None:
+            pool = redis.BlockingConnectionPool.from_url(
+                self.url, connection_class=CountingConnection, max_connections=50, timeout=20
+            )
+            self._renewal_client = redis.Redis(connection_pool=pool)
+        return redis_lock.Lock(self._renewal_client, self._name(key), expire=self.expire, auto_renewal=True)
+
+    @staticmethod
+    def _name(key: str) -> str:
+        return f"bench-prl:{key}"
+
+    def server_key(self, key: str) -> str:
+        return f"lock:{self._name(key)}"
+
+    def close(self) -> None:
+        self.client.close()
+        if self._renewal_client is not None:
+            self._renewal_client.close()
+
+
+class PotterySession(Session):
+    id = "pottery"
+    title = "pottery Redlock (1 master)"
+    module = "pottery"
+    distribution = "pottery"
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self.client = counting_client(url)
+
+    def lock(self, key: str) -> LockLike:
+        from pottery import Redlock
+
+        # A Redlock's token is per object: a thread needs its own object.
+        return Redlock(key=f"bench-pottery:{key}", masters={self.client}, auto_release_time=self.lease)
+
+    def renewing_lock(self, key: str) -> LockLike:
+        from pottery import Redlock
+
+        # extend() refuses after num_extensions (default 3); a long-held lock needs a higher limit.
+        return Redlock(
+            key=f"bench-pottery:{key}", masters={self.client}, auto_release_time=self.lease, num_extensions=10**6
+        )
+
+    def server_key(self, key: str) -> str:
+        return f"redlock:bench-pottery:{key}"
+
+    def renew_by_hand(self, lock: LockLike) -> None:
+        lock.extend()  # type: ignore[attr-defined]  # one EVALSHA (from a thread pool of its own)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RLockSession(Session):
+    id = "rlock"
+    title = "threading.RLock (floor)"
+    uses_server = False
+    reentrant = True
+
+    _locks: dict[str, threading.RLock]
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self._locks = {}
+        self._mutex = threading.Lock()
+
+    def lock(self, key: str) -> LockLike:
+        with self._mutex:
+            return self._locks.setdefault(key, threading.RLock())
+
+
+CONTENDERS: dict[str, type[Session]] = {
+    cls.id: cls
+    for cls in (
+        HybridlockSession,
+        RedisPySession,
+        PythonRedisLockSession,
+        PotterySession,
+        RLockSession,
+        HybridlockSpinSession,
+    )
+}
+
+
+def contender_available(contender_id: str) -> tuple[bool, str]:
+    """(True, version) when the contender's library imports; (False, reason) when it does not."""
+    cls = CONTENDERS[contender_id]
+    if cls.module is None:
+        return True, "stdlib"
+    try:
+        importlib.import_module(cls.module)
+    except Exception as exc:  # any import failure means: skip it, say why
+        return False, f"{cls.module} does not import: {exc!r}"
+    version = "unknown"
+    if cls.distribution is not None:
+        try:
+            version = importlib.metadata.version(cls.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return True, version
+
+
+def make_session(contender_id: str, url: str, lease: float) -> Session:
+    return CONTENDERS[contender_id](url, lease)

@@ -1,0 +1,128 @@
+"""What every workload measures with: the shared counter, server command counts, percentiles, round medians.
+
+Nothing here knows a lock library; ``contenders.py`` holds those.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+__all__ = [
+    "CommandCounts",
+    "Counter",
+    "Metric",
+    "command_delta",
+    "command_snapshot",
+    "median_of_rounds",
+    "percentile",
+]
+
+# Commands the harness or a new connection sends, never a lock operation: left out of every count.
+_HARNESS_COMMANDS = frozenset({"info", "hello", "client|setinfo", "client|setname", "client", "select"})
+
+
+class Counter:
+    """The shared counter every critical section increments, kept in Redis and updated non-atomically (GET, then
+    SET): if two holders ever overlap, increments are lost and the final count comes out short."""
+
+    def __init__(self, url: str, key: str, *, reset: bool = True) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.key = key
+        self.increments = 0  # by this object, so commandstats deltas can subtract their GET and SET
+        if reset:
+            self.client.delete(key)
+
+    def increment(self) -> None:
+        value = self.client.get(self.key)
+        self.client.set(self.key, int(value or 0) + 1)
+        self.increments += 1  # only the thread holding the lock runs this: no race in a correct lock
+
+    def value(self) -> int:
+        return int(self.client.get(self.key) or 0)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass(frozen=True)
+class CommandCounts:
+    """The change in ``INFO commandstats`` between two snapshots: calls and server microseconds per command.
+
+    ``commandstats`` counts the commands a Lua script runs inside the server as well as the ones clients send, so
+    ``total`` is the server's work, not the round trips (those are counted on the client, see contenders.py)."""
+
+    calls: Mapping[str, int]
+    usec: Mapping[str, int]
+
+    def total(self, *, counter_increments: int = 0) -> int:
+        """Lock commands executed: everything but the harness's own, less the counter's GET and SET."""
+        calls = sum(n for name, n in self.calls.items() if name not in _HARNESS_COMMANDS)
+        return calls - 2 * counter_increments
+
+    def scripts(self) -> int:
+        """Script invocations (EVAL, EVALSHA and their read-only forms, FCALL): each is one client command."""
+        return sum(n for name, n in self.calls.items() if name.startswith(("eval", "fcall")))
+
+    def lease_resets(self) -> int:
+        """Keys whose expiry was set by (P)EXPIRE(AT), sent by a client or run inside a script."""
+        return sum(self.calls.get(name, 0) for name in ("pexpire", "expire", "pexpireat", "expireat"))
+
+    def script_usec(self) -> int:
+        return sum(n for name, n in self.usec.items() if name.startswith(("eval", "fcall")))
+
+    def total_usec(self) -> int:
+        return sum(n for name, n in self.usec.items() if name not in _HARNESS_COMMANDS)
+
+
+def command_snapshot(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for name, v in stats.items()}
+
+
+def command_delta(before: Mapping[str, tuple[int, int]], after: Mapping[str, tuple[int, int]]) -> CommandCounts:
+    calls: dict[str, int] = {}
+    usec: dict[str, int] = {}
+    for name, (n, us) in after.items():
+        n0, us0 = before.get(name, (0, 0))
+        if n != n0:
+            calls[name] = n - n0
+            usec[name] = us - us0
+    return CommandCounts(calls, usec)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (``fraction`` in 0..1); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = min(len(ordered), max(1, math.ceil(fraction * len(ordered))))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One column of a workload's table."""
+
+    key: str
+    label: str
+    #: "lower" or "higher": which way is better (the ratio's reading depends on it).
+    better: str
+    digits: int = 2
+    #: Whether hybridlock's value divided by a peer's means anything (not for a setting-like column).
+    ratio: bool = True
+
+
+def median_of_rounds(rounds: Iterable[Mapping[str, Any]], metrics: Sequence[Metric]) -> dict[str, float | None]:
+    """Each metric's median over the rounds that measured it (None when none did)."""
+    rounds = list(rounds)
+    result: dict[str, float | None] = {}
+    for metric in metrics:
+        values = [r[metric.key] for r in rounds if r.get(metric.key) is not None and not math.isnan(r[metric.key])]
+        result[metric.key] = statistics.median(values) if values else None
+    return result

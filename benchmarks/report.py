@@ -1,0 +1,265 @@
+"""Turning a run's results into the Markdown tables, the JSON file and the PNG chart.
+
+Every table puts, next to each contender's number, hybridlock's number divided by it, both from the same run:
+absolute times on a shared two-core machine move from run to run, ratios much less.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .measure import Metric
+
+__all__ = ["markdown", "targets", "write_chart", "write_json"]
+
+BASELINE = "hybridlock"
+
+
+def _number(value: float | None, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    if ours is None or theirs is None or math.isnan(ours) or math.isnan(theirs):
+        return ""
+    if theirs == 0:
+        return "=" if ours == 0 else "∞"
+    r = ours / theirs
+    if r == 0:
+        return "0"
+    if r >= 100:
+        return f"{r:,.0f}"
+    if r >= 10:
+        return f"{r:.1f}"
+    if r >= 0.1:
+        return f"{r:.2f}"
+    return f"{r:.3f}"
+
+
+def _arrow(metric: Metric) -> str:
+    return "↓" if metric.better == "lower" else "↑"
+
+
+def table(workload: Mapping[str, Any], titles: Mapping[str, str]) -> list[str]:
+    """One workload's Markdown table: a row per contender, a column per metric, ratios in parentheses."""
+    metrics: Sequence[Metric] = workload["metrics"]
+    rows: Mapping[str, Any] = workload["rows"]
+    base = rows.get(BASELINE, {}).get("median", {})
+    lines = [
+        "| lock | " + " | ".join(f"{m.label} {_arrow(m)}" if m.ratio else m.label for m in metrics) + " |",
+        "|---|" + "---:|" * len(metrics),
+    ]
+    for cid, row in rows.items():
+        if row.get("skipped"):
+            continue
+        median = row.get("median", {})
+        cells = []
+        for m in metrics:
+            value = median.get(m.key)
+            cell = _number(value, m.digits)
+            ratio = "" if cid == BASELINE or not m.ratio else _ratio(base.get(m.key), value)
+            if ratio and cell != "n/a":
+                cell += f" ({ratio})"
+            cells.append(cell)
+        flag = "" if row.get("count_ok", True) and not row.get("errors") else " ⚠"
+        lines.append(f"| {titles.get(cid, cid)}{flag} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Issue 3's targets, as this run measured them."""
+    w = results["workloads"]
+
+    def med(workload: str, cid: str, key: str) -> float | None:
+        return w.get(workload, {}).get("rows", {}).get(cid, {}).get("median", {}).get(key)
+
+    def ratio(workload: str, key: str, peer: str) -> float | None:
+        ours, theirs = med(workload, BASELINE, key), med(workload, peer, key)
+        if ours is None or theirs is None or theirs == 0:
+            return None
+        return ours / theirs
+
+    out = []
+
+    def add(name: str, measured: str, met: bool | None) -> None:
+        if met is not None:  # None: the workload was not run
+            out.append({"target": name, "measured": measured, "met": met})
+
+    rt = med("uncontended", BASELINE, "round_trips_per_cycle")
+    # The renewal thread may send one renewal inside a measured round: allow for it.
+    add("uncontended cycle in 2 round trips", f"{_number(rt, 2)} round trips per cycle",
+        None if rt is None else rt <= 2.05)
+    re = med("uncontended", BASELINE, "reentrant_round_trips")
+    add("reentrant acquire in 0 round trips", f"{_number(re, 2)} round trips", None if re is None else re == 0)
+    r = ratio("threads", "cycles_per_s", "redis-py")
+    add("8 threads: throughput ≥ redis-py Lock's", f"hybridlock ÷ redis-py = {_number(r, 2)}",
+        None if r is None else r >= 1.0)
+    r = ratio("threads", "wait_max_ms", "redis-py")
+    ours, theirs = med("threads", BASELINE, "wait_max_ms"), med("threads", "redis-py", "wait_max_ms")
+    add("8 threads: longest wait ≤ 1/10 of redis-py Lock's",
+        f"{_number(ours, 0)} ms vs {_number(theirs, 0)} ms (ratio {_number(r, 3)})",
+        None if r is None else r <= 0.1)
+    h = med("handoff", BASELINE, "handoff_median_ms")
+    hp = med("handoff", "redis-py", "handoff_median_ms")
+    add("cross-process hand-off median ≤ 2 ms", f"{_number(h, 2)} ms (redis-py Lock: {_number(hp, 1)} ms)",
+        None if h is None else h <= 2.0)
+    s = med("scale", BASELINE, "round_trips_per_period")
+    locks = w.get("scale", {}).get("params", {}).get("locks")
+    add(f"{locks or 10_000:,} held locks renewed in ≤ 1 round trip per slot per period (one server: 1)",
+        f"{_number(s, 2)} round trips per period", None if s is None else s <= 1.05)
+    return out
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    meta = results["meta"]
+    titles = meta["titles"]
+    lines = [
+        "# hybridlock benchmarks",
+        "",
+        f"- Date: {meta['date']} · mode: **{meta['mode']}** ({meta['rounds']} rounds per measurement; medians "
+        "quoted)",
+        f"- Machine: {meta['machine']}",
+        f"- Load average at start: {meta['load_start']} · at end: {meta.get('load_end', 'n/a')} — other "
+        "engineers run tests on this machine at the same time, so absolute times are noisy; compare the ratios.",
+        f"- Python: {meta['python']} · server: {meta['server']} (one server on 127.0.0.1, started for this run)",
+        "- Libraries: " + ", ".join(f"{titles.get(k, k)} {v}" for k, v in meta["versions"].items()),
+    ]
+    for note in meta.get("skipped", []):
+        lines.append(f"- Skipped: {note}")
+    lines += [
+        "",
+        "Numbers are medians over the rounds. In parentheses: **hybridlock's value ÷ this lock's**, measured in "
+        "the same run. ↓ marks columns where lower is better (a ratio below 1 favours hybridlock), ↑ where higher "
+        "is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an error or a wrong count.",
+        "",
+        "## Targets (issue 3)",
+        "",
+        "| target | this run | met |",
+        "|---|---|---|",
+    ]
+    for t in targets(results):
+        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+        lines.append(f"| {t['target']} | {t['measured']} | {met} |")
+    for name, workload in results["workloads"].items():
+        del name
+        lines += ["", f"## {workload['title']}", "", workload["description"], ""]
+        params = ", ".join(f"{k}={v}" for k, v in workload["params"].items())
+        lines += [f"Parameters: {params}.", ""]
+        lines += table(workload, titles)
+        notes = workload.get("notes", [])
+        if notes:
+            lines.append("")
+            lines += [f"- {n}" for n in notes]
+    failures = results.get("failures", [])
+    lines += ["", "## Checks", ""]
+    if failures:
+        lines += [f"- **FAILED** {f}" for f in failures]
+    else:
+        lines.append("- Every counter ended at its number of cycles; no workload raised an error.")
+    return "\n".join(lines) + "\n"
+
+
+def write_json(results: Mapping[str, Any], path: Path) -> None:
+    def encode(obj: Any) -> Any:
+        if isinstance(obj, Metric):
+            return {"key": obj.key, "label": obj.label, "better": obj.better}
+        if isinstance(obj, float) and math.isnan(obj):
+            return None
+        raise TypeError(type(obj).__name__)
+
+    def clean(obj: Any) -> Any:
+        # JSON has no NaN: write null.
+        if isinstance(obj, float) and math.isnan(obj):
+            return None
+        if isinstance(obj, Mapping):
+            return {k: clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        return obj
+
+    path.write_text(json.dumps(clean(results), indent=1, default=encode, ensure_ascii=False) + "\n")
+
+
+# (workload, metric key, log scale)
+_PANELS = (
+    ("uncontended", "latency_median_us", False),
+    ("uncontended", "round_trips_per_cycle", False),
+    ("threads", "cycles_per_s", False),
+    ("threads", "wait_max_ms", True),
+    ("processes", "cycles_per_s", False),
+    ("handoff", "handoff_median_ms", True),
+    ("scale", "round_trips_per_period", True),
+    ("scale", "cpu_percent", False),
+)
+
+_SHORT = {
+    "hybridlock": "hybridlock",
+    "hybridlock-spin": "hybridlock\nspin",
+    "redis-py": "redis-py",
+    "python-redis-lock": "python-\nredis-lock",
+    "pottery": "pottery",
+    "rlock": "RLock",
+}
+
+
+def write_chart(results: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8.5))
+    meta = results["meta"]
+    fig.suptitle(
+        f"hybridlock benchmarks — {meta['date']} — {meta['mode']} run, medians of {meta['rounds']} rounds; "
+        f"{meta['server']}; load avg at start {meta['load_start']}",
+        fontsize=11,
+    )
+    for ax, (wname, key, log) in zip(axes.flat, _PANELS, strict=True):
+        workload = results["workloads"].get(wname)
+        if workload is None:
+            ax.set_axis_off()
+            continue
+        metric = next(m for m in workload["metrics"] if m.key == key)
+        names, values, lows, highs = [], [], [], []
+        for cid, row in workload["rows"].items():
+            value = row.get("median", {}).get(key) if not row.get("skipped") else None
+            if value is None or math.isnan(value):
+                continue
+            per_round = [r[key] for r in row.get("rounds", []) if r.get(key) is not None and not math.isnan(r[key])]
+            names.append(cid)
+            values.append(value)
+            lows.append(value - min(per_round, default=value))
+            highs.append(max(per_round, default=value) - value)
+        colors = ["#d9480f" if n == BASELINE else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
+                  for n in names]
+        colors = [c if n != "rlock" else "#adb5bd" for n, c in zip(names, colors, strict=True)]
+        x = range(len(names))
+        ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
+        ax.set_xticks(list(x), [_SHORT.get(n, n) for n in names], fontsize=8)
+        heading = workload["title"].split(": ")[0].split(". ", 1)[-1]
+        if wname == "scale":
+            params = workload["params"]
+            heading = f"Scale: {params.get('locks', 0):,} locks held, {params.get('lease s')} s lease"
+        ax.set_title(f"{heading}\n{metric.label} "
+                     f"({'lower' if metric.better == 'lower' else 'higher'} is better)", fontsize=9)
+        if log and values and min(values) > 0:
+            ax.set_yscale("log")
+        elif log:
+            ax.set_yscale("symlog", linthresh=1)
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:.3g}" if v < 100 else f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=7,
+                        xytext=(0, 2), textcoords="offset points")
+        ax.grid(axis="y", alpha=0.3)
+    fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Orange: hybridlock "
+             "(light: its spin mode); blue: peers; grey: the in-process floor. Ratios to each peer: latest.md.",
+             ha="center", fontsize=9)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,260 @@
+"""Run hybridlock's benchmark suite: one server, every workload, every lock library, in one run.
+
+    python -m benchmarks.run            # the full run (under 10 minutes on 2 cores)
+    python -m benchmarks.run --quick    # a smoke run (under a minute)
+
+Writes benchmarks/results/latest.md (also printed), latest.json and latest.png. Exits 1 when a counter check
+failed or a workload raised, 2 when no server could be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: python benchmarks/run.py
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+
+from benchmarks import report
+from benchmarks.contenders import CONTENDERS, contender_available
+from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings
+from hybridlock._server import EmbeddedServer, ServerNotFoundError
+
+REPO = Path(__file__).resolve().parent.parent
+#: The contenders of every workload, in table order; in-process ones only where the workload allows.
+MAIN_CONTENDERS = ("hybridlock", "redis-py", "python-redis-lock", "pottery", "rlock")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = f", {int(line.split()[1]) / 1024 / 1024:.0f} GiB"
+                break
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.release()} {platform.machine()}, {cpu}, {os.cpu_count()} cores{memory}"
+
+
+def _load() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "hybridlock"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown revision"
+    return f"git {rev}" + (" + uncommitted changes in hybridlock/" if dirty else "")
+
+
+def _server_version(url: str, server: EmbeddedServer) -> str:
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    name = "valkey" if "valkey_version" in info else "redis"
+    version = info.get("valkey_version") or info.get("redis_version")
+    return f"{name}-server {version} ({server.binary})"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short durations and fewer locks: under a minute")
+    parser.add_argument("--rounds", type=int, help="rounds per measurement (default: 2 quick, 3 full)")
+    parser.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
+    parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
+                        help="where latest.md, latest.json and latest.png go (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.rounds is not None and not 1 <= args.rounds <= 20:
+        parser.error("--rounds must be between 1 and 20")
+    return args
+
+
+def _selected(text: str | None, known: list[str], what: str) -> list[str]:
+    if not text:
+        return known
+    chosen = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in chosen if x not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings: Settings = QUICK if args.quick else FULL
+    if args.rounds is not None:
+        settings = Settings(**{**settings.__dict__, "rounds": args.rounds})
+    workloads = [w for w in WORKLOADS if w.name in _selected(args.workloads, [w.name for w in WORKLOADS],
+                                                                 "workload")]
+    wanted = _selected(args.contenders, list(CONTENDERS), "contender")
+
+    load_start = _load()
+    versions: dict[str, str] = {}
+    skipped: list[str] = []
+    available: list[str] = []
+    for cid in CONTENDERS:
+        if cid not in wanted:
+            continue
+        ok, detail = contender_available(cid)
+        if ok:
+            available.append(cid)
+            if cid != "hybridlock-spin":
+                versions[cid] = detail
+        else:
+            skipped.append(f"{CONTENDERS[cid].title}: {detail}")
+            _log(f"note: skipping {CONTENDERS[cid].title}: {detail}")
+    if "hybridlock" in versions:
+        versions["hybridlock"] += f" ({_git_revision()})"
+
+    try:
+        server = EmbeddedServer().start()
+    except (ServerNotFoundError, RuntimeError) as exc:
+        _log(f"cannot start a server: {exc}")
+        return 2
+    failures: list[str] = []
+    started = time.monotonic()
+    results: dict[str, Any] = {"meta": {}, "workloads": {}, "failures": failures}
+    try:
+        url = server.url
+        admin = redis.Redis.from_url(url)
+        results["meta"] = {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "mode": "quick" if args.quick else "full",
+            "rounds": settings.rounds,
+            "machine": _machine(),
+            "python": f"{platform.python_implementation()} {platform.python_version()}",
+            "server": _server_version(url, server),
+            "load_start": load_start,
+            "versions": versions,
+            "titles": {cid: cls.title for cid, cls in CONTENDERS.items()},
+            "skipped": skipped,
+            "settings": settings.__dict__,
+        }
+        _log(f"server {results['meta']['server']} on {url}; load average {load_start}")
+        for workload in workloads:
+            ids = [c for c in (*MAIN_CONTENDERS[:1], *workload.extra, *MAIN_CONTENDERS[1:])
+                   if c in available and (workload.in_process or CONTENDERS[c].uses_server)]
+            params = _params(workload.name, settings)
+            entry: dict[str, Any] = {
+                "title": workload.title,
+                "description": workload.description,
+                "params": params,
+                "metrics": workload.metrics,
+                "rows": {},
+                "notes": [],
+            }
+            results["workloads"][workload.name] = entry
+            for cid in ids:
+                admin.flushall()
+                _log(f"[{workload.name}] {cid} ...")
+                t0 = time.monotonic()
+                try:
+                    row = workload.run(cid, url, settings)
+                except Exception:
+                    row = {"rounds": [], "median": {}, "errors": [traceback.format_exc(limit=8)], "count_ok": True}
+                row["seconds"] = round(time.monotonic() - t0, 1)
+                entry["rows"][cid] = row
+                _log(f"[{workload.name}] {cid} done in {row['seconds']} s: "
+                     + ", ".join(f"{k}={_short(v)}" for k, v in row.get("median", {}).items()))
+                if not row.get("count_ok", True):
+                    failures.append(f"{workload.name} / {cid}: counter ended at {row['count_final']}, expected "
+                                    f"{row['count_expected']} (two holders overlapped, or a cycle was lost)")
+                for error in row.get("errors", []):
+                    failures.append(f"{workload.name} / {cid}: {error.strip()}")
+                _notes(workload.name, cid, row, entry["notes"])
+        admin.close()
+    finally:
+        server.stop()
+    results["meta"]["load_end"] = _load()
+    results["meta"]["seconds"] = round(time.monotonic() - started, 1)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = report.markdown(results)
+    (args.out / "latest.md").write_text(text)
+    report.write_json(results, args.out / "latest.json")
+    try:
+        report.write_chart(results, args.out / "latest.png")
+    except ImportError as exc:
+        _log(f"note: no chart: {exc}")
+    print(text)
+    _log(f"wrote {args.out}/latest.md, latest.json, latest.png in {results['meta']['seconds']} s")
+    if failures:
+        _log(f"{len(failures)} failure(s):")
+        for failure in failures:
+            _log(f"  - {failure.splitlines()[0] if failure else failure}")
+        return 1
+    return 0
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _params(name: str, s: Settings) -> dict[str, Any]:
+    if name == "uncontended":
+        return {"cycles per round": s.uncontended_cycles, "rounds": s.rounds, "lease s": s.lease}
+    if name == "threads":
+        return {"threads": s.threads, "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
+    if name == "processes":
+        return {"processes": s.processes, "threads each": s.threads_per_process,
+                "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
+    if name == "handoff":
+        return {"hand-offs per round": s.handoffs, "hold ms": f"{s.hold_min_s * 1000:.0f}-{s.hold_max_s * 1000:.0f}",
+                "rounds": s.rounds, "lease s": s.lease}
+    if name == "scale":
+        return {"locks": s.scale_locks, "lease s": s.scale_lease, "window s": s.scale_window_s, "rounds": 1}
+    return {}
+
+
+def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
+    """Facts worth a line under a table that the columns do not show."""
+    if name == "scale" and row.get("rounds"):
+        r = row["rounds"][0]
+        if r.get("renewal_thread_errors"):
+            notes.append(f"{cid}: {r['renewal_thread_errors']} renewal threads died "
+                         f"(e.g. {r.get('renewal_thread_error_sample', '')}).")
+        if r.get("pass_s_median") is not None:
+            notes.append(f"{cid}: one by-hand renewal pass over all locks took {r['pass_s_median']:.2f} s "
+                         f"(median); {r.get('renew_failures', 0)} renewals found the lock already expired.")
+        if r.get("acquired", r["locks"]) < r["locks"]:
+            notes.append(f"{cid}: acquired only {r['acquired']:,} of {r['locks']:,} locks within the time limit.")
+        if r.get("locks_kept") is not None and r["locks_kept"] < r["locks"]:
+            notes.append(f"{cid}: only {r['locks_kept']:,} of {r['locks']:,} locks were still held at the end.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

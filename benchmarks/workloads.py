@@ -1,0 +1,835 @@
+"""The five workloads. Each takes a contender id and the server URL, and returns one result row for the tables.
+
+Every critical section increments the shared counter (``measure.Counter``: GET then SET in Redis), and every
+workload checks at the end that the counter equals the number of cycles run: a lock that ever let two holders in
+loses increments, and the run fails. Every loop is bounded both in count and in time.
+
+Processes are started with the ``spawn`` method: each child builds its own client (and registry) from the URL, as
+a separate program would, and nothing is inherited from the harness's threads.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import queue
+import random
+import statistics
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from .contenders import LockLike, Session, make_session, round_trips_sent
+from .measure import Counter, Metric, command_delta, command_snapshot, median_of_rounds, percentile
+
+__all__ = ["FULL", "METRICS", "QUICK", "WORKLOADS", "Settings"]
+
+# How long a step may overrun its planned time before the harness gives up on it and fails the run.
+_SLACK = 60.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and durations of one run (``QUICK`` or ``FULL``)."""
+
+    rounds: int
+    lease: float = 30.0
+    # uncontended
+    uncontended_cycles: int = 500
+    uncontended_max_s: float = 5.0
+    reentrant_depth: int = 100
+    # 1 process x 8 threads, and 4 processes x 2 threads
+    threads: int = 8
+    processes: int = 4
+    threads_per_process: int = 2
+    contention_s: float = 6.0
+    contention_max_cycles: int = 200_000  # per thread and round
+    # hand-off
+    handoffs: int = 30  # per round
+    hold_min_s: float = 0.02
+    hold_max_s: float = 0.12
+    # scale
+    scale_locks: int = 10_000
+    scale_lease: float = 3.0
+    scale_window_s: float = 9.0
+    scale_acquire_max_s: float = 90.0
+
+
+QUICK = Settings(
+    rounds=2,
+    uncontended_cycles=200,
+    uncontended_max_s=2.0,
+    contention_s=1.0,
+    handoffs=8,
+    scale_locks=2_000,
+    scale_window_s=2.5,
+    scale_acquire_max_s=20.0,
+)
+FULL = Settings(rounds=3)
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def _us(seconds: float) -> float:
+    return seconds * 1_000_000.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. uncontended
+
+
+UNCONTENDED_METRICS = (
+    Metric("latency_median_us", "cycle median (µs)", "lower", 0),
+    Metric("latency_p99_us", "cycle p99 (µs)", "lower", 0),
+    Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
+    Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+    Metric("reentrant_round_trips", "reentrant acquire: round trips", "lower", 2),
+    Metric("reentrant_server_cmds", "reentrant acquire: server cmds", "lower", 2),
+    Metric("reentrant_us", "reentrant acquire+release (µs)", "lower", 2),
+)
+
+
+def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """One thread, one key: the acquire+release cycle's latency (the critical section's own GET and SET are not
+    timed) and what it costs the server; for reentrant locks, what a nested acquire costs."""
+    session = make_session(contender_id, url, settings.lease)
+    counter = Counter(url, f"bench-counter:uncontended:{contender_id}")
+    stats = redis.Redis.from_url(url)
+    try:
+        lock = session.lock("uncontended")
+        warmup = 20  # loads scripts and opens the connection outside the measured rounds
+        for _ in range(warmup):
+            _cycle(lock, counter)
+        cycles_run = warmup
+        rounds = []
+        for _ in range(settings.rounds):
+            latencies: list[float] = []
+            increments0 = counter.increments
+            before, trips0 = command_snapshot(stats), round_trips_sent()
+            deadline = time.monotonic() + settings.uncontended_max_s
+            for _ in range(settings.uncontended_cycles):
+                t0 = time.perf_counter()
+                lock.acquire()
+                t1 = time.perf_counter()
+                try:
+                    counter.increment()
+                finally:
+                    t2 = time.perf_counter()
+                    lock.release()
+                    t3 = time.perf_counter()
+                latencies.append((t1 - t0) + (t3 - t2))
+                if time.monotonic() > deadline:
+                    break
+            trips = round_trips_sent() - trips0
+            delta = command_delta(before, command_snapshot(stats))
+            n = len(latencies)
+            cycles_run += n
+            rounds.append(
+                {
+                    "cycles": n,
+                    "latency_median_us": _us(statistics.median(latencies)),
+                    "latency_p99_us": _us(percentile(latencies, 0.99)),
+                    "round_trips_per_cycle": trips / n,
+                    "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
+                }
+            )
+        if session.reentrant:
+            for r in rounds:
+                r.update(_reentrant_cost(session, lock, stats, settings.reentrant_depth))
+        return _row(rounds, UNCONTENDED_METRICS, counter, cycles_run)
+    finally:
+        session.close()
+        counter.close()
+        stats.close()
+
+
+def _cycle(lock: LockLike, counter: Counter) -> None:
+    lock.acquire()
+    try:
+        counter.increment()
+    finally:
+        lock.release()
+
+
+def _reentrant_cost(session: Session, lock: LockLike, stats: redis.Redis, depth: int) -> dict[str, float]:
+    lock.acquire()
+    try:
+        before, trips0 = command_snapshot(stats), round_trips_sent()
+        t0 = time.perf_counter()
+        for _ in range(depth):
+            lock.acquire()
+        for _ in range(depth):
+            lock.release()
+        elapsed = time.perf_counter() - t0
+        trips = round_trips_sent() - trips0
+        delta = command_delta(before, command_snapshot(stats))
+    finally:
+        lock.release()
+    return {
+        "reentrant_round_trips": trips / depth,
+        "reentrant_server_cmds": delta.total() / depth,
+        "reentrant_us": _us(elapsed / depth),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. and 3. contention: threads (of one or several processes) cycling on one key
+
+
+CONTENTION_METRICS = (
+    Metric("cycles_per_s", "cycles/s", "higher", 0),
+    Metric("wait_p50_ms", "wait p50 (ms)", "lower", 2),
+    Metric("wait_p99_ms", "wait p99 (ms)", "lower", 1),
+    Metric("wait_max_ms", "longest wait (ms)", "lower", 0),
+    Metric("fairness", "fairness (min/mean cycles per thread)", "higher", 2),
+    Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
+    Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+)
+
+
+def _contend(
+    session: Session,
+    counter: Counter,
+    key: str,
+    threads: int,
+    duration: float,
+    max_cycles: int,
+    *,
+    before_start: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Run ``threads`` threads, each cycling on ``key`` until ``duration`` has passed (or ``max_cycles``).
+
+    Returns the raw material of a round: every acquire's wait, each thread's cycle count, the start and end on the
+    system-wide monotonic clock, and the errors seen. ``before_start`` runs in the calling thread just before the
+    threads are let go (a multi-process barrier, say)."""
+    locks = [session.lock(key) for _ in range(threads)]
+    waits: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[str] = []
+    gate = threading.Barrier(threads + 1)
+    deadline = [0.0]
+
+    def worker(index: int) -> None:
+        lock, mine = locks[index], waits[index]
+        try:
+            gate.wait(timeout=_SLACK)
+            end = deadline[0]
+            while len(mine) < max_cycles and time.monotonic() < end:
+                t0 = time.perf_counter()
+                lock.acquire()
+                t1 = time.perf_counter()
+                try:
+                    counter.increment()
+                finally:
+                    lock.release()
+                mine.append(t1 - t0)
+        except Exception:
+            errors.append(traceback.format_exc(limit=4))
+
+    workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    before_start()
+    start = time.monotonic()
+    deadline[0] = start + duration
+    gate.wait(timeout=_SLACK)
+    for thread in workers:
+        thread.join(timeout=max(0.0, deadline[0] + _SLACK - time.monotonic()))
+    end = time.monotonic()
+    hung = sum(thread.is_alive() for thread in workers)
+    if hung:
+        errors.append(f"{hung} thread(s) still running {_SLACK:.0f} s after the deadline")
+    return {
+        "start": start,
+        "end": end,
+        "waits": [w for mine in waits for w in mine],
+        "per_thread": [len(mine) for mine in waits],
+        "errors": errors,
+    }
+
+
+def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, increments: int) -> dict[str, Any]:
+    waits = [w for part in parts for w in part["waits"]]
+    per_thread = [n for part in parts for n in part["per_thread"]]
+    cycles = sum(per_thread)
+    elapsed = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+    mean = cycles / len(per_thread) if per_thread else 0.0
+    return {
+        "cycles": cycles,
+        "elapsed_s": elapsed,
+        "cycles_per_s": cycles / elapsed if elapsed > 0 else math.nan,
+        "wait_p50_ms": _ms(percentile(waits, 0.50)),
+        "wait_p99_ms": _ms(percentile(waits, 0.99)),
+        "wait_max_ms": _ms(max(waits)) if waits else math.nan,
+        "fairness": min(per_thread) / mean if mean else math.nan,
+        "per_thread_cycles": per_thread,
+        "round_trips_per_cycle": trips / cycles if cycles else math.nan,
+        "server_cmds_per_cycle": delta.total(counter_increments=increments) / cycles if cycles else math.nan,
+    }
+
+
+def threads_one_process(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.threads`` threads of this process on one key."""
+    session = make_session(contender_id, url, settings.lease)
+    key = "threads"
+    counter = Counter(url, f"bench-counter:threads:{contender_id}")
+    stats = redis.Redis.from_url(url)
+    try:
+        cycles_run = 0
+        for _ in range(settings.threads):  # warm-up, outside the rounds: one cycle per lock object
+            _cycle(session.lock(key), counter)
+            cycles_run += 1
+        rounds = []
+        errors: list[str] = []
+        for _ in range(settings.rounds):
+            increments0 = counter.increments
+            before, trips0 = command_snapshot(stats), round_trips_sent()
+            part = _contend(session, counter, key, settings.threads, settings.contention_s,
+                            settings.contention_max_cycles)
+            trips = round_trips_sent() - trips0
+            delta = command_delta(before, command_snapshot(stats))
+            errors += part["errors"]
+            cycles_run += sum(part["per_thread"])
+            rounds.append(_contention_round([part], trips, delta, counter.increments - increments0))
+            if part["errors"]:
+                break
+        return _row(rounds, CONTENTION_METRICS, counter, cycles_run, errors)
+    finally:
+        session.close()
+        counter.close()
+        stats.close()
+
+
+def _contention_child(
+    contender_id: str,
+    url: str,
+    settings: dict[str, Any],
+    index: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """A child process of workload 3: its own session and threads, one round per barrier."""
+    s = Settings(**settings)
+    session = None
+    try:
+        session = make_session(contender_id, url, s.lease)
+        counter = Counter(url, f"bench-counter:processes:{contender_id}", reset=False)
+        key = "processes"
+        for _ in range(s.threads_per_process):
+            _cycle(session.lock(key), counter)
+        results.put(("ready", index, s.threads_per_process))
+        for round_no in range(s.rounds):
+            trips0 = round_trips_sent()
+            part = _contend(session, counter, key, s.threads_per_process, s.contention_s, s.contention_max_cycles,
+                            before_start=lambda: barrier.wait(timeout=_SLACK))
+            part["round_trips"] = round_trips_sent() - trips0
+            results.put(("round", index, round_no, part))
+            if part["errors"]:
+                return
+    except BaseException:
+        results.put(("error", index, traceback.format_exc(limit=6)))
+    finally:
+        if session is not None:
+            session.close()
+
+
+def threads_many_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.processes`` processes x ``settings.threads_per_process`` threads on one key."""
+    counter = Counter(url, f"bench-counter:processes:{contender_id}")
+    stats = redis.Redis.from_url(url)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(settings.processes + 1)
+    results = context.Queue()
+    children = [
+        context.Process(
+            target=_contention_child,
+            args=(contender_id, url, asdict(settings), i, barrier, results),
+            name=f"bench-{contender_id}-{i}",
+            daemon=True,
+        )
+        for i in range(settings.processes)
+    ]
+    rounds: list[dict[str, Any]] = []
+    errors: list[str] = []
+    cycles_run = 0
+    try:
+        for child in children:
+            child.start()
+        for message in _collect(results, "ready", settings.processes, _SLACK, errors):
+            cycles_run += message[2]
+        for round_no in range(settings.rounds if not errors else 0):
+            increments = 0
+            before = command_snapshot(stats)
+            barrier.wait(timeout=_SLACK)
+            parts = [m[3] for m in _collect(results, "round", settings.processes, settings.contention_s + _SLACK,
+                                            errors)]
+            delta = command_delta(before, command_snapshot(stats))
+            for part in parts:
+                errors += part["errors"]
+                increments += sum(part["per_thread"])
+            cycles_run += increments
+            if len(parts) != settings.processes:
+                break
+            trips = sum(part["round_trips"] for part in parts)
+            rounds.append(_contention_round(parts, trips, delta, increments))
+            rounds[-1]["round"] = round_no
+            if errors:
+                break
+    except threading.BrokenBarrierError:
+        errors.append("a child process never reached the start barrier")
+    finally:
+        if errors:
+            barrier.abort()
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.terminate()  # our own child, by its handle
+                child.join(timeout=5)
+        results.close()
+        stats.close()
+    try:
+        return _row(rounds, CONTENTION_METRICS, counter, cycles_run, errors)
+    finally:
+        counter.close()
+
+
+def _collect(results: Any, kind: str, count: int, timeout: float, errors: list[str]) -> list[tuple[Any, ...]]:
+    """Take ``count`` messages of ``kind`` from the children's queue within ``timeout`` seconds; an error message
+    or running out of time records an error and returns what arrived."""
+    got: list[tuple[Any, ...]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        try:
+            message = results.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            errors.append(f"only {len(got)} of {count} child processes reported '{kind}' within {timeout:.0f} s")
+            break
+        if message[0] == "error":
+            errors.append(f"child {message[1]}: {message[2]}")
+            break
+        got.append(message)
+    return got
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. hand-off between processes
+
+
+HANDOFF_METRICS = (
+    Metric("handoff_median_ms", "hand-off median (ms)", "lower", 2),
+    Metric("handoff_p99_ms", "hand-off p99 (ms)", "lower", 1),
+    Metric("waiter_round_trips", "waiter round trips / acquire", "lower", 1),
+)
+
+
+def _recv(conn: Any, timeout: float) -> Any:
+    if not conn.poll(timeout):
+        raise TimeoutError(f"no message from the other process within {timeout:.0f} s")
+    return conn.recv()
+
+
+def _handoff_holder(
+    contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any
+) -> None:
+    """Takes the lock, lets the waiter block on it, holds it a random while, and releases it: the hand-off time is
+    from just before its ``release()`` to just after the waiter's ``acquire()`` returned, both read on
+    ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for the whole machine on Linux)."""
+    s = Settings(**settings)
+    session = None
+    try:
+        session = make_session(contender_id, url, s.lease)
+        lock = session.lock("handoff")
+        counter = Counter(url, f"bench-counter:handoff:{contender_id}", reset=False)
+        _cycle(lock, counter)
+        results.put(("ready", 0, 1))
+        timeout = s.hold_max_s + _SLACK
+        # Start only once the waiter has finished its own warm-up cycle, or it would be blocked in that one.
+        if _recv(conn, timeout) != "ready":
+            raise RuntimeError("hand-off protocol out of step")
+        rng = random.Random(12345)
+        for round_no in range(s.rounds):
+            samples, trips = [], []
+            for _ in range(s.handoffs):
+                lock.acquire()
+                try:
+                    counter.increment()
+                    conn.send("held")
+                    if _recv(conn, timeout) != "waiting":
+                        raise RuntimeError("hand-off protocol out of step")
+                    # The waiter is inside acquire() now; a random hold puts the release at a random point of its
+                    # polling cycle, as happens in real use.
+                    time.sleep(rng.uniform(s.hold_min_s, s.hold_max_s))
+                    released_at = time.monotonic()
+                finally:
+                    lock.release()
+                acquired_at, waiter_trips = _recv(conn, timeout)
+                samples.append(acquired_at - released_at)
+                trips.append(waiter_trips)
+            results.put(("round", 0, round_no, {"samples": samples, "waiter_trips": trips}))
+        conn.send("done")
+    except BaseException:
+        results.put(("error", 0, traceback.format_exc(limit=6)))
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _handoff_waiter(
+    contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any
+) -> None:
+    s = Settings(**settings)
+    session = None
+    try:
+        session = make_session(contender_id, url, s.lease)
+        lock = session.lock("handoff")
+        counter = Counter(url, f"bench-counter:handoff:{contender_id}", reset=False)
+        _cycle(lock, counter)
+        results.put(("ready", 1, 1))
+        conn.send("ready")
+        timeout = s.hold_max_s + _SLACK
+        for _ in range(s.rounds * s.handoffs + 1):  # the last message is "done"
+            message = _recv(conn, 4 * timeout)
+            if message == "done":
+                return
+            conn.send("waiting")
+            trips0 = round_trips_sent()
+            lock.acquire()
+            acquired_at = time.monotonic()
+            trips = round_trips_sent() - trips0
+            try:
+                counter.increment()
+            finally:
+                lock.release()
+            conn.send((acquired_at, trips))
+    except BaseException:
+        results.put(("error", 1, traceback.format_exc(limit=6)))
+    finally:
+        if session is not None:
+            session.close()
+
+
+def handoff(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """Two processes pass the lock back and forth: what a waiting process loses to the lock's wake-up path."""
+    counter = Counter(url, f"bench-counter:handoff:{contender_id}")
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    holder_end, waiter_end = context.Pipe()
+    children = [
+        context.Process(target=_handoff_holder, args=(contender_id, url, asdict(settings), holder_end, results),
+                        name=f"bench-{contender_id}-holder", daemon=True),
+        context.Process(target=_handoff_waiter, args=(contender_id, url, asdict(settings), waiter_end, results),
+                        name=f"bench-{contender_id}-waiter", daemon=True),
+    ]
+    errors: list[str] = []
+    rounds: list[dict[str, Any]] = []
+    cycles_run = 0
+    try:
+        for child in children:
+            child.start()
+        cycles_run += sum(m[2] for m in _collect(results, "ready", 2, _SLACK, errors))
+        per_round = settings.handoffs * (settings.hold_max_s + 1.0) + _SLACK
+        for _ in range(settings.rounds if not errors else 0):
+            got = _collect(results, "round", 1, per_round, errors)
+            if not got:
+                break
+            data = got[0][3]
+            samples = data["samples"]
+            cycles_run += 2 * len(samples)
+            rounds.append(
+                {
+                    "handoffs": len(samples),
+                    "handoff_median_ms": _ms(statistics.median(samples)),
+                    "handoff_p99_ms": _ms(percentile(samples, 0.99)),
+                    "waiter_round_trips": statistics.mean(data["waiter_trips"]),
+                    "samples_ms": [round(_ms(x), 3) for x in samples],
+                }
+            )
+    finally:
+        for child in children:
+            child.join(timeout=10 if not errors else 1)
+            if child.is_alive():
+                child.terminate()  # our own child, by its handle
+                child.join(timeout=5)
+        results.close()
+    try:
+        return _row(rounds, HANDOFF_METRICS, counter, cycles_run, errors)
+    finally:
+        counter.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. scale: one process holding many locks
+
+
+SCALE_METRICS = (
+    Metric("period_s", "measured period (s)", "lower", 2, ratio=False),
+    Metric("round_trips_per_period", "renewal round trips / period", "lower", 0),
+    Metric("cpu_ms_per_period", "CPU ms / period", "lower", 1),
+    Metric("cpu_percent", "CPU % of one core", "lower", 1),
+    Metric("server_ms_per_period", "server busy ms / period", "lower", 1),
+    Metric("server_ms_per_call", "server ms per renewal call", "lower", 3),
+    Metric("locks_kept", "locks still held at the end", "higher", 0),
+    Metric("acquire_s", "acquire all (s)", "lower", 2),
+)
+
+
+def scale(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """One thread takes ``settings.scale_locks`` locks with a short lease and holds them for a while.
+
+    Libraries that renew leases themselves (hybridlock: one background thread per registry; python-redis-lock:
+    one thread per lock) are left to do it while the thread sleeps. For the others the thread renews every lock
+    once per period (``lease / 3``) itself, as their users have to, while acquiring and while holding. At the end,
+    the locks whose keys are still in the server are counted: a lease that ran out is a lock lost."""
+    session = make_session(contender_id, url, settings.scale_lease)
+    stats = redis.Redis.from_url(url)
+    n = settings.scale_locks
+    keys = [f"scale:{i}" for i in range(n)]
+    thread_errors: list[str] = []
+    old_hook = threading.excepthook
+    # python-redis-lock's renewal threads die with an exception when their lock is gone: count, don't print.
+    threading.excepthook = lambda args: thread_errors.append(f"{args.exc_type.__name__}: {args.exc_value}")
+    held: list[LockLike] = []
+    errors: list[str] = []
+    by_hand = None if session.renews_itself else _ByHandRenewal(session, settings.scale_lease / 3)
+    try:
+        locks = [session.renewing_lock(key) for key in keys]
+        start = time.monotonic()
+        for lock in locks:
+            if time.monotonic() - start > settings.scale_acquire_max_s:
+                break  # reported as "acquired" below the table; a failure only for hybridlock
+            lock.acquire()
+            held.append(lock)
+            if by_hand is not None:
+                by_hand.run_if_due(held)
+        acquire_s = time.monotonic() - start
+        # Let one renewal round pass before measuring: the first one loads the script (NOSCRIPT, then EVAL or
+        # SCRIPT LOAD), a one-time cost that would otherwise weigh on a short window.
+        settle = settings.scale_lease / 3 + 0.2
+        if by_hand is None:
+            time.sleep(settle)
+        else:
+            by_hand.run_until(held, time.monotonic() + settle)
+
+        before, trips0, cpu0 = command_snapshot(stats), round_trips_sent(), time.process_time()
+        window_start = time.monotonic()
+        window_end = window_start + settings.scale_window_s
+        if by_hand is None:
+            time.sleep(settings.scale_window_s)
+        else:
+            by_hand.run_until(held, window_end)
+        window = time.monotonic() - window_start
+        cpu = time.process_time() - cpu0
+        trips = round_trips_sent() - trips0
+        delta = command_delta(before, command_snapshot(stats))
+
+        kept = _count_present(stats, [session.server_key(k) or "" for k in keys[: len(held)]])
+        # A "period" is the time in which every live lock got its lease reset once. It is counted, not assumed:
+        # each reset is one PEXPIRE (or EXPIRE) in the server, whether a script sent it for 10,000 keys or a
+        # client for one, so periods = resets / live locks. That holds for a background renewer whose rounds do
+        # not line up with the window, for one thread per lock, and for a by-hand pass slower than lease/3.
+        resets = delta.lease_resets()
+        periods = resets / kept if kept else math.nan
+        script_calls = delta.scripts()
+
+        def per_period(amount: float) -> float:
+            return amount / periods if periods and periods == periods else math.nan
+
+        result = {
+            "locks": n,
+            "lease_s": settings.scale_lease,
+            "window_s": window,
+            "periods": periods,
+            "period_s": per_period(window),
+            "round_trips_per_period": per_period(trips),
+            "script_calls_per_period": per_period(script_calls),
+            "cpu_ms_per_period": _ms(per_period(cpu)),
+            "cpu_percent": 100.0 * cpu / window,
+            "server_ms_per_period": per_period(delta.total_usec() / 1000),
+            "server_ms_per_call": delta.script_usec() / 1000 / script_calls if script_calls else math.nan,
+            "acquired": len(held),
+            "locks_kept": kept,
+            "locks_lost_reported": sum(session.lost(lock) for lock in held),
+            "acquire_s": acquire_s,
+        }
+        if by_hand is not None:
+            result["pass_s_median"] = statistics.median(by_hand.pass_times) if by_hand.pass_times else math.nan
+            result["renew_failures"] = by_hand.failures
+    finally:
+        release_start = time.monotonic()
+        release_errors = 0
+        for lock in held:
+            try:
+                lock.release()
+            except Exception:
+                release_errors += 1  # a lease that ran out: already counted as not kept
+        release_s = time.monotonic() - release_start
+        threading.excepthook = old_hook
+        session.close()
+        stats.close()
+    result["release_s"] = release_s
+    result["release_errors"] = release_errors
+    result["renewal_thread_errors"] = len(thread_errors)
+    if thread_errors:
+        result["renewal_thread_error_sample"] = thread_errors[0]
+    row = {"rounds": [result], "median": median_of_rounds([result], SCALE_METRICS), "errors": errors}
+    row["count_ok"] = True  # no counter here: the check is locks_kept, reported (a peer may legitimately lose)
+    if contender_id.startswith("hybridlock"):
+        if len(held) != n:
+            errors.append(f"acquired only {len(held)} of {n} locks in {settings.scale_acquire_max_s:.0f} s")
+        if kept != len(held):
+            errors.append(f"kept only {kept} of {len(held)} locks alive through the window")
+    return row
+
+
+class _ByHandRenewal:
+    """A single-threaded renewal loop, as users of a library without renewal write it: renew every held lock once
+    per period, starting the next pass when the period is over (or at once, when a pass took longer)."""
+
+    def __init__(self, session: Session, period: float) -> None:
+        self.session = session
+        self.period = period
+        self.next_due = time.monotonic() + period
+        self.pass_times: list[float] = []
+        self.failures = 0
+        self._gone: set[int] = set()
+
+    def run_if_due(self, locks: Sequence[LockLike]) -> None:
+        if time.monotonic() >= self.next_due:
+            self._pass(locks)
+
+    def run_until(self, locks: Sequence[LockLike], end: float) -> int:
+        """Run passes until ``end`` (a pass under way is finished); return how many started."""
+        passes = 0
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                return passes
+            if now < self.next_due:
+                time.sleep(min(self.next_due, end) - now)
+                continue
+            self._pass(locks)
+            passes += 1
+
+    def _pass(self, locks: Sequence[LockLike]) -> None:
+        start = time.monotonic()
+        for lock in locks:
+            if id(lock) in self._gone:
+                continue
+            try:
+                self.session.renew_by_hand(lock)
+            except Exception:  # the lease had run out: the library says so by raising
+                self._gone.add(id(lock))
+                self.failures += 1
+        self.pass_times.append(time.monotonic() - start)
+        self.next_due = start + self.period
+
+
+def _count_present(client: redis.Redis, names: Sequence[str]) -> int:
+    present = 0
+    for i in range(0, len(names), 1000):
+        with client.pipeline(transaction=False) as pipe:
+            for name in names[i : i + 1000]:
+                pipe.exists(name)
+            present += sum(pipe.execute())
+    return present
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _row(
+    rounds: list[dict[str, Any]],
+    metrics: Sequence[Metric],
+    counter: Counter,
+    cycles_run: int,
+    errors: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A contender's result in one workload: the rounds, their medians, and the counter check."""
+    final = counter.value()
+    return {
+        "rounds": rounds,
+        "median": median_of_rounds(rounds, metrics),
+        "count_expected": cycles_run,
+        "count_final": final,
+        "count_ok": final == cycles_run,
+        "errors": list(errors),
+    }
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    description: str
+    run: Callable[[str, str, Settings], dict[str, Any]]
+    metrics: Sequence[Metric]
+    #: Whether in-process locks (threading.RLock) take part.
+    in_process: bool
+    #: Variants that take part here besides the main contenders (by id).
+    extra: tuple[str, ...] = ()
+
+
+WORKLOADS = (
+    Workload(
+        "uncontended",
+        "1. Uncontended: one thread, acquire + release",
+        "One thread takes and releases one key over and over; the cycle time excludes the critical section's own "
+        "GET and SET. Round trips are counted on the client, server commands from INFO commandstats (which also "
+        "counts the commands a Lua script runs). A reentrant acquire is a nested acquire by the holding thread.",
+        uncontended,
+        UNCONTENDED_METRICS,
+        in_process=True,
+    ),
+    Workload(
+        "threads",
+        "2. One process, 8 threads, one key",
+        "Eight threads of one process cycle on one key for a fixed time. Wait is the time inside acquire(); the "
+        "longest wait is the worst any thread saw; fairness is the slowest thread's cycle count over the mean "
+        "(1 = every thread got its share, 0 = one starved).",
+        threads_one_process,
+        CONTENTION_METRICS,
+        in_process=True,
+    ),
+    Workload(
+        "processes",
+        "3. Four processes x 2 threads, one key",
+        "Four processes (each its own client, and registry) with two threads each cycle on one key for a fixed "
+        "time.",
+        threads_many_processes,
+        CONTENTION_METRICS,
+        in_process=False,
+    ),
+    Workload(
+        "handoff",
+        "4. Hand-off between two processes",
+        "Process A holds the lock while process B waits in acquire(); after a random 20-120 ms A releases. "
+        "Hand-off is from just before A's release() to just after B's acquire() returns (one system-wide "
+        "monotonic clock). Waiter round trips count what B sent while waiting.",
+        handoff,
+        HANDOFF_METRICS,
+        in_process=False,
+        extra=("hybridlock-spin",),
+    ),
+    Workload(
+        "scale",
+        "5. Scale: one process holding many locks",
+        "One thread acquires the locks with a 3 s lease and holds them through a window. hybridlock (one "
+        "renewal thread per registry) and python-redis-lock (one thread per lock) renew by themselves; for "
+        "redis-py and pottery the thread renews each lock once per lease/3 itself, as their users must (a pass "
+        "over all locks; the next starts at once when one took longer). A period is the time in which every "
+        "live lock's lease was reset once, counted from the server's PEXPIRE/EXPIRE calls, so it is measured, "
+        "not assumed. Round trips, CPU (the whole process's) and server time are per period; server ms per "
+        "renewal call is how long one renewal command kept the (single-threaded) server busy.",
+        scale,
+        SCALE_METRICS,
+        in_process=False,
+    ),
+)
+
+METRICS = {w.name: w.metrics for w in WORKLOADS}
