@@ -43,16 +43,22 @@ def redis_client(server: EmbeddedServer) -> Iterator[redis.Redis]:
 RegistryFactory = Callable[..., hybridlock.LockRegistry]
 
 
-@pytest.fixture
-def make_registry(server: EmbeddedServer, redis_client: redis.Redis) -> Iterator[RegistryFactory]:
-    """Builds registries on the session server (each one a separate owner) and closes them after the test."""
+def _registry_factory(connection: Any) -> tuple[RegistryFactory, list[hybridlock.LockRegistry]]:
+    """A factory of registries on ``connection`` (each one a separate owner), and the list of those it made."""
     made: list[hybridlock.LockRegistry] = []
 
     def factory(**kwargs: Any) -> hybridlock.LockRegistry:
-        registry = hybridlock.LockRegistry(server.url, **kwargs)
+        registry = hybridlock.LockRegistry(connection, **kwargs)
         made.append(registry)
         return registry
 
+    return factory, made
+
+
+@pytest.fixture
+def make_registry(server: EmbeddedServer, redis_client: redis.Redis) -> Iterator[RegistryFactory]:
+    """Builds registries on the session server and closes them after the test."""
+    factory, made = _registry_factory(server.url)
     yield factory
     for registry in made:
         registry.close()
@@ -64,23 +70,11 @@ def any_registry_factory(request: pytest.FixtureRequest) -> Iterator[RegistryFac
 
     Registries made by one factory share one server (or one ``MemoryBackend``), so two of them are two owners
     of the same keys, as two processes are."""
-    made: list[hybridlock.LockRegistry] = []
     if request.param == "memory":
-        backend = MemoryBackend()
-
-        def factory(**kwargs: Any) -> hybridlock.LockRegistry:
-            registry = hybridlock.LockRegistry(backend, **kwargs)
-            made.append(registry)
-            return registry
+        factory, made = _registry_factory(MemoryBackend())
     else:
-        srv: EmbeddedServer = request.getfixturevalue("server")
         request.getfixturevalue("redis_client")  # flushes the server
-
-        def factory(**kwargs: Any) -> hybridlock.LockRegistry:
-            registry = hybridlock.LockRegistry(srv.url, **kwargs)
-            made.append(registry)
-            return registry
-
+        factory, made = _registry_factory(request.getfixturevalue("server").url)
     yield factory
     for registry in made:
         registry.close()

@@ -161,19 +161,13 @@ class Subscriber:
                 if self._stopped:
                     break
                 up = self._up
-            if not up:
-                try:
+            try:
+                if not up:
                     self._connect()
                     pause = _RECONNECT_INITIAL
-                except Exception as exc:
-                    with self._cond:
-                        self._mark_down_locked(exc)
-                        self._cond.wait(pause)
-                    pause = min(pause * 2, _RECONNECT_CAP)
-                    continue
-            try:
                 message = self._pubsub.get_message(timeout=_LISTEN_TIMEOUT)
-            except Exception as exc:
+            except Exception as exc:  # any failure to connect or read means the same: down, retry later
+                logger.debug("hybridlock: pub/sub connection failed: %r", exc)
                 with self._cond:
                     self._mark_down_locked(exc)
                     self._cond.wait(pause)
