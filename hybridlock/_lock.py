@@ -161,11 +161,11 @@ class HybridLock:
         """
         wait = validate_timeout(blocking, timeout)
         me = threading.get_ident()
+        registry = self._registry
+        registry._check_open(self.key)
         if self._owner == me:
             self._count += 1
             return True
-        registry = self._registry
-        registry._check_open(self.key)
         start = time.monotonic()
         deadline = None if wait is None else start + wait
         if wait is None:
@@ -189,6 +189,7 @@ class HybridLock:
         return True
 
     def _take_ownership(self, me: int, count: int, token: int | None, start: float) -> None:
+        self._failed_restores.discard(me)
         self._owner = me
         self._count = count
         self._tenancy += 1
@@ -304,6 +305,10 @@ class HybridLock:
         except LockLostError:
             # Report it after the wait, once the lock is held again, so the caller's `with` exits cleanly.
             return count, True
+        except BaseException:
+            # Released locally but the wait is aborted: the `with` exit must let this error through.
+            self._failed_restores.add(threading.get_ident())
+            raise
         return count, False
 
     def _acquire_restore(self, state: tuple[int, bool]) -> None:

@@ -257,3 +257,19 @@ def test_server_killed_during_condition_wait_raises_a_connection_error(own_serve
         # The lock object is still consistent: releasing it here is refused as usual.
         with pytest.raises(hybridlock.LockNotOwnedError):
             lock.release()
+
+
+def test_server_killed_before_condition_wait_raises_a_connection_error(own_server):
+    # The server dies while the thread holds the lock, before it calls cond.wait(): Condition's _release_save
+    # fails with BackendUnavailableError (the lock is released locally), and the `with` exit must let that
+    # error (a ConnectionError) through rather than raise LockNotOwnedError over it.
+    with hybridlock.LockRegistry(own_server.url) as registry:
+        cond = threading.Condition(registry.obtain("k"))
+
+        def wait_after_the_server_died() -> None:
+            with cond:
+                own_server.kill()
+                cond.wait(timeout=1)
+
+        with pytest.raises(hybridlock.BackendUnavailableError):
+            wait_after_the_server_died()

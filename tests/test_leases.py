@@ -113,6 +113,7 @@ def test_renewal_from_a_watchdog_thread(make_registry):
     lock = registry.obtain("watched")
     errors = []
     with lock:
+
         def watchdog() -> None:
             try:
                 lock.renew(5.0)
@@ -174,3 +175,23 @@ def test_renewer_and_listener_are_one_thread_each_per_registry(make_registry):
     time.sleep(0.1)
     left = [t for t in threading.enumerate() if t.name.startswith("hybridlock-")]
     assert left == []
+
+
+def test_renewal_of_locks_in_different_slots_works_on_a_cluster():
+    # On a server in cluster mode, RENEW is sent once per slot: one call across slots would be refused
+    # (CROSSSLOT) and every held lock marked lost.
+    from tests.test_contract import cluster_mode_server
+
+    srv = cluster_mode_server()
+    try:
+        with hybridlock.LockRegistry(srv.url, expire_after=1.0) as registry:
+            a, b = registry.obtain("a"), registry.obtain("b")  # slots 15495 and 3300
+            assert a.acquire()
+            assert b.acquire()
+            time.sleep(2.0)  # two lease lengths: renewal must have kept both alive
+            assert not a.lost
+            assert not b.lost
+            a.release()
+            b.release()
+    finally:
+        srv.stop()

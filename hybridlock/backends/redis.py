@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 import redis.exceptions
+from redis.crc import key_slot
 
 from .._keys import LockNames
 from ..errors import BackendUnavailableError, HybridLockError
@@ -86,6 +87,7 @@ class RedisBackend(LockBackend):
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client)
         self._subscriber = Subscriber(client)
+        self._cluster_mode: bool | None = None  # learnt from the server at the first renewal
 
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
@@ -114,9 +116,25 @@ class RedisBackend(LockBackend):
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
+        renewed: dict[str, bool] = {}
         with self._translated(names[0].key if len(names) == 1 else None):
-            flags = self._scripts.run(scripts.RENEW, [n.lock for n in names], (owner, lease_ms))
-        return [bool(flag) for flag in flags]
+            for group in self._by_slot(names):
+                flags = self._scripts.run(scripts.RENEW, group, (owner, lease_ms))
+                renewed.update(zip(group, (bool(flag) for flag in flags), strict=True))
+        return [renewed[n.lock] for n in names]
+
+    def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
+        """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
+        one per slot on a server in cluster mode."""
+        if self._cluster_mode is None:
+            info = self.client.info("cluster")
+            self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
+        if not self._cluster_mode:
+            return [[n.lock for n in names]]
+        groups: dict[int, list[str]] = {}
+        for n in names:
+            groups.setdefault(key_slot(n.lock.encode()), []).append(n.lock)
+        return list(groups.values())
 
     def is_locked(self, names: LockNames) -> bool:
         with self._translated(names.key):
