@@ -180,6 +180,10 @@ class RedisPySession(Session):
     def server_key(self, key: str) -> str:
         return f"bench-redispy:{key}"
 
+    def renewing_lock(self, key: str) -> LockLike:
+        # Renewed by hand from another thread, which a thread-local token forbids: the documented way out.
+        return self.client.lock(self.server_key(key), timeout=self.lease, thread_local=False)
+
     def renew_by_hand(self, lock: LockLike) -> None:
         lock.reacquire()  # type: ignore[attr-defined]  # resets the TTL to `timeout`: one EVALSHA
 
