@@ -5,6 +5,7 @@ A lock ``key`` in a registry with ``registry_key`` ``R`` uses these names in the
     R:{key}            the lock itself (a string whose value is the owner's client_id)
     R:{key}:fence      the fencing-token counter
     R:{key}:wake       the pub/sub channel a release publishes on
+    R:{key}:wanted     the owners waiting for the lock (a set, expiring with the holder's lease)
 
 Why this shape:
 
@@ -14,8 +15,9 @@ Why this shape:
   touch all of them on a cluster. A key may not *start* with ``}``: the tag would be empty, and Redis then hashes
   each name whole.
 * ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
-  ``(registry_key, key)`` pairs can never produce the same lock name. The suffixes end in characters that differ
-  from each other and from ``}``, so a lock name never equals another lock's counter or channel name either.
+  ``(registry_key, key)`` pairs can never produce the same lock name. No name's ending (``}``, ``}:fence``,
+  ``}:wake``, ``}:wanted``) is an ending of another, so a lock name never equals another lock's counter, channel or
+  wait-set name either.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class LockNames:
     lock: str
     fence: str
     channel: str
+    wanted: str
 
 
 def validate_registry_key(registry_key: object) -> str:
@@ -61,4 +64,4 @@ def validate_key(key: object) -> str:
 
 def lock_names(registry_key: str, key: str) -> LockNames:
     base = f"{registry_key}:{{{key}}}"
-    return LockNames(key=key, lock=base, fence=f"{base}:fence", channel=f"{base}:wake")
+    return LockNames(key=key, lock=base, fence=f"{base}:fence", channel=f"{base}:wake", wanted=f"{base}:wanted")

@@ -63,6 +63,14 @@ class FifoMutex:
                 return False
             return True
 
+    def pass_to_waiter(self) -> bool:
+        """Hand the mutex to the longest-waiting thread if there is one (True); else keep it locked (False)."""
+        with self._guard:
+            if not self._waiters:
+                return False
+            self._waiters.popleft().release()
+            return True
+
     def release(self) -> None:
         with self._guard:
             if not self._locked:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._keys import LockNames
 from ._local import FifoMutex
+from .backends.base import ReleaseWatch
 from .errors import (
     InvalidArgumentError,
     LockLostError,
@@ -77,7 +78,13 @@ class HybridLock:
         self._valid_until: float | None = None
         self._acquired_at: float | None = None
         self._lost = False
-        self._tenancy = 0  # counts fresh acquisitions, so late renewal results for an earlier one are ignored
+        self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
+        # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
+        # kept and the local lock passed along, within a budget (see _may_pass_locally).
+        self._in_server = False  # this process holds the server lease, whichever local thread holds the lock
+        self._contended = False  # another owner is known to want the lock during this tenancy
+        self._passes = 0  # local hand-offs in this tenancy
+        self._contention_watch: ReleaseWatch | None = None
         self._callbacks: list[LostCallback] = []
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
@@ -104,7 +111,7 @@ class HybridLock:
 
     def locked(self) -> bool:
         """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one)."""
-        if self._owner is not None:
+        if self._owner is not None or self._in_server:
             return True
         self._registry._check_open(self.key)
         return self._registry.backend.is_locked(self._names)
@@ -176,6 +183,17 @@ class HybridLock:
             got_local = self._mutex.acquire(False)
         if not got_local:
             return False
+        if self._in_server:
+            # Passed to us by a thread of this process with the server lease still held: no round trip.
+            if not self._lost:
+                self._failed_restores.discard(me)
+                self._owner = me
+                self._count = 1
+                self.last_used = time.monotonic()
+                return True
+            # NOTE: the lease ended during the streak. Nobody enters on a lost lease: end that tenancy (its last
+            # holder has been or will be told by LockLostError) and take the lock afresh.
+            self._end_tenancy()
         try:
             registry._check_open(self.key)
             result = registry._acquire_remote(self._names, blocking, deadline)
@@ -185,20 +203,32 @@ class HybridLock:
         if result is None:
             self._mutex.release()
             return False
-        self._take_ownership(me, 1, result.fencing_token, start)
+        self._start_tenancy(me, result.fencing_token, result.contended, start)
         return True
 
-    def _take_ownership(self, me: int, count: int, token: int | None, start: float) -> None:
+    def _start_tenancy(self, me: int, token: int | None, contended: bool, start: float) -> None:
         self._failed_restores.discard(me)
         self._owner = me
-        self._count = count
+        self._count = 1
         self._tenancy += 1
+        self._in_server = True
+        self._contended = contended
+        self._passes = 0
         self._fencing_token = token
         self._lost = False
         self._acquired_at = start
         self._valid_until = self._registry._valid_until(start)
         self.last_used = start
         self._registry._track_held(self)
+
+    def _end_tenancy(self) -> None:
+        self._in_server = False
+        self._fencing_token = None
+        self._valid_until = None
+        if self._contention_watch is not None:
+            self._contention_watch.close()
+            self._contention_watch = None
+        self._registry._untrack_held(self)
 
     def try_lock(self, timeout: float | None = None) -> bool:
         """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
@@ -243,7 +273,44 @@ class HybridLock:
     def __exit__(self, *exc_info: object) -> None:
         self.release()
 
+    def _may_pass_locally(self) -> bool:
+        """Whether the final release may keep the server lease and pass the local lock to a waiting thread.
+
+        Only while the lease is sound, a thread of this process is queued, and the budget is not spent: at most
+        ``handoff_limit`` passes and ``handoff_window`` seconds per tenancy, and none once another owner is known
+        to want the lock (it failed to get it: the acquire script told us at the start of the tenancy, or its
+        announcement reached our subscription since)."""
+        registry = self._registry
+        if (
+            self._lost
+            or not self._in_server
+            or self._contended
+            or self._mutex.waiting == 0
+            or self._passes >= registry._handoff_limit
+            or self._acquired_at is None
+            or time.monotonic() - self._acquired_at >= registry._handoff_window
+        ):
+            return False
+        watch = self._contention_watch
+        if watch is None:
+            # First pass of this tenancy: start listening for other owners' "wanted" announcements.
+            self._contention_watch = registry._contention_watch(self._names)
+        elif watch.contended():
+            self._contended = True
+            return False
+        return True
+
     def _release_fully(self) -> None:
+        if self._may_pass_locally():
+            # Keep the server lease (its renewal and fencing token carry on) and hand the local lock over.
+            self._owner = None
+            self._count = 0
+            self._passes += 1
+            self.last_used = time.monotonic()
+            if self._mutex.pass_to_waiter():
+                return
+            # The queued thread gave up (timed out) in the meantime: release in the server after all.
+            self._passes -= 1
         registry = self._registry
         was_lost = self._lost
         released = False
@@ -252,10 +319,8 @@ class HybridLock:
         finally:
             self._owner = None
             self._count = 0
-            self._fencing_token = None
-            self._valid_until = None
             self.last_used = time.monotonic()
-            registry._untrack_held(self)
+            self._end_tenancy()
             self._mutex.release()
         if was_lost or not released:
             if not was_lost:
@@ -278,12 +343,12 @@ class HybridLock:
         self._registry._renew_by_hand(self, expire_after)
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
-        if self._owner is not None and self._tenancy == tenancy:
+        if self._in_server and self._tenancy == tenancy:
             self._valid_until = self._registry._valid_until(start, lease)
 
     def _mark_lost(self, tenancy: int) -> None:
         """Record that the held lease of acquisition number ``tenancy`` ended; run the callbacks once."""
-        if self._lost or self._owner is None or self._tenancy != tenancy:
+        if self._lost or not self._in_server or self._tenancy != tenancy:
             return
         self._lost = True
         self._valid_until = None
@@ -338,3 +403,7 @@ class HybridLock:
         self._valid_until = None
         self._lost = False
         self._failed_restores = set()
+        self._in_server = False
+        self._contended = False
+        self._passes = 0
+        self._contention_watch = None  # the parent's subscription does not exist here

@@ -72,6 +72,11 @@ class LockRegistry:
     ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
     ``auto_renew`` keeps the leases of held locks alive from one background thread; ``max_hold`` (seconds) stops
     renewing a lock held longer than that, so a stuck holder cannot keep it forever.
+
+    Local hand-off: when a thread releases a lock that other threads of this registry are queued for, the server
+    lease is kept and the lock passed to the next thread (in arrival order) with no round trip, at most
+    ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy, and never once another owner
+    is known to be waiting. Either at 0 switches it off (one server release per final release).
     """
 
     def __init__(
@@ -83,6 +88,8 @@ class LockRegistry:
         lock_type: LockType = "pubsub",
         auto_renew: bool = True,
         max_hold: float | None = None,
+        handoff_limit: int = 64,
+        handoff_window: float = 0.05,
     ) -> None:
         self._registry_key = validate_registry_key(registry_key)
         lease = _validate_seconds("expire_after", expire_after)
@@ -93,6 +100,19 @@ class LockRegistry:
             raise InvalidArgumentError(f"lock_type must be 'pubsub' or 'spin', not {lock_type!r}")
         self._lock_type = lock_type
         self._max_hold = _validate_seconds("max_hold", max_hold, allow_none=True)
+        if isinstance(handoff_limit, bool) or not isinstance(handoff_limit, int) or handoff_limit < 0:
+            raise InvalidArgumentError(f"handoff_limit must be a non-negative int, not {handoff_limit!r}")
+        if (
+            isinstance(handoff_window, bool)
+            or not isinstance(handoff_window, (int, float))
+            or not 0 <= handoff_window < float("inf")
+        ):
+            raise InvalidArgumentError(
+                f"handoff_window must be a non-negative number of seconds, not {handoff_window!r}"
+            )
+        # Either bound at 0 switches local hand-off off.
+        self._handoff_limit = handoff_limit if handoff_window > 0 else 0
+        self._handoff_window = float(handoff_window)
         self._backend = _make_backend(connection)
         self._init_state()
         self._closed = False
@@ -291,6 +311,10 @@ class LockRegistry:
         finally:
             if watch is not None:
                 watch.close()
+
+    def _contention_watch(self, names: LockNames) -> ReleaseWatch | None:
+        """A subscription that tells a holder passing the lock around when another owner wants it."""
+        return self._backend.watch(names) if self._lock_type == "pubsub" else None
 
     def _release_remote(self, names: LockNames) -> bool:
         return self._backend.release(names, self._client_id, notify=True)

@@ -27,11 +27,17 @@ class AcquireResult(NamedTuple):
     ``acquired`` is True when the caller now owns the key; ``fencing_token`` is then the token minted for this
     tenancy. When False, ``holder_ttl`` is how many seconds the current holder's lease still runs (``None`` when
     the holder's key has no expiry or the time is unknown): a waiter never needs to sleep past it.
+
+    A failed attempt also records the caller as *wanting* the lock (until the holder's lease ends, or the caller
+    gets it) and announces that on the lock's channel, so a holder that passes the lock between its own threads
+    knows to let other owners in (see ``contended`` and ``ReleaseWatch.contended``).
     """
 
     acquired: bool
     fencing_token: int | None = None
     holder_ttl: float | None = None
+    #: On success: another owner had failed to get this lock and may still be waiting for it.
+    contended: bool = False
 
 
 class ReleaseWatch(abc.ABC):
@@ -51,6 +57,10 @@ class ReleaseWatch(abc.ABC):
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for a release or a change of the subscription's state; True if one
         happened since the watch opened or ``wait`` last returned True."""
+
+    def contended(self) -> bool:
+        """Whether another owner announced, since the watch opened, that it failed to get the lock."""
+        return False
 
     @abc.abstractmethod
     def close(self) -> None:

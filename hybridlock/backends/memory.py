@@ -35,8 +35,11 @@ class MemoryBackend(LockBackend):
         self._entries: dict[str, _Entry] = {}
         # Fencing counters are kept for the backend's life: an in-process store has no restart to survive.
         self._fences: dict[str, int] = {}
-        # Release counter per watched lock name, and how many watches use it (dropped at zero).
+        # Owners that failed to get a lock, with when that mark expires (the holder's lease end, at least 1 s).
+        self._wanted: dict[str, dict[str, float]] = {}
+        # Release and "wanted" counters per watched lock name, and how many watches use them (dropped at zero).
         self._release_counts: dict[str, int] = {}
+        self._wanted_counts: dict[str, int] = {}
         self._watchers: dict[str, int] = {}
 
     def _live_entry(self, name: str, now: float) -> _Entry | None:
@@ -50,14 +53,24 @@ class MemoryBackend(LockBackend):
         now = time.monotonic()
         with self._cond:
             entry = self._live_entry(names.lock, now)
+            wanted = self._wanted.setdefault(names.wanted, {})
             if entry is not None and entry.owner != owner:
                 ttl = None if entry.expires_at is None else max(0.0, entry.expires_at - now)
+                wanted[owner] = now + max(ttl if ttl is not None else 0.0, 1.0)
+                if names.lock in self._wanted_counts:
+                    self._wanted_counts[names.lock] += 1
                 return AcquireResult(False, None, ttl)
             expires_at = None if lease_ms is None else now + lease_ms / 1000.0
             self._entries[names.lock] = _Entry(owner, expires_at)
             token = self._fences.get(names.fence, 0) + 1
             self._fences[names.fence] = token
-            return AcquireResult(True, token, None)
+            wanted.pop(owner, None)
+            for other, until in list(wanted.items()):
+                if until <= now:
+                    del wanted[other]
+            if not wanted:
+                del self._wanted[names.wanted]
+            return AcquireResult(True, token, None, bool(wanted))
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         with self._cond:
@@ -104,9 +117,14 @@ class _MemoryWatch(ReleaseWatch):
         with backend._cond:
             backend._watchers[name] = backend._watchers.get(name, 0) + 1
             self._seen = backend._release_counts.setdefault(name, 0)
+            self._wanted_seen = backend._wanted_counts.setdefault(name, 0)
 
     def epoch(self) -> int | None:
         return 0  # an in-process notification cannot be lost
+
+    def contended(self) -> bool:
+        with self._backend._cond:
+            return self._backend._wanted_counts[self._name] != self._wanted_seen
 
     def wait(self, timeout: float) -> bool:
         backend = self._backend
@@ -128,3 +146,4 @@ class _MemoryWatch(ReleaseWatch):
             else:
                 del backend._watchers[self._name]
                 del backend._release_counts[self._name]
+                del backend._wanted_counts[self._name]

@@ -97,14 +97,15 @@ class RedisBackend(LockBackend):
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
         with self._translated(names.key):
-            acquired, value = self._scripts.run(
+            reply = self._scripts.run(
                 scripts.ACQUIRE,
-                (names.lock, names.fence),
-                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS),
+                (names.lock, names.fence, names.wanted),
+                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish"),
             )
-        if acquired:
-            return AcquireResult(True, int(value), None)
-        return AcquireResult(False, None, None if value < 0 else value / 1000.0)
+        if reply[0]:
+            return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
+        pttl = reply[1]
+        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         with self._translated(names.key):

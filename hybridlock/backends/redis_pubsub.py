@@ -51,6 +51,7 @@ class Subscriber:
         self._cond = threading.Condition(threading.Lock())
         self._refs: dict[str, int] = {}  # channel -> open watches
         self._released: dict[str, int] = {}  # channel -> release messages seen (watches compare counts)
+        self._wanted: dict[str, int] = {}  # channel -> "wanted" messages seen (another owner failed to acquire)
         self._idle_since: dict[str, float] = {}  # channel with no watch -> since when
         self._subscribed: set[str] = set()  # confirmed by the server
         self._requested: set[str] = set()  # SUBSCRIBE sent (or to be re-sent after reconnecting)
@@ -69,7 +70,8 @@ class Subscriber:
             self._refs[channel] = self._refs.get(channel, 0) + 1
             self._idle_since.pop(channel, None)
             self._released.setdefault(channel, 0)
-            watch = _RedisWatch(self, channel, self._released[channel])
+            self._wanted.setdefault(channel, 0)
+            watch = _RedisWatch(self, channel, self._released[channel], self._wanted[channel])
             if channel not in self._requested and self._up:
                 self._send_locked("subscribe", channel)
             self._requested.add(channel)
@@ -185,6 +187,12 @@ class Subscriber:
         channel = _text(message.get("channel"))
         with self._cond:
             if kind == "message":
+                if _text(message.get("data")) == "wanted":
+                    # Another owner failed to acquire: only a holder passing the lock around cares; waiters are
+                    # not woken.
+                    if channel in self._wanted:
+                        self._wanted[channel] += 1
+                    return
                 if channel in self._released:
                     self._released[channel] += 1
             elif kind == "subscribe":
@@ -197,6 +205,7 @@ class Subscriber:
                 else:
                     self._requested.discard(channel)
                     self._released.pop(channel, None)
+                    self._wanted.pop(channel, None)
             else:
                 return
             self._cond.notify_all()
@@ -218,6 +227,7 @@ class Subscriber:
                 for ch in idle:
                     self._requested.discard(ch)
                     self._released.pop(ch, None)
+                    self._wanted.pop(ch, None)
 
     def close(self) -> None:
         with self._cond:
@@ -233,6 +243,7 @@ class Subscriber:
         self._cond = threading.Condition(threading.Lock())
         self._refs.clear()
         self._released.clear()
+        self._wanted.clear()
         self._idle_since.clear()
         self._subscribed.clear()
         self._requested.clear()
@@ -242,16 +253,21 @@ class Subscriber:
 
 
 class _RedisWatch(ReleaseWatch):
-    def __init__(self, subscriber: Subscriber, channel: str, seen: int) -> None:
+    def __init__(self, subscriber: Subscriber, channel: str, seen: int, wanted_seen: int) -> None:
         self._subscriber = subscriber
         self._channel = channel
         self._seen = seen
+        self._wanted_seen = wanted_seen
         self._state = subscriber._channel_epoch(channel)
         self._closed = False
 
     def epoch(self) -> int | None:
         with self._subscriber._cond:
             return self._subscriber._channel_epoch(self._channel)
+
+    def contended(self) -> bool:
+        with self._subscriber._cond:
+            return self._subscriber._wanted.get(self._channel, self._wanted_seen) != self._wanted_seen
 
     def wait(self, timeout: float) -> bool:
         sub = self._subscriber

@@ -25,17 +25,28 @@ from __future__ import annotations
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 
 ACQUIRE = """
--- ACQUIRE: take the lock if it is free or already ours, minting a fencing token.
--- KEYS[1]  lock key              KEYS[2]  fencing counter key
+-- ACQUIRE: take the lock if it is free or already ours, minting a fencing token; else record that we want it.
+-- KEYS[1]  lock key              KEYS[2]  fencing counter key      KEYS[3]  set of owners waiting for the lock
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
--- returns  {1, token}            acquired; token is the new fencing token
---          {0, pttl}             held by another owner; pttl = its remaining lease in ms, -1 = no expiry
+-- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | "" (how to announce that we wait)
+-- returns  {1, token, wanted}    acquired; token is the new fencing token; wanted = 1 if other owners are in
+--                                the waiting set (they failed to get the lock and may still wait), else 0
+--          {0, pttl}             held by another owner; pttl = its remaining lease in ms, -1 = no expiry.
+--                                We are added to the waiting set (expiring with that lease) and announce it.
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout) or by a release that failed to reach the server.
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  redis.call('SADD', KEYS[3], ARGV[1])
+  redis.call('PEXPIRE', KEYS[3], math.max(pttl, 1000))
+  if ARGV[5] == 'publish' then
+    redis.call('PUBLISH', ARGV[4], 'wanted')
+  elseif ARGV[5] == 'spublish' then
+    redis.call('SPUBLISH', ARGV[4], 'wanted')
+  end
+  return {0, pttl}
 end
 if ARGV[2] == '0' then
   redis.call('SET', KEYS[1], ARGV[1])
@@ -48,7 +59,12 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return {1, token}
+redis.call('SREM', KEYS[3], ARGV[1])
+local wanted = 0
+if redis.call('SCARD', KEYS[3]) > 0 then
+  wanted = 1
+end
+return {1, token, wanted}
 """
 
 RELEASE = """
@@ -63,9 +79,9 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[1])
 if ARGV[3] == 'publish' then
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
 elseif ARGV[3] == 'spublish' then
-  redis.call('SPUBLISH', ARGV[2], KEYS[1])
+  redis.call('SPUBLISH', ARGV[2], 'released')
 end
 return 1
 """
