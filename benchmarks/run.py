@@ -248,12 +248,15 @@ def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
             notes.append(f"{cid}: {r['renewal_thread_errors']} renewal threads died "
                          f"(e.g. {r.get('renewal_thread_error_sample', '')}).")
         if r.get("pass_s_median") is not None:
-            notes.append(f"{cid}: one by-hand renewal pass over all locks took {r['pass_s_median']:.2f} s "
-                         f"(median); {r.get('renew_failures', 0)} renewals found the lock already expired.")
+            notes.append(f"{cid}: one by-hand renewal pass took {r['pass_s_median']:.2f} s (median), "
+                         f"{r.get('pass_s_max', 0):.2f} s (longest); {r.get('renew_failures', 0):,} renewals "
+                         "found the lock already expired.")
         if r.get("acquired", r["locks"]) < r["locks"]:
             notes.append(f"{cid}: acquired only {r['acquired']:,} of {r['locks']:,} locks within the time limit.")
-        if r.get("locks_kept") is not None and r["locks_kept"] < r["locks"]:
-            notes.append(f"{cid}: only {r['locks_kept']:,} of {r['locks']:,} locks were still held at the end.")
+        if r.get("locks_kept") is not None and r["locks_kept"] < r.get("acquired", r["locks"]):
+            notes.append(f"{cid}: only {r['locks_kept']:,} of {r['acquired']:,} locks were still held at the end "
+                         f"({r.get('alive_at_window_start', 0):,} at the start of the window): its per-period "
+                         "numbers are for the locks it still held, and approximate.")
 
 
 if __name__ == "__main__":

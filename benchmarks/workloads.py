@@ -612,6 +612,8 @@ def scale(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
         # Let one renewal round pass before measuring: the first one loads the script (NOSCRIPT, then EVAL or
         # SCRIPT LOAD), a one-time cost that would otherwise weigh on a short window.
         time.sleep(settings.scale_lease / 3 + 0.2)
+        names = [session.server_key(k) or "" for k in keys[: len(held)]]
+        alive_before = _count_present(stats, names)
 
         before, trips0, cpu0 = command_snapshot(stats), round_trips_sent(), time.process_time()
         window_start = time.monotonic()
@@ -620,16 +622,18 @@ def scale(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
         cpu = time.process_time() - cpu0
         trips = round_trips_sent() - trips0
         delta = command_delta(before, command_snapshot(stats))
-        if by_hand is not None:
-            by_hand.stop()
+        kept = _count_present(stats, names)
+        renew_failures = by_hand.failures if by_hand is not None else None
 
-        kept = _count_present(stats, [session.server_key(k) or "" for k in keys[: len(held)]])
         # A "period" is the time in which every live lock got its lease reset once. It is counted, not assumed:
         # each reset is one PEXPIRE (or EXPIRE) in the server, whether a script sent it for 10,000 keys or a
         # client for one, so periods = resets / live locks. That holds for a background renewer whose rounds do
-        # not line up with the window, for one thread per lock, and for a by-hand pass slower than lease/3.
+        # not line up with the window, for one thread per lock, and for a by-hand pass slower than lease/3. When
+        # locks die during the window (a library that cannot keep up), the live count is the mean of its start
+        # and end, an approximation the notes under the table point out.
         resets = delta.lease_resets()
-        periods = resets / kept if kept else math.nan
+        alive = (alive_before + kept) / 2
+        periods = resets / alive if alive else math.nan
         script_calls = delta.scripts()
 
         def per_period(amount: float) -> float:
@@ -648,16 +652,18 @@ def scale(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
             "server_ms_per_period": per_period(delta.total_usec() / 1000),
             "server_ms_per_call": delta.script_usec() / 1000 / script_calls if script_calls else math.nan,
             "acquired": len(held),
+            "alive_at_window_start": alive_before,
             "locks_kept": kept,
             "locks_lost_reported": sum(session.lost(lock) for lock in held),
             "acquire_s": acquire_s,
         }
         if by_hand is not None:
-            result["pass_s_median"] = statistics.median(by_hand.pass_times) if by_hand.pass_times else math.nan
-            result["renew_failures"] = by_hand.failures
+            times = by_hand.pass_times
+            result["pass_s_median"] = statistics.median(times) if times else math.nan
+            result["pass_s_max"] = max(times) if times else math.nan
+            result["renew_failures"] = renew_failures
     finally:
-        if by_hand is not None:
-            by_hand.stop()
+        # Release while the by-hand renewal still runs, so that no lease ends during the release loop itself.
         release_start = time.monotonic()
         release_errors = 0
         for lock in held:
@@ -666,6 +672,8 @@ def scale(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
             except Exception:
                 release_errors += 1  # a lease that ran out: already counted as not kept
         release_s = time.monotonic() - release_start
+        if by_hand is not None:
+            by_hand.stop()
         threading.excepthook = old_hook
         session.close()
         stats.close()
