@@ -1,0 +1,228 @@
+"""Local hand-off (lock cohorting): threads of one process pass a held server lease among themselves."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+import hybridlock
+
+pytestmark = pytest.mark.server
+
+
+def _script_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def _contend(lock: hybridlock.HybridLock, threads: int, cycles: int, body=None) -> list[int]:  # type: ignore[no-untyped-def]
+    """``threads`` threads each take ``lock`` ``cycles`` times; returns the fencing tokens seen inside."""
+    tokens: list[int] = []
+    inside = [0]
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(cycles):
+                assert lock.acquire(timeout=20)
+                try:
+                    inside[0] += 1
+                    assert inside[0] == 1, "two threads inside at once"
+                    tokens.append(lock.fencing_token)
+                    if body is not None:
+                        body()
+                    time.sleep(0)
+                    inside[0] -= 1
+                finally:
+                    lock.release()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert not errors, errors
+    assert len(tokens) == threads * cycles
+    return tokens
+
+
+def test_contending_threads_share_one_tenancy_and_few_round_trips(make_registry, redis_client):
+    registry = make_registry(handoff_limit=1000, handoff_window=30.0)
+    lock = registry.obtain("cohort")
+    redis_client.config_resetstat()
+    tokens = _contend(lock, threads=6, cycles=50)
+    calls = _script_calls(redis_client)
+    # 300 critical sections: without hand-off that is 600 script calls; with it, a handful of tenancies.
+    assert calls < 60, f"{calls} script calls for 300 cycles"
+    assert len(set(tokens)) < 30
+    assert not redis_client.exists("hybridlock:{cohort}")
+
+
+def test_fencing_token_is_one_per_tenancy_and_increases(make_registry):
+    registry = make_registry(handoff_limit=5, handoff_window=30.0)
+    lock = registry.obtain("fenced")
+    tokens = _contend(lock, threads=4, cycles=30)
+    # Within a tenancy (at most 1 + 5 passes) the token repeats; across tenancies it only grows.
+    runs: list[int] = []
+    for token in tokens:
+        if runs and token == runs[-1]:
+            continue
+        runs.append(token)
+    assert runs == sorted(set(runs))
+    longest = max(sum(1 for t in tokens if t == token) for token in set(tokens))
+    assert longest <= 6
+
+
+def test_switched_off_every_final_release_reaches_the_server(make_registry, redis_client):
+    registry = make_registry(handoff_limit=0)
+    lock = registry.obtain("plain")
+    with lock:
+        pass  # load the scripts
+    redis_client.config_resetstat()
+    _contend(lock, threads=4, cycles=25)
+    assert _script_calls(redis_client) >= 2 * 100  # one acquire and one release per cycle (plus failed tries)
+    assert len(set(_contend(lock, threads=2, cycles=5))) == 10
+
+
+def test_pass_budget_is_respected(make_registry, redis_client):
+    registry = make_registry(handoff_limit=3, handoff_window=30.0)
+    lock = registry.obtain("budget")
+    tokens = _contend(lock, threads=4, cycles=40)
+    assert all(tokens.count(token) <= 4 for token in set(tokens))
+
+
+def test_local_waiters_are_served_in_arrival_order(make_registry):
+    registry = make_registry()
+    lock = registry.obtain("fifo")
+    order: list[int] = []
+    lock.acquire()
+    threads = []
+    for i in range(6):
+
+        def take(i: int = i) -> None:
+            with lock:
+                order.append(i)
+
+        thread = threading.Thread(target=take)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 5
+        while lock._mutex.waiting < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    lock.release()
+    for thread in threads:
+        thread.join(10)
+    assert order == list(range(6))
+
+
+def test_a_remote_waiter_gets_in_while_local_threads_keep_contending(make_registry):
+    local_registry = make_registry(handoff_limit=10_000, handoff_window=30.0)  # only "wanted" can end a streak
+    remote_registry = make_registry()
+    lock = local_registry.obtain("shared")
+    stop = threading.Event()
+    local_cycles = [0]
+
+    def spin() -> None:
+        while not stop.is_set():
+            with lock:
+                local_cycles[0] += 1
+                time.sleep(0.001)
+
+    spinners = [threading.Thread(target=spin) for _ in range(4)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        time.sleep(0.3)  # a long streak of local passes is under way
+        other = remote_registry.obtain("shared")
+        waits = []
+        for _ in range(5):
+            started = time.monotonic()
+            assert other.acquire(timeout=10), "the other owner never got in"
+            waits.append(time.monotonic() - started)
+            other.release()
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join(10)
+    assert local_cycles[0] > 50
+    assert max(waits) < 2.0  # announced wants end the streak at the next release, not after the budget
+
+
+def test_lease_lost_during_a_streak_is_not_passed_on(make_registry, redis_client):
+    registry = make_registry(expire_after=1.5, handoff_limit=10_000, handoff_window=30.0)
+    lock = registry.obtain("streak")
+    lost_errors: list[BaseException] = []
+    tokens_after: list[int] = []
+    entered_lost: list[int] = []
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                with lock:
+                    if lock.lost:
+                        entered_lost.append(lock.fencing_token)
+                    if lost_errors:  # entries after the loss was noticed and reported
+                        tokens_after.append(lock.fencing_token)
+                    time.sleep(0.002)
+            except hybridlock.LockLostError as exc:
+                lost_errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.2)
+    with lock:
+        token_before = lock.fencing_token
+    redis_client.delete("hybridlock:{streak}")  # the lease ends behind the streak's back
+    deadline = time.monotonic() + 5
+    while not lost_errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    stop.set()
+    for worker in workers:
+        worker.join(10)
+    # The holder at the time the loss was noticed is told. Nobody entered on the lease once it was known lost: a
+    # thread can only see `lost` inside if the loss was noticed while it was inside, and then it was told too.
+    assert 1 <= len(lost_errors) <= 2
+    assert len(entered_lost) <= len(lost_errors) - 1
+    assert tokens_after
+    assert min(tokens_after) > token_before  # the others entered on a fresh tenancy
+
+
+def test_remote_exclusion_holds_with_hand_off(make_registry, redis_client):
+    """Two registries (two owners) x 4 threads: a non-atomic counter in Redis stays exact."""
+    registries = [make_registry(), make_registry()]
+    redis_client.set("counter", 0)
+    inside = [0]
+    errors: list[BaseException] = []
+
+    def work(registry: hybridlock.LockRegistry) -> None:
+        lock = registry.obtain("counted")
+        client = redis.Redis.from_url(registry.server)
+        try:
+            for _ in range(60):
+                with lock:
+                    inside[0] += 1
+                    assert inside[0] == 1
+                    value = int(client.get("counter"))
+                    client.set("counter", value + 1)
+                    inside[0] -= 1
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in registries for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert int(redis_client.get("counter")) == 480
