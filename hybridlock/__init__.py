@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from ._lock import HybridLock
+from ._multi import MultiLock
 from ._registry import LocalLockRegistry, LockRegistry
 from .errors import (
     BackendUnavailableError,
@@ -40,6 +41,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockRegistry",
     "LockTimeoutError",
+    "MultiLock",
     "RegistryClosedError",
     "__version__",
 ]

@@ -22,12 +22,13 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 from ._decorator import execute_locked, synchronized
 from ._keys import LockNames, lock_names, validate_key, validate_registry_key
 from ._lock import HybridLock, LostCallback
+from ._multi import MultiLock
 from ._renewal import LeaseRenewer
 from ._waiting import WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
@@ -169,6 +170,12 @@ class LockRegistry:
                 self._locks[key] = lock
             self._remember(lock)
             return lock
+
+    def obtain_many(self, keys: Iterable[str]) -> MultiLock:
+        """A lock over several keys, taken all or nothing in one global order (no deadlock between callers
+        asking for overlapping sets in different orders); its timeout covers the whole attempt."""
+        self._check_open()
+        return MultiLock(self, keys)
 
     def _names(self, key: str) -> LockNames:
         return lock_names(self._registry_key, key)

@@ -28,3 +28,27 @@ def hold_and_die(url: str, key: str, expire_after: float, ready, token) -> None:
     token.value = lock.fencing_token
     ready.set()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def transfer_loop(url: str, keys: list[str], seconds: float, result) -> None:  # type: ignore[no-untyped-def]
+    """Move one unit between accounts ``keys`` under a multi-key lock, non-atomically, for ``seconds``."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    done = 0
+    with hybridlock.LockRegistry(url) as registry:
+        multi = registry.obtain_many(keys)
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            if not multi.acquire(timeout=10):
+                result.value = -1  # a deadlock would show up here
+                return
+            try:
+                for key in keys:  # read-modify-write each account: only exclusion keeps the sums exact
+                    value = int(client.get(f"acct:{key}") or 0)
+                    client.set(f"acct:{key}", value + 1)
+                done += 1
+            finally:
+                multi.release()
+    client.close()
+    result.value = done

@@ -1,0 +1,112 @@
+"""MultiLock: hold several keys at once, all or nothing.
+
+Every caller takes the keys in one global order (sorted by their server names), so two callers asking for
+overlapping sets in different orders can never wait on each other in a cycle: the first key they share is taken
+in the same order by both. A failed or timed-out attempt releases what it took, newest first, so nothing is left
+behind; the timeout covers the whole attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ._lock import HybridLock, validate_timeout
+from .errors import HybridLockError, InvalidArgumentError, LockNotOwnedError
+
+if TYPE_CHECKING:
+    from ._registry import LockRegistry
+
+__all__ = ["MultiLock"]
+
+
+class MultiLock:
+    """Several registry locks taken and released as one. Reentrant per thread, like its parts."""
+
+    def __init__(self, registry: LockRegistry, keys: Iterable[str]) -> None:
+        if isinstance(keys, str):
+            raise InvalidArgumentError("obtain_many needs a collection of keys, not one str")
+        unique = {registry.obtain(key).key: registry.obtain(key) for key in keys}
+        if not unique:
+            raise InvalidArgumentError("obtain_many needs at least one key")
+        # The global order: by server name, which is what every process sorts by too.
+        self._locks: list[HybridLock] = sorted(unique.values(), key=lambda lock: lock._names.lock)
+        self._registry = registry
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys, in the order they are taken."""
+        return [lock.key for lock in self._locks]
+
+    @property
+    def locks(self) -> list[HybridLock]:
+        return list(self._locks)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first."""
+        wait = validate_timeout(blocking, timeout)
+        deadline = None if wait is None else time.monotonic() + wait
+        taken: list[HybridLock] = []
+        try:
+            for lock in self._locks:
+                if not blocking:
+                    ok = lock.acquire(False)
+                elif deadline is None:
+                    ok = lock.acquire()
+                else:
+                    ok = lock.acquire(True, max(0.0, deadline - time.monotonic()))
+                if not ok:
+                    self._roll_back(taken)
+                    return False
+                taken.append(lock)
+        except BaseException:
+            self._roll_back(taken)
+            raise
+        return True
+
+    @staticmethod
+    def _roll_back(taken: list[HybridLock]) -> None:
+        for lock in reversed(taken):
+            try:
+                lock.release()
+            except HybridLockError:
+                pass  # the attempt failed anyway; a part lost meanwhile has nothing left to give back
+
+    def release(self) -> None:
+        """Release every key (newest first). Raises the first error met after releasing all of them."""
+        if not all(lock.is_held_by_current_thread() for lock in self._locks):
+            raise LockNotOwnedError(f"cannot release keys this thread does not hold: {self.keys}")
+        first_error: BaseException | None = None
+        for lock in reversed(self._locks):
+            try:
+                lock.release()
+            except HybridLockError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def try_lock(self, timeout: float | None = None) -> bool:
+        if timeout is None or timeout == 0:
+            return self.acquire(blocking=False)
+        return self.acquire(True, timeout)
+
+    def lock(self) -> None:
+        self.acquire()
+
+    unlock = release
+
+    def is_held_by_current_thread(self) -> bool:
+        return all(lock.is_held_by_current_thread() for lock in self._locks)
+
+    def __enter__(self) -> MultiLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        held = "held by this thread" if self.is_held_by_current_thread() else "not held by this thread"
+        return f"<hybridlock.MultiLock {self.keys!r} {held}>"
+
