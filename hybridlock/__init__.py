@@ -16,6 +16,7 @@ from importlib.metadata import version as _version
 from ._lock import HybridLock
 from ._multi import MultiLock
 from ._registry import LocalLockRegistry, LockRegistry
+from ._rwlock import ReadLock, ReadWriteLock, WriteLock
 from .errors import (
     BackendUnavailableError,
     HybridLockError,
@@ -23,6 +24,7 @@ from .errors import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    LockUpgradeError,
     RegistryClosedError,
 )
 
@@ -41,7 +43,11 @@ __all__ = [
     "LockNotOwnedError",
     "LockRegistry",
     "LockTimeoutError",
+    "LockUpgradeError",
     "MultiLock",
+    "ReadLock",
+    "ReadWriteLock",
     "RegistryClosedError",
+    "WriteLock",
     "__version__",
 ]

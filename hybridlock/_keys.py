@@ -7,6 +7,16 @@ A lock ``key`` in a registry with ``registry_key`` ``R`` uses these names in the
     R:{key}:wake       the pub/sub channel a release publishes on
     R:{key}:wanted     the owners waiting for the lock (a set, expiring with the holder's lease)
 
+and a read-write lock on ``key`` (``registry.obtain_read_write``) these, apart from the plain lock's::
+
+    R:{key}:writer     the write hold (a string whose value is the writer's client_id)
+    R:{key}:readers    the read holds (a sorted set: client_id -> when that reader's hold expires, server ms)
+    R:{key}:writers    owners waiting to write (a sorted set: client_id -> when that wish expires); while it is
+                       not empty, new readers wait behind them
+    R:{key}:rw-wake    the channel releases publish on
+
+The fencing counter ``R:{key}:fence`` is shared with the plain lock of the same key (it only ever increases).
+
 Why this shape:
 
 * Everything between the first ``{`` and the next ``}`` is the Redis Cluster hash tag, and every name above
@@ -16,8 +26,8 @@ Why this shape:
   each name whole.
 * ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
   ``(registry_key, key)`` pairs can never produce the same lock name. No name's ending (``}``, ``}:fence``,
-  ``}:wake``, ``}:wanted``) is an ending of another, so a lock name never equals another lock's counter, channel or
-  wait-set name either.
+  ``}:wake``, ``}:wanted``, ``}:writer``, ``}:readers``, ``}:writers``, ``}:rw-wake``) is an ending of another, so a
+  name of one lock never equals a name of another.
 """
 
 from __future__ import annotations
@@ -36,6 +46,26 @@ class LockNames:
     fence: str
     channel: str
     wanted: str
+
+
+@dataclass(frozen=True)
+class ReadWriteNames:
+    """The server names of one read-write lock; ``read`` and ``write`` are the views the renewer uses."""
+
+    key: str
+    writer: str
+    readers: str
+    writers_waiting: str
+    fence: str
+    channel: str
+
+    @property
+    def write(self) -> LockNames:
+        return LockNames(self.key, self.writer, self.fence, self.channel, self.writers_waiting)
+
+    @property
+    def read(self) -> LockNames:
+        return LockNames(self.key, self.readers, self.fence, self.channel, self.writers_waiting)
 
 
 def validate_registry_key(registry_key: object) -> str:
@@ -65,3 +95,15 @@ def validate_key(key: object) -> str:
 def lock_names(registry_key: str, key: str) -> LockNames:
     base = f"{registry_key}:{{{key}}}"
     return LockNames(key=key, lock=base, fence=f"{base}:fence", channel=f"{base}:wake", wanted=f"{base}:wanted")
+
+
+def read_write_names(registry_key: str, key: str) -> ReadWriteNames:
+    base = f"{registry_key}:{{{key}}}"
+    return ReadWriteNames(
+        key=key,
+        writer=f"{base}:writer",
+        readers=f"{base}:readers",
+        writers_waiting=f"{base}:writers",
+        fence=f"{base}:fence",
+        channel=f"{base}:rw-wake",
+    )

@@ -109,4 +109,3 @@ class MultiLock:
     def __repr__(self) -> str:
         held = "held by this thread" if self.is_held_by_current_thread() else "not held by this thread"
         return f"<hybridlock.MultiLock {self.keys!r} {held}>"
-

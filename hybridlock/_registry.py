@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 from ._decorator import execute_locked, synchronized
-from ._keys import LockNames, lock_names, validate_key, validate_registry_key
+from ._keys import LockNames, lock_names, read_write_names, validate_key, validate_registry_key
 from ._lock import HybridLock, LostCallback
 from ._multi import MultiLock
-from ._renewal import LeaseRenewer
+from ._renewal import HeldLease, LeaseRenewer
+from ._rwlock import ReadWriteLock
 from ._waiting import WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
@@ -128,7 +129,9 @@ class LockRegistry:
         self._client_id = str(uuid.uuid4())
         self._mutex = threading.Lock()
         self._locks: weakref.WeakValueDictionary[str, HybridLock] = weakref.WeakValueDictionary()
-        self._held: dict[str, HybridLock] = {}
+        self._rw_locks: weakref.WeakValueDictionary[str, ReadWriteLock] = weakref.WeakValueDictionary()
+        # Everything holding a lease in the server, by server key: plain locks and read-write halves.
+        self._held: dict[str, HeldLease] = {}
         self._recent: OrderedDict[str, HybridLock] = OrderedDict()
 
     # -- public surface ------------------------------------------------------------------------------------------
@@ -171,6 +174,17 @@ class LockRegistry:
             self._remember(lock)
             return lock
 
+    def obtain_read_write(self, key: str) -> ReadWriteLock:
+        """The read-write lock for ``key`` (a separate lock from ``obtain(key)``): the same object while
+        referenced. ``rw.read_lock()`` admits many readers, ``rw.write_lock()`` one writer."""
+        key = validate_key(key)
+        self._check_open(key)
+        with self._mutex:
+            rw = self._rw_locks.get(key)
+            if rw is None:
+                rw = self._rw_locks[key] = ReadWriteLock(self, read_write_names(self._registry_key, key))
+            return rw
+
     def obtain_many(self, keys: Iterable[str]) -> MultiLock:
         """A lock over several keys, taken all or nothing in one global order (no deadlock between callers
         asking for overlapping sets in different orders); its timeout covers the whole attempt."""
@@ -196,7 +210,9 @@ class LockRegistry:
             raise InvalidArgumentError(f"age must be a non-negative number of seconds, not {age!r}")
         cutoff = time.monotonic() - age
         with self._mutex:
-            stale = [k for k, lock in self._recent.items() if k not in self._held and lock.last_used <= cutoff]
+            stale = [
+                k for k, lock in self._recent.items() if lock._names.lock not in self._held and lock.last_used <= cutoff
+            ]
             for k in stale:
                 del self._recent[k]
         return len(stale)
@@ -205,7 +221,7 @@ class LockRegistry:
         """Renew the lease of ``key``'s lock, held by some thread of this registry, by hand (see
         ``HybridLock.renew``)."""
         key = validate_key(key)
-        lock = self._held.get(key)
+        lock = self._held.get(self._names(key).lock)
         if lock is None:
             raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=key, server=self.server)
         self._renew_by_hand(lock, expire_after)
@@ -231,7 +247,7 @@ class LockRegistry:
             raise InvalidArgumentError("on_lost needs a callable")
         self._lost_callbacks.append(callback)
 
-    def held_locks(self) -> list[HybridLock]:
+    def held_locks(self) -> list[HeldLease]:
         """The locks some thread of this registry holds right now."""
         with self._mutex:
             return list(self._held.values())
@@ -277,17 +293,29 @@ class LockRegistry:
         if self._closed:
             raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
 
-    def _acquire_remote(self, names: LockNames, blocking: bool, deadline: float | None) -> AcquireResult | None:
+    def _acquire_remote(
+        self,
+        names: LockNames,
+        blocking: bool,
+        deadline: float | None,
+        attempt: Callable[[], AcquireResult] | None = None,
+    ) -> AcquireResult | None:
         """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
+        ``attempt`` makes one try (default: the plain lock's); ``names.channel`` is where releases are announced.
         Returns the successful result, or None when not blocking or out of time."""
         backend = self._backend
+        if attempt is None:
+
+            def attempt() -> AcquireResult:
+                return backend.try_acquire(names, self._client_id, self._lease_ms)
+
         watch: ReleaseWatch | None = None
-        attempt = 0
+        tries = 0
         try:
             while True:
                 epoch_before = None if watch is None else watch.epoch()
-                result = backend.try_acquire(names, self._client_id, self._lease_ms)
+                result = attempt()
                 if result.acquired:
                     return result
                 if not blocking:
@@ -305,8 +333,8 @@ class LockRegistry:
                 if epoch is not None and epoch != epoch_before:
                     continue  # the subscription came (back) up after that attempt: same reasoning, retry first
                 notified = epoch is not None
-                delay = self._wait_policy.delay(attempt, result.holder_ttl, notified)
-                attempt += 1
+                delay = self._wait_policy.delay(tries, result.holder_ttl, notified)
+                tries += 1
                 if deadline is not None:
                     delay = min(delay, deadline - now)
                 if watch is not None:
@@ -330,19 +358,21 @@ class LockRegistry:
         lease = self._expire_after if lease is None else lease
         return start + lease - _lease_drift(lease)
 
-    def _track_held(self, lock: HybridLock) -> None:
+    def _track_held(self, lock: HeldLease) -> None:
+        """From now until ``_untrack_held``, ``lock`` holds a lease in the server that the renewer keeps alive."""
         with self._mutex:
-            self._held[lock.key] = lock
-            self._remember(lock)
+            self._held[lock._names.lock] = lock
+            if isinstance(lock, HybridLock):
+                self._remember(lock)
         if self._renewer is not None:
             self._renewer.ensure_started()
 
-    def _untrack_held(self, lock: HybridLock) -> None:
+    def _untrack_held(self, lock: HeldLease) -> None:
         with self._mutex:
-            if self._held.get(lock.key) is lock:
-                del self._held[lock.key]
+            if self._held.get(lock._names.lock) is lock:
+                del self._held[lock._names.lock]
 
-    def _renew_by_hand(self, lock: HybridLock, expire_after: float | None) -> None:
+    def _renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
         lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)
         assert lease is not None
         if lock._owner is None:
@@ -361,7 +391,7 @@ class LockRegistry:
             )
         lock._renewed(tenancy, start, lease)
 
-    def _report_lost(self, lock: HybridLock, callbacks: list[LostCallback]) -> None:
+    def _report_lost(self, lock: Any, callbacks: list[LostCallback]) -> None:
         logger.warning("hybridlock: lease of %r on %s was lost while held", lock.key, self.server)
         for callback in callbacks + self._lost_callbacks:
             try:
@@ -373,10 +403,14 @@ class LockRegistry:
 
     def _after_fork_in_child(self) -> None:
         locks = list(self._locks.values())
+        rw_locks = list(self._rw_locks.values())
         self._init_state()
         for lock in locks:
             lock._reset_after_fork()
             self._locks[lock.key] = lock
+        for rw in rw_locks:
+            rw._reset_after_fork()
+            self._rw_locks[rw.key] = rw
         if self._renewer is not None:
             self._renewer.after_fork_in_child()
         after_fork = getattr(self._backend, "after_fork_in_child", None)

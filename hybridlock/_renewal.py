@@ -19,14 +19,34 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ._keys import LockNames
 from .errors import HybridLockError
 
 if TYPE_CHECKING:
     from ._registry import LockRegistry
 
-__all__ = ["LeaseRenewer"]
+__all__ = ["HeldLease", "LeaseRenewer"]
+
+
+class HeldLease(Protocol):
+    """What the renewer needs of anything holding a lease: a plain lock, or a half of a read-write lock."""
+
+    _names: LockNames  # ``_names.lock`` is the server key the lease lives in
+    _tenancy: int  # counts server tenancies; results for an earlier one are ignored
+    _acquired_at: float | None
+    _valid_until: float | None
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def lost(self) -> bool: ...
+
+    def _mark_lost(self, tenancy: int) -> None: ...
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
 
 
 class LeaseRenewer:

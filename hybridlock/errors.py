@@ -20,6 +20,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
+    "LockUpgradeError",
     "RegistryClosedError",
 ]
 
@@ -65,6 +66,11 @@ class InvalidArgumentError(HybridLockError, ValueError, TypeError):
 
 class LockNotOwnedError(HybridLockError, RuntimeError):
     """``release()`` by a thread that does not hold the lock (``threading.RLock`` raises ``RuntimeError`` too)."""
+
+
+class LockUpgradeError(HybridLockError, RuntimeError):
+    """A thread holding a read lock asked for the write lock. Refused at once: two readers upgrading together
+    would wait for each other forever. Release the read lock first (or take the write lock from the start)."""
 
 
 class LockLostError(HybridLockError, RuntimeError):

@@ -16,7 +16,7 @@ import abc
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .._keys import LockNames
+from .._keys import LockNames, ReadWriteNames
 
 __all__ = ["AcquireResult", "LockBackend", "ReleaseWatch"]
 
@@ -87,6 +87,26 @@ class LockBackend(abc.ABC):
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         """Reset the lease of every lock in ``names`` still held by ``owner`` to ``lease_ms``, in as few round
         trips as the server allows (one per cluster slot). Returns one flag per lock: False means it was lost."""
+
+    # -- read-write locks: the write hold is released with ``release(names.write, ...)``; both kinds of hold are
+    # renewed with ``renew`` (``names.read`` / ``names.write``).
+
+    @abc.abstractmethod
+    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+        """Add ``owner``'s read hold unless another owner writes or waits to write. One round trip."""
+
+    @abc.abstractmethod
+    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+        """Take the write hold if no other owner writes and nobody (``owner`` included) reads, minting a fencing
+        token; else record ``owner`` as waiting to write, which holds back new readers. One round trip."""
+
+    @abc.abstractmethod
+    def release_read(self, names: ReadWriteNames, owner: str) -> bool:
+        """Remove ``owner``'s read hold; False if it had already ended (the lease was lost)."""
+
+    @abc.abstractmethod
+    def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
+        """``owner`` no longer waits to write (it gave up): let readers in again."""
 
     @abc.abstractmethod
     def is_locked(self, names: LockNames) -> bool:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .._keys import LockNames
+from .._keys import LockNames, ReadWriteNames
 from .base import AcquireResult, LockBackend, ReleaseWatch
 
 __all__ = ["MemoryBackend"]
@@ -40,6 +40,9 @@ class MemoryBackend(LockBackend):
         # Release and "wanted" counters per watched lock name, and how many watches use them (dropped at zero).
         self._release_counts: dict[str, int] = {}
         self._wanted_counts: dict[str, int] = {}
+        # Read-write locks: reader holds and waiting writers per lock, owner -> expiry (monotonic seconds).
+        self._readers: dict[str, dict[str, float]] = {}
+        self._writers_waiting: dict[str, dict[str, float]] = {}
         self._watchers: dict[str, int] = {}
 
     def _live_entry(self, name: str, now: float) -> _Entry | None:
@@ -57,8 +60,7 @@ class MemoryBackend(LockBackend):
             if entry is not None and entry.owner != owner:
                 ttl = None if entry.expires_at is None else max(0.0, entry.expires_at - now)
                 wanted[owner] = now + max(ttl if ttl is not None else 0.0, 1.0)
-                if names.lock in self._wanted_counts:
-                    self._wanted_counts[names.lock] += 1
+                self._announce_wanted(names.channel)
                 return AcquireResult(False, None, ttl)
             expires_at = None if lease_ms is None else now + lease_ms / 1000.0
             self._entries[names.lock] = _Entry(owner, expires_at)
@@ -78,16 +80,32 @@ class MemoryBackend(LockBackend):
             if entry is None or entry.owner != owner:
                 return False
             del self._entries[names.lock]
-            if notify and names.lock in self._release_counts:
-                self._release_counts[names.lock] += 1
-                self._cond.notify_all()
+            if notify:
+                self._announce_release(names.channel)
             return True
+
+    # Watches are keyed by channel, as in Redis: both halves of a read-write lock share one.
+    def _announce_release(self, channel: str) -> None:
+        if channel in self._release_counts:
+            self._release_counts[channel] += 1
+            self._cond.notify_all()
+
+    def _announce_wanted(self, channel: str) -> None:
+        if channel in self._wanted_counts:
+            self._wanted_counts[channel] += 1
 
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         now = time.monotonic()
         renewed = []
         with self._cond:
             for n in names:
+                readers = self._readers.get(n.lock)
+                if readers is not None:
+                    ok = readers.get(owner, 0.0) > now
+                    if ok:
+                        readers[owner] = now + lease_ms / 1000.0
+                    renewed.append(ok)
+                    continue
                 entry = self._live_entry(n.lock, now)
                 ok = entry is not None and entry.owner == owner
                 if ok:
@@ -95,6 +113,62 @@ class MemoryBackend(LockBackend):
                     entry.expires_at = now + lease_ms / 1000.0
                 renewed.append(ok)
         return renewed
+
+    @staticmethod
+    def _pruned(holds: dict[str, float], now: float) -> dict[str, float]:
+        for owner, until in list(holds.items()):
+            if until <= now:
+                del holds[owner]
+        return holds
+
+    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+        now = time.monotonic()
+        with self._cond:
+            writer = self._live_entry(names.writer, now)
+            if writer is not None and writer.owner != owner:
+                return AcquireResult(False, None, None if writer.expires_at is None else writer.expires_at - now)
+            waiting = self._pruned(self._writers_waiting.setdefault(names.writers_waiting, {}), now)
+            others = {o: until for o, until in waiting.items() if o != owner}
+            if writer is None and others:
+                return AcquireResult(False, None, min(others.values()) - now)
+            self._pruned(self._readers.setdefault(names.readers, {}), now)[owner] = now + lease_ms / 1000.0
+            return AcquireResult(True)
+
+    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+        now = time.monotonic()
+        with self._cond:
+            writer = self._live_entry(names.writer, now)
+            readers = self._pruned(self._readers.setdefault(names.readers, {}), now)
+            wait: float | None = None
+            if writer is not None and writer.owner != owner:
+                wait = 3600.0 if writer.expires_at is None else writer.expires_at - now
+            elif readers:
+                wait = min(readers.values()) - now
+            waiting = self._pruned(self._writers_waiting.setdefault(names.writers_waiting, {}), now)
+            if wait is not None:
+                waiting[owner] = now + 2 * lease_ms / 1000.0
+                self._announce_wanted(names.channel)
+                return AcquireResult(False, None, wait)
+            waiting.pop(owner, None)
+            self._entries[names.writer] = _Entry(owner, now + lease_ms / 1000.0)
+            token = self._fences.get(names.fence, 0) + 1
+            self._fences[names.fence] = token
+            return AcquireResult(True, token)
+
+    def release_read(self, names: ReadWriteNames, owner: str) -> bool:
+        now = time.monotonic()
+        with self._cond:
+            readers = self._pruned(self._readers.setdefault(names.readers, {}), now)
+            if readers.pop(owner, None) is None:
+                return False
+            if not readers:
+                self._announce_release(names.channel)
+            return True
+
+    def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
+        with self._cond:
+            if self._writers_waiting.get(names.writers_waiting, {}).pop(owner, None) is not None:
+                self._announce_release(names.channel)
 
     def is_locked(self, names: LockNames) -> bool:
         with self._cond:
@@ -106,7 +180,7 @@ class MemoryBackend(LockBackend):
             self._entries.pop(names.lock, None)
 
     def watch(self, names: LockNames) -> ReleaseWatch:
-        return _MemoryWatch(self, names.lock)
+        return _MemoryWatch(self, names.channel)
 
 
 class _MemoryWatch(ReleaseWatch):

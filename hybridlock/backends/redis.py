@@ -22,7 +22,7 @@ import redis
 import redis.exceptions
 from redis.crc import key_slot
 
-from .._keys import LockNames
+from .._keys import LockNames, ReadWriteNames
 from ..errors import BackendUnavailableError, HybridLockError
 from . import scripts
 from .base import AcquireResult, LockBackend, ReleaseWatch
@@ -137,6 +137,35 @@ class RedisBackend(LockBackend):
             groups.setdefault(key_slot(n.lock.encode()), []).append(n.lock)
         return list(groups.values())
 
+    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+        with self._translated(names.key):
+            reply = self._scripts.run(
+                scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
+            )
+        return _rw_result(reply)
+
+    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+        with self._translated(names.key):
+            reply = self._scripts.run(
+                scripts.ACQUIRE_WRITE,
+                (names.writer, names.readers, names.writers_waiting, names.fence),
+                (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish"),
+            )
+        return _rw_result(reply)
+
+    def release_read(self, names: ReadWriteNames, owner: str) -> bool:
+        with self._translated(names.key):
+            released = self._scripts.run(
+                scripts.RELEASE_READ,
+                (names.writer, names.readers, names.writers_waiting),
+                (owner, names.channel, "publish"),
+            )
+        return bool(released)
+
+    def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
+        with self._translated(names.key):
+            self._scripts.run(scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish"))
+
     def is_locked(self, names: LockNames) -> bool:
         with self._translated(names.key):
             return bool(self.client.exists(names.lock))
@@ -149,6 +178,13 @@ class RedisBackend(LockBackend):
         if self._owns_client:
             with contextlib.suppress(Exception):
                 self.client.close()
+
+
+def _rw_result(reply: Sequence[Any]) -> AcquireResult:
+    if reply[0]:
+        return AcquireResult(True, int(reply[1]) if len(reply) > 1 else None)
+    wait_ms = reply[1]
+    return AcquireResult(False, None, None if wait_ms < 0 else wait_ms / 1000.0)
 
 
 def redis_client_from_url(url: str) -> redis.Redis:

@@ -87,20 +87,161 @@ return 1
 """
 
 RENEW = """
--- RENEW: reset the lease of every given lock that is still ours.
--- KEYS[1..n]  lock keys (one cluster slot per call)
+-- RENEW: reset the lease of every given hold that is still ours.
+-- KEYS[1..n]  lock keys (one cluster slot per call): a plain lock or a write hold (a string whose value is the
+--             owner), or the readers of a read-write lock (a sorted set: owner -> expiry in server ms)
 -- ARGV[1]     owner (client_id)   ARGV[2]  new lease in ms
--- returns     {r1, ..., rn}       ri = 1 renewed, 0 lost (gone or another owner's)
+-- returns     {r1, ..., rn}       ri = 1 renewed, 0 lost (gone, expired or another owner's)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[2])
 local result = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then
-    redis.call('PEXPIRE', key, ARGV[2])
-    result[i] = 1
-  else
-    result[i] = 0
+  result[i] = 0
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'string' then
+    if redis.call('GET', key) == ARGV[1] then
+      redis.call('PEXPIRE', key, ARGV[2])
+      result[i] = 1
+    end
+  elseif kind == 'zset' then
+    local expiry = redis.call('ZSCORE', key, ARGV[1])
+    if expiry and tonumber(expiry) > now then
+      redis.call('ZADD', key, now + lease, ARGV[1])
+      if redis.call('PTTL', key) < lease then
+        redis.call('PEXPIRE', key, lease)
+      end
+      result[i] = 1
+    end
   end
 end
 return result
+"""
+
+# The read-write lock. Reader holds live in a sorted set scored by their own expiry (server ms), so a crashed
+# reader's hold ends with its own lease, not with a TTL the other readers keep extending. Writers that wait are
+# recorded in another sorted set; while it holds anyone, new readers wait behind them (writer preference).
+_RW_PRELUDE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+"""
+
+ACQUIRE_READ = (
+    """
+-- ACQUIRE_READ: add our read hold unless a writer holds the lock or other owners wait to write.
+-- KEYS[1]  writer key            KEYS[2]  readers (zset)       KEYS[3]  waiting writers (zset)
+-- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms
+-- returns  {1}                   acquired (a write hold of our own does not block: that is a downgrade)
+--          {0, wait_ms}          blocked; wait_ms = until the writer's lease or the first waiting writer's wish
+--                                ends, -1 = no expiry
+"""
+    + _RW_PRELUDE
+    + """
+local writer = redis.call('GET', KEYS[1])
+if writer and writer ~= ARGV[1] then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+if not writer then
+  local waiting = redis.call('ZCARD', KEYS[3])
+  if redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    waiting = waiting - 1
+  end
+  if waiting > 0 then
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    return {0, tonumber(first[2]) - now}
+  end
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return {1}
+"""
+)
+
+ACQUIRE_WRITE = (
+    """
+-- ACQUIRE_WRITE: take the write hold if there is no other writer and no reader; else wait to write.
+-- KEYS[1]  writer key            KEYS[2]  readers (zset)       KEYS[3]  waiting writers (zset)
+-- KEYS[4]  fencing counter key
+-- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms          ARGV[3]  counter TTL in ms
+-- ARGV[4]  channel               ARGV[5]  "publish" | "spublish" | ""
+-- returns  {1, token}            acquired, with a new fencing token
+--          {0, wait_ms}          blocked by a writer or by readers (our own included: no upgrade); we are
+--                                recorded as a waiting writer for twice the lease (renewed by each attempt),
+--                                which holds back new readers, and announce it on the channel
+"""
+    + _RW_PRELUDE
+    + """
+local writer = redis.call('GET', KEYS[1])
+local wait_ms = nil
+if writer and writer ~= ARGV[1] then
+  wait_ms = redis.call('PTTL', KEYS[1])
+elseif redis.call('ZCARD', KEYS[2]) > 0 then
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  wait_ms = tonumber(first[2]) - now
+end
+if wait_ms then
+  redis.call('ZADD', KEYS[3], now + 2 * tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+  if ARGV[5] == 'publish' then
+    redis.call('PUBLISH', ARGV[4], 'wanted')
+  elseif ARGV[5] == 'spublish' then
+    redis.call('SPUBLISH', ARGV[4], 'wanted')
+  end
+  return {0, wait_ms}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('SET', KEYS[4], t[1] .. string.format('%06d', tonumber(t[2])))
+end
+local token = redis.call('INCR', KEYS[4])
+redis.call('PEXPIRE', KEYS[4], ARGV[3])
+return {1, token}
+"""
+)
+
+RELEASE_READ = (
+    """
+-- RELEASE_READ: remove our read hold; when no reader is left, wake those waiting.
+-- KEYS[1]  writer key (unused)   KEYS[2]  readers (zset)       KEYS[3]  waiting writers (zset)
+-- ARGV[1]  owner (client_id)     ARGV[2]  channel              ARGV[3]  "publish" | "spublish" | ""
+-- returns  1                     released
+--          0                     our hold had expired or was gone: the lease was lost
+"""
+    + _RW_PRELUDE
+    + """
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  if ARGV[3] == 'publish' then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  elseif ARGV[3] == 'spublish' then
+    redis.call('SPUBLISH', ARGV[2], 'released')
+  end
+end
+return 1
+"""
+)
+
+CANCEL_WRITE_WAIT = """
+-- CANCEL_WRITE_WAIT: a writer gave up waiting; stop holding back readers on its behalf.
+-- KEYS[1]  waiting writers (zset)
+-- ARGV[1]  owner (client_id)     ARGV[2]  channel              ARGV[3]  "publish" | "spublish" | ""
+-- returns  1 if we were waiting, else 0
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+if ARGV[3] == 'publish' then
+  redis.call('PUBLISH', ARGV[2], 'released')
+elseif ARGV[3] == 'spublish' then
+  redis.call('SPUBLISH', ARGV[2], 'released')
+end
+return 1
 """
 
 FENCED_SET = """

@@ -1,0 +1,404 @@
+"""Read-write locks: many readers or one writer, across the threads of a process and across processes.
+
+As with the plain lock, a local lock sits in front of the server's. Locally, threads count as readers or as the
+writer; remotely, the whole process holds at most **one** read hold (whatever the number of its reader threads)
+or the write hold:
+
+* the first local reader takes the process's read hold in the server, later ones join it with no round trip, and
+  the last one to leave gives it back;
+* the writer waits until no local reader or writer remains, then takes the write hold in the server.
+
+Writers are not starved. Locally, once a thread waits to write, new reader threads wait behind it. Remotely, a
+writer that is refused is recorded as waiting, which refuses new read holds, and announces itself on the lock's
+channel; a process that hears it stops admitting new reader threads to its current read hold, so the hold drains
+and the writer gets in even under a never-ending stream of overlapping readers.
+
+A writer may take the read lock (downgrade: acquire read, then release write). A reader asking for the write lock
+gets ``LockUpgradeError`` at once: two readers both upgrading would wait for each other forever.
+
+Failure modes
+-------------
+* Each reader process's hold carries its own expiry, so a crashed reader stops blocking writers when its own
+  lease ends, however busy the other readers are.
+* Leases, renewal, ``lost`` and ``LockLostError`` work as for the plain lock, separately for each half (the read
+  hold is one lease for all reader threads of the process; the thread that gives it back hears of a loss).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._keys import LockNames, ReadWriteNames
+from ._lock import LostCallback, validate_timeout
+from .backends.base import AcquireResult, ReleaseWatch
+from .errors import InvalidArgumentError, LockLostError, LockNotOwnedError, LockUpgradeError
+
+if TYPE_CHECKING:
+    from ._registry import LockRegistry
+
+__all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
+
+
+class _Half:
+    """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
+
+    #: Name of the half in messages and reprs; the subclasses differ in this and in the four hooks below.
+    kind = ""
+
+    def __init__(self, parent: ReadWriteLock, names: LockNames) -> None:
+        self._parent = parent
+        self._registry = parent._registry
+        self._names = names
+        self._tenancy = 0
+        self._in_server = False
+        self._acquired_at: float | None = None
+        self._valid_until: float | None = None
+        self._fencing_token: int | None = None
+        self._lost = False
+        self._callbacks: list[LostCallback] = []
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    @property
+    def lost(self) -> bool:
+        """True once the server hold was found gone while held; reset by the next fresh server acquisition."""
+        return self._lost
+
+    @property
+    def valid_until(self) -> float | None:
+        return self._valid_until if self._in_server else None
+
+    def on_lost(self, callback: LostCallback) -> None:
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
+        self._callbacks.append(callback)
+
+    # -- the thread-facing API ---------------------------------------------------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait."""
+        wait = validate_timeout(blocking, timeout)
+        self._registry._check_open(self.key)
+        deadline = None if wait is None else time.monotonic() + wait
+        return self._acquire(threading.get_ident(), blocking, deadline)
+
+    def release(self) -> None:
+        self._release(threading.get_ident())
+
+    def try_lock(self, timeout: float | None = None) -> bool:
+        if timeout is None or timeout == 0:
+            return self.acquire(blocking=False)
+        return self.acquire(True, timeout)
+
+    tryLock = try_lock  # noqa: N815 - documented Java-style alias
+
+    def lock(self) -> None:
+        self.acquire()
+
+    unlock = release
+
+    def __enter__(self) -> _Half:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<hybridlock.{type(self).__name__} {self.key!r} depth {self.hold_count} here at {id(self):#x}>"
+
+    @property
+    def hold_count(self) -> int:
+        raise NotImplementedError
+
+    def is_held_by_current_thread(self) -> bool:
+        return self.hold_count > 0
+
+    # -- one server tenancy ------------------------------------------------------------------------------------------
+
+    def _remote(self, blocking: bool, deadline: float | None) -> AcquireResult | None:
+        registry = self._registry
+        return registry._acquire_remote(
+            self._names, blocking, deadline, attempt=lambda: self._try_once(registry.client_id)
+        )
+
+    def _try_once(self, owner: str) -> AcquireResult:
+        raise NotImplementedError
+
+    def _start_tenancy(self, result: AcquireResult, start: float) -> None:
+        self._tenancy += 1
+        self._in_server = True
+        self._lost = False
+        self._fencing_token = result.fencing_token
+        self._acquired_at = start
+        self._valid_until = self._registry._valid_until(start)
+        self._registry._track_held(self)
+
+    def _end_tenancy(self) -> bool:
+        """Forget the server hold; returns whether it had been reported lost."""
+        was_lost = self._lost
+        self._in_server = False
+        self._fencing_token = None
+        self._valid_until = None
+        self._registry._untrack_held(self)
+        return was_lost
+
+    def _lost_error(self) -> LockLostError:
+        self._lost = True
+        return LockLostError(
+            f"the {self.kind} hold's lease had ended before release: another owner may have held the lock "
+            "meanwhile, so data it guarded may have been changed",
+            key=self.key,
+            server=self._registry.server,
+        )
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
+        if self._in_server and self._tenancy == tenancy:
+            self._valid_until = self._registry._valid_until(start, lease)
+
+    def _mark_lost(self, tenancy: int) -> None:
+        if self._lost or not self._in_server or self._tenancy != tenancy:
+            return
+        self._lost = True
+        self._valid_until = None
+        self._registry._report_lost(self, list(self._callbacks))
+
+    def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
+        raise NotImplementedError
+
+    def _release(self, me: int) -> None:
+        raise NotImplementedError
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class ReadLock(_Half):
+    """The shared half: any number of threads, in any number of processes, while nobody writes."""
+
+    kind = "read"
+
+    def __init__(self, parent: ReadWriteLock) -> None:
+        super().__init__(parent, parent._names.read)
+        self._watch: ReleaseWatch | None = None  # hears writers of other owners asking for the lock
+
+    @property
+    def hold_count(self) -> int:
+        return self._parent._readers.get(threading.get_ident(), 0)
+
+    def _try_once(self, owner: str) -> AcquireResult:
+        return self._registry.backend.try_acquire_read(self._parent._names, owner, self._registry._lease_ms)
+
+    def _writer_elsewhere_waits(self) -> bool:
+        return self._watch is not None and self._watch.contended()
+
+    def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
+        rw = self._parent
+        start = time.monotonic()
+        with rw._cond:
+            if rw._readers.get(me):
+                rw._readers[me] += 1
+                return True
+            downgrade = rw._writer == me
+
+            def may_enter() -> bool:
+                if rw._read_hold == "busy":
+                    return False
+                if downgrade:
+                    return True
+                if rw._writer is not None or rw._writers_waiting:
+                    return False  # local writer preference
+                # A writer of another owner waits: let our read hold drain instead of extending it.
+                return not (rw._read_hold == "held" and self._writer_elsewhere_waits())
+
+            if not blocking:
+                if not may_enter():
+                    return False
+            elif not rw._cond.wait_for(may_enter, _remaining(deadline)):
+                return False
+            if rw._read_hold == "held":
+                rw._readers[me] = 1
+                return True
+            rw._read_hold = "busy"
+        result = None
+        try:
+            result = self._remote(blocking, deadline)
+        finally:
+            with rw._cond:
+                if result is not None:
+                    rw._read_hold = "held"
+                    rw._readers[me] = 1
+                    self._start_tenancy(result, start)
+                    self._watch = self._registry._contention_watch(self._names)
+                else:
+                    rw._read_hold = "none"
+                rw._cond.notify_all()
+        return result is not None
+
+    def _release(self, me: int) -> None:
+        rw = self._parent
+        with rw._cond:
+            depth = rw._readers.get(me, 0)
+            if not depth:
+                raise LockNotOwnedError("cannot release a read lock this thread does not hold", key=self.key)
+            if depth > 1:
+                rw._readers[me] = depth - 1
+                return
+            del rw._readers[me]
+            if rw._readers:
+                return  # other reader threads of this process keep the read hold
+            rw._read_hold = "busy"
+        released = False
+        try:
+            released = self._registry.backend.release_read(rw._names, self._registry.client_id)
+        finally:
+            with rw._cond:
+                if self._watch is not None:
+                    self._watch.close()
+                    self._watch = None
+                was_lost = self._end_tenancy()
+                rw._read_hold = "none"
+                rw._cond.notify_all()
+        if was_lost or not released:
+            raise self._lost_error()
+
+
+class WriteLock(_Half):
+    """The exclusive half: one thread in the whole system, and no reader."""
+
+    kind = "write"
+
+    def __init__(self, parent: ReadWriteLock) -> None:
+        super().__init__(parent, parent._names.write)
+
+    @property
+    def hold_count(self) -> int:
+        rw = self._parent
+        return rw._write_count if rw._writer == threading.get_ident() else 0
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The token minted for this process's current write hold (see ``HybridLock.fencing_token``)."""
+        return self._fencing_token if self._parent._writer is not None else None
+
+    def _try_once(self, owner: str) -> AcquireResult:
+        return self._registry.backend.try_acquire_write(self._parent._names, owner, self._registry._lease_ms)
+
+    def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
+        rw = self._parent
+        start = time.monotonic()
+        with rw._cond:
+            if rw._writer == me:
+                rw._write_count += 1
+                return True
+            if rw._readers.get(me):
+                raise LockUpgradeError(
+                    "this thread holds the read lock: release it before taking the write lock (upgrading could "
+                    "deadlock with another upgrading reader)",
+                    key=self.key,
+                )
+
+            def may_enter() -> bool:
+                return rw._writer is None and not rw._readers and rw._read_hold == "none"
+
+            if not may_enter():
+                if not blocking:
+                    return False
+                rw._writers_waiting += 1
+                try:
+                    entered = rw._cond.wait_for(may_enter, _remaining(deadline))
+                finally:
+                    rw._writers_waiting -= 1
+                if not entered:
+                    rw._cond.notify_all()  # readers held back by our wish may go now
+                    return False
+            rw._writer, rw._write_count = me, 1
+        result = None
+        try:
+            result = self._remote(blocking, deadline)
+        finally:
+            if result is None:
+                with rw._cond:
+                    rw._writer, rw._write_count = None, 0
+                    rw._cond.notify_all()
+        if result is None:
+            # We may be recorded as a waiting writer: stop holding back other owners' readers.
+            self._registry.backend.cancel_write_wait(rw._names, self._registry.client_id)
+            return False
+        with rw._cond:
+            self._start_tenancy(result, start)
+        return True
+
+    def _release(self, me: int) -> None:
+        rw = self._parent
+        with rw._cond:
+            if rw._writer != me:
+                raise LockNotOwnedError("cannot release a write lock this thread does not hold", key=self.key)
+            if rw._write_count > 1:
+                rw._write_count -= 1
+                return
+        registry = self._registry
+        released = False
+        try:
+            released = registry.backend.release(self._names, registry.client_id, notify=True)
+        finally:
+            with rw._cond:
+                was_lost = self._end_tenancy()
+                rw._writer, rw._write_count = None, 0
+                rw._cond.notify_all()
+        if was_lost or not released:
+            raise self._lost_error()
+
+
+class ReadWriteLock:
+    """A lock with a shared read half and an exclusive write half: ``registry.obtain_read_write(key)``.
+
+    ``with rw.read_lock(): ...`` admits many readers at once (in this process and in others);
+    ``with rw.write_lock(): ...`` admits one writer and no reader.
+    """
+
+    def __init__(self, registry: LockRegistry, names: ReadWriteNames) -> None:
+        self._registry = registry
+        self._names = names
+        self._reset_local_state()
+        self._read = ReadLock(self)
+        self._write = WriteLock(self)
+
+    def _reset_local_state(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._writer: int | None = None
+        self._write_count = 0
+        self._readers: dict[int, int] = {}  # thread -> read depth
+        self._writers_waiting = 0  # local threads waiting to write
+        # The process's read hold in the server: "none", "busy" (being taken or given back) or "held".
+        self._read_hold = "none"
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    def read_lock(self) -> ReadLock:
+        return self._read
+
+    def write_lock(self) -> WriteLock:
+        return self._write
+
+    def _reset_after_fork(self) -> None:
+        self._reset_local_state()
+        for half in (self._read, self._write):
+            half._in_server = False
+            half._fencing_token = None
+            half._valid_until = None
+            half._lost = False
+        self._read._watch = None
+
+    def __repr__(self) -> str:
+        state: Any = f"{len(self._readers)} reader threads" if self._readers else "no readers"
+        if self._writer is not None:
+            state = f"written by thread {self._writer}"
+        return f"<hybridlock.ReadWriteLock {self.key!r} {state} here at {id(self):#x}>"
