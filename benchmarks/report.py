@@ -227,7 +227,7 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
             ax.set_axis_off()
             continue
         metric = next(m for m in workload["metrics"] if m.key == key)
-        names, values, lows, highs = [], [], [], []
+        names, values, lows, highs, lost = [], [], [], [], []
         for cid, row in workload["rows"].items():
             value = row.get("median", {}).get(key) if not row.get("skipped") else None
             if value is None or math.isnan(value):
@@ -237,11 +237,22 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
             values.append(value)
             lows.append(value - min(per_round, default=value))
             highs.append(max(per_round, default=value) - value)
+            first = row["rounds"][0] if row.get("rounds") else {}
+            kept, acquired = first.get("locks_kept"), first.get("acquired")
+            lost.append(f"kept {kept:,}\nof {acquired:,}" if kept is not None and acquired and kept < acquired
+                        else "")
         colors = ["#d9480f" if n == BASELINE else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
                   for n in names]
         colors = [c if n != "rlock" else "#adb5bd" for n, c in zip(names, colors, strict=True)]
         x = range(len(names))
-        ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
+        bars = ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
+        for bar, note in zip(bars, lost, strict=True):
+            if note:  # a library that lost locks: its per-period numbers cover only the ones it kept
+                bar.set_hatch("//")
+                bar.set_alpha(0.55)
+                ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, -4),
+                            textcoords="offset points", ha="center", va="top", fontsize=7, color="#c92a2a",
+                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
         ax.set_xticks(list(x), [_SHORT.get(n, n) for n in names], fontsize=8)
         heading = workload["title"].split(": ")[0].split(". ", 1)[-1]
         if wname == "scale":
@@ -258,7 +269,7 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
                         xytext=(0, 2), textcoords="offset points")
         ax.grid(axis="y", alpha=0.3)
     fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Orange: hybridlock "
-             "(light: its spin mode); blue: peers; grey: the in-process floor. Ratios to each peer: latest.md.",
+             "(light: its spin mode); blue: peers; grey: the in-process floor; hatched: lost locks. Ratios: latest.md.",
              ha="center", fontsize=9)
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     fig.savefig(path, dpi=110)

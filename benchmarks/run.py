@@ -97,6 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
                         help="where latest.md, latest.json and latest.png go (default: %(default)s)")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="also put the tables into benchmarks/README.md (between its results markers)")
     args = parser.parse_args(argv)
     if args.rounds is not None and not 1 <= args.rounds <= 20:
         parser.error("--rounds must be between 1 and 20")
@@ -212,12 +214,30 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"note: no chart: {exc}")
     print(text)
     _log(f"wrote {args.out}/latest.md, latest.json, latest.png in {results['meta']['seconds']} s")
+    if args.update_readme:
+        _update_readme(REPO / "benchmarks" / "README.md", text)
     if failures:
         _log(f"{len(failures)} failure(s):")
         for failure in failures:
             _log(f"  - {failure.splitlines()[0] if failure else failure}")
         return 1
     return 0
+
+
+README_START = "<!-- results: written by `python -m benchmarks.run --update-readme` -->"
+README_END = "<!-- end of results -->"
+
+
+def _update_readme(path: Path, text: str) -> None:
+    readme = path.read_text()
+    start, end = readme.find(README_START), readme.find(README_END)
+    if start < 0 or end < start:
+        _log(f"note: {path} has no results markers; left alone")
+        return
+    # The run's own headings sit two levels below the README's section heading.
+    body = "\n".join("##" + line if line.startswith("#") else line for line in text.splitlines()[1:]).strip()
+    path.write_text(readme[: start + len(README_START)] + "\n\n" + body + "\n\n" + readme[end:])
+    _log(f"updated {path}")
 
 
 def _short(value: Any) -> str:
