@@ -52,3 +52,54 @@ def transfer_loop(url: str, keys: list[str], seconds: float, result) -> None:  #
                 multi.release()
     client.close()
     result.value = done
+
+
+def rw_worker(url: str, key: str, seconds: float, write_every: int, result) -> None:  # type: ignore[no-untyped-def]
+    """Mix reads and writes on a read-write lock; record overlaps and violations in Redis.
+
+    Readers INCR ``rw:readers`` on entry and DECR on exit and remember the highest count they saw; a writer
+    SET NX ``rw:writer`` on entry and checks that no reader is inside. ``result`` gets the cycle count, or -1 on a
+    violation."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    with hybridlock.LockRegistry(url) as registry:
+        rw = registry.obtain_read_write(key)
+        cycles = 0
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            if cycles % write_every == write_every - 1:
+                with rw.write_lock():
+                    if not client.set("rw:writer", "1", nx=True) or int(client.get("rw:readers") or 0) != 0:
+                        result.value = -1
+                        return
+                    value = int(client.get("rw:data") or 0)
+                    time.sleep(0.002)
+                    client.set("rw:data", value + 1)
+                    client.delete("rw:writer")
+            else:
+                with rw.read_lock():
+                    inside = client.incr("rw:readers")
+                    if client.exists("rw:writer"):
+                        result.value = -1
+                        return
+                    client.eval(
+                        "if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then "
+                        "redis.call('SET', KEYS[1], ARGV[1]) end",
+                        1,
+                        "rw:max-readers",
+                        inside,
+                    )
+                    time.sleep(0.01)
+                    client.decr("rw:readers")
+            cycles += 1
+    client.close()
+    result.value = cycles
+
+
+def read_and_die(url: str, key: str, ready) -> None:  # type: ignore[no-untyped-def]
+    """Take the read lock with a 1 s lease, then crash without releasing."""
+    registry = hybridlock.LockRegistry(url, expire_after=1.0)
+    registry.obtain_read_write(key).read_lock().acquire()
+    ready.set()
+    os.kill(os.getpid(), signal.SIGKILL)
