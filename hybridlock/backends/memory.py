@@ -179,6 +179,14 @@ class MemoryBackend(LockBackend):
         with self._cond:
             self._entries.pop(names.lock, None)
 
+    def close(self) -> None:
+        # A registry on this backend closed: wake every waiter so that its own ones notice (the others retry once
+        # and wait again).
+        with self._cond:
+            for channel in self._release_counts:
+                self._release_counts[channel] += 1
+            self._cond.notify_all()
+
     def watch(self, names: LockNames) -> ReleaseWatch:
         return _MemoryWatch(self, names.channel)
 

@@ -68,14 +68,38 @@ class ScriptRunner:
         self._client = client
         self._sha: dict[str, str] = {}
 
-    def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _digest(self, source: str) -> str:
         sha = self._sha.get(source)
         if sha is None:
             sha = self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+        return sha
+
+    def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Run ``source`` once per ``(keys, args)`` in one pipelined round trip (two if the server must first be
+        sent the script); returns the replies in order."""
+        sha = self._digest(source)
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            try:
+                return list(pipe.execute())
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                self._client.script_load(source)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        sha = self._digest(source)
         try:
             return self._client.evalsha(sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
             return self._client.eval(source, len(keys), *keys, *args)
+
+
+# Keys per RENEW script call (see RedisBackend.renew).
+_RENEW_CHUNK = 500
 
 
 class RedisBackend(LockBackend):
@@ -117,11 +141,21 @@ class RedisBackend(LockBackend):
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
-        renewed: dict[str, bool] = {}
         with self._translated(names[0].key if len(names) == 1 else None):
-            for group in self._by_slot(names):
-                flags = self._scripts.run(scripts.RENEW, group, (owner, lease_ms))
-                renewed.update(zip(group, (bool(flag) for flag in flags), strict=True))
+            # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
+            # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
+            chunks = [
+                group[i : i + _RENEW_CHUNK]
+                for group in self._by_slot(names)
+                for i in range(0, len(group), _RENEW_CHUNK)
+            ]
+            if len(chunks) == 1:
+                replies = [self._scripts.run(scripts.RENEW, chunks[0], (owner, lease_ms))]
+            else:
+                replies = self._scripts.run_many(scripts.RENEW, [(chunk, (owner, lease_ms)) for chunk in chunks])
+        renewed: dict[str, bool] = {}
+        for chunk, flags in zip(chunks, replies, strict=True):
+            renewed.update(zip(chunk, (bool(flag) for flag in flags), strict=True))
         return [renewed[n.lock] for n in names]
 
     def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
