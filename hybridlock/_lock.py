@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["HybridLock", "validate_timeout"]
 
+# What the local half of an acquire achieved (see HybridLock._enter_locally).
+_HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
+
 LostCallback = Callable[["HybridLock"], Any]
 
 
@@ -168,35 +171,14 @@ class HybridLock:
         """
         wait = validate_timeout(blocking, timeout)
         me = threading.get_ident()
-        registry = self._registry
-        registry._check_open(self.key)
-        if self._owner == me:
-            self._count += 1
-            return True
         start = time.monotonic()
         deadline = None if wait is None else start + wait
-        if wait is None:
-            got_local = self._mutex.acquire()
-        elif blocking:
-            got_local = self._mutex.acquire(True, wait)
-        else:
-            got_local = self._mutex.acquire(False)
-        if not got_local:
-            return False
-        if self._in_server:
-            # Passed to us by a thread of this process with the server lease still held: no round trip.
-            if not self._lost:
-                self._failed_restores.discard(me)
-                self._owner = me
-                self._count = 1
-                self.last_used = time.monotonic()
-                return True
-            # NOTE: the lease ended during the streak. Nobody enters on a lost lease: end that tenancy (its last
-            # holder has been or will be told by LockLostError) and take the lock afresh.
-            self._end_tenancy()
+        entered = self._enter_locally(me, blocking, deadline)
+        if entered != _NEEDS_SERVER:
+            return entered == _HELD
         try:
-            registry._check_open(self.key)
-            result = registry._acquire_remote(self._names, blocking, deadline)
+            self._registry._check_open(self.key)
+            result = self._registry._acquire_remote(self._names, blocking, deadline)
         except BaseException:
             self._mutex.release()
             raise
@@ -205,6 +187,34 @@ class HybridLock:
             return False
         self._start_tenancy(me, result.fencing_token, result.contended, start)
         return True
+
+    def _enter_locally(self, me: int, blocking: bool, deadline: float | None) -> str:
+        """The local half of ``acquire``: ``_HELD`` (reentrant, or passed on with the server lease: done),
+        ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken)."""
+        self._registry._check_open(self.key)
+        if self._owner == me:
+            self._count += 1
+            return _HELD
+        if deadline is None:
+            got_local = self._mutex.acquire()
+        elif blocking:
+            got_local = self._mutex.acquire(True, max(0.0, deadline - time.monotonic()))
+        else:
+            got_local = self._mutex.acquire(False)
+        if not got_local:
+            return _TIMED_OUT
+        if self._in_server:
+            # Passed to us by a thread of this process with the server lease still held: no round trip.
+            if not self._lost:
+                self._failed_restores.discard(me)
+                self._owner = me
+                self._count = 1
+                self.last_used = time.monotonic()
+                return _HELD
+            # NOTE: the lease ended during the streak. Nobody enters on a lost lease: end that tenancy (its last
+            # holder has been or will be told by LockLostError) and take the lock afresh.
+            self._end_tenancy()
+        return _NEEDS_SERVER
 
     def _start_tenancy(self, me: int, token: int | None, contended: bool, start: float) -> None:
         self._failed_restores.discard(me)

@@ -1,18 +1,26 @@
 """MultiLock: hold several keys at once, all or nothing.
 
-Every caller takes the keys in one global order (sorted by their server names), so two callers asking for
-overlapping sets in different orders can never wait on each other in a cycle: the first key they share is taken
-in the same order by both. A failed or timed-out attempt releases what it took, newest first, so nothing is left
-behind; the timeout covers the whole attempt.
+Every caller takes the keys' local locks in one global order (sorted by their server names), so two callers
+asking for overlapping sets in different orders can never wait on each other in a cycle: the first key they share
+is taken in the same order by both. The server side is taken
+
+* atomically, in one script and one round trip, where the backend can (a plain server; on a cluster, keys that
+  share a hash slot): either every key is taken or none, and a busy key is waited for like a single lock;
+* otherwise key by key in the same global order, releasing what was taken (newest first) when one fails.
+
+A failed or timed-out attempt leaves nothing behind; the timeout covers the whole attempt.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ._lock import HybridLock, validate_timeout
+from ._keys import LockNames
+from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, validate_timeout
+from .backends.base import AcquireManyResult, AcquireResult
 from .errors import HybridLockError, InvalidArgumentError, LockNotOwnedError
 
 if TYPE_CHECKING:
@@ -33,6 +41,7 @@ class MultiLock:
         # The global order: by server name, which is what every process sorts by too.
         self._locks: list[HybridLock] = sorted(unique.values(), key=lambda lock: lock._names.lock)
         self._registry = registry
+        self._atomic: bool | None = None  # whether the backend takes all keys in one step (asked at first use)
 
     @property
     def keys(self) -> list[str]:
@@ -47,6 +56,56 @@ class MultiLock:
         """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first."""
         wait = validate_timeout(blocking, timeout)
         deadline = None if wait is None else time.monotonic() + wait
+        if self._atomic is None:
+            self._atomic = self._registry.backend.can_acquire_together([lock._names for lock in self._locks])
+        if self._atomic:
+            return self._acquire_together(blocking, deadline)
+        return self._acquire_in_order(blocking, deadline)
+
+    def _acquire_together(self, blocking: bool, deadline: float | None) -> bool:
+        me = threading.get_ident()
+        start = time.monotonic()
+        entered: list[HybridLock] = []  # done locally: reentrant, or passed on with the server lease
+        pending: list[HybridLock] = []  # local mutex held, server lock still to take
+        try:
+            for lock in self._locks:
+                state = lock._enter_locally(me, blocking, deadline)
+                if state == _TIMED_OUT:
+                    self._roll_back(entered)
+                    self._release_mutexes(pending)
+                    return False
+                (pending if state == _NEEDS_SERVER else entered).append(lock)
+            if pending:
+                registry = self._registry
+                names = [lock._names for lock in pending]
+                outcome: list[AcquireManyResult] = []
+
+                def attempt() -> AcquireResult:
+                    result = registry.backend.try_acquire_many(names, registry.client_id, registry._lease_ms)
+                    outcome[:] = [result]
+                    return AcquireResult(result.acquired, None, result.holder_ttl)
+
+                def blocked_on() -> LockNames:
+                    return names[outcome[0].blocked_by]
+
+                if registry._acquire_remote(names[0], blocking, deadline, attempt, blocked_on) is None:
+                    self._roll_back(entered)
+                    self._release_mutexes(pending)
+                    return False
+                for lock, part in zip(pending, outcome[0].parts, strict=True):
+                    lock._start_tenancy(me, part.fencing_token, part.contended, start)
+        except BaseException:
+            self._roll_back(entered)
+            self._release_mutexes(pending)
+            raise
+        return True
+
+    @staticmethod
+    def _release_mutexes(pending: list[HybridLock]) -> None:
+        for lock in reversed(pending):
+            lock._mutex.release()
+
+    def _acquire_in_order(self, blocking: bool, deadline: float | None) -> bool:
         taken: list[HybridLock] = []
         try:
             for lock in self._locks:

@@ -299,10 +299,12 @@ class LockRegistry:
         blocking: bool,
         deadline: float | None,
         attempt: Callable[[], AcquireResult] | None = None,
+        blocked_on: Callable[[], LockNames] | None = None,
     ) -> AcquireResult | None:
         """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
-        ``attempt`` makes one try (default: the plain lock's); ``names.channel`` is where releases are announced.
+        ``attempt`` makes one try (default: the plain lock's). After a failed try, ``blocked_on()`` names the lock
+        whose release to wait for (default: ``names``; a multi-key attempt is blocked by one key at a time).
         Returns the successful result, or None when not blocking or out of time."""
         backend = self._backend
         if attempt is None:
@@ -311,6 +313,7 @@ class LockRegistry:
                 return backend.try_acquire(names, self._client_id, self._lease_ms)
 
         watch: ReleaseWatch | None = None
+        watching: str | None = None  # the channel ``watch`` listens on
         tries = 0
         try:
             while True:
@@ -323,8 +326,11 @@ class LockRegistry:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     return None
-                if watch is None and self._lock_type == "pubsub":
-                    watch = backend.watch(names)
+                target = names if blocked_on is None else blocked_on()
+                if self._lock_type == "pubsub" and watching != target.channel:
+                    if watch is not None:
+                        watch.close()
+                    watch, watching = backend.watch(target), target.channel
                     if watch is not None:
                         # Subscribed now: try once more before sleeping, or a release that landed between the
                         # failed attempt and the subscription would never wake us.

@@ -14,11 +14,23 @@ from tests import _wake_workers
 CTX = multiprocessing.get_context("spawn")
 
 
-def test_all_or_nothing_and_nothing_left_behind(any_registry_factory):
+@pytest.fixture(params=["together", "in order"])
+def path(request: pytest.FixtureRequest) -> str:
+    """Run a test over both server paths: one atomic step, and key by key with rollback."""
+    return str(request.param)
+
+
+def _multi(registry: hybridlock.LockRegistry, keys: list[str], path: str) -> hybridlock.MultiLock:
+    multi = registry.obtain_many(keys)
+    multi._atomic = path == "together"
+    return multi
+
+
+def test_all_or_nothing_and_nothing_left_behind(any_registry_factory, path):
     mine, other = any_registry_factory(), any_registry_factory()
     blocker = other.obtain("b")
     assert blocker.acquire()
-    multi = mine.obtain_many(["a", "b", "c"])
+    multi = _multi(mine, ["a", "b", "c"], path)
     started = time.monotonic()
     assert not multi.acquire(timeout=0.3)
     assert 0.25 < time.monotonic() - started < 3  # the timeout covers the whole attempt
@@ -49,7 +61,7 @@ def test_bad_input(any_registry_factory):
         multi.release()
 
 
-def test_reversed_orders_never_deadlock_between_threads(any_registry_factory):
+def test_reversed_orders_never_deadlock_between_threads(any_registry_factory, path):
     first, second = any_registry_factory(), any_registry_factory()
     keys = ["x", "y", "z"]
     counters = dict.fromkeys(keys, 0)
@@ -57,7 +69,7 @@ def test_reversed_orders_never_deadlock_between_threads(any_registry_factory):
     failures: list[str] = []
 
     def loop(registry: hybridlock.LockRegistry, order: list[str]) -> None:
-        multi = registry.obtain_many(order)
+        multi = _multi(registry, order, path)
         stop = time.monotonic() + 2.0
         while time.monotonic() < stop:
             if not multi.acquire(timeout=10):
@@ -103,3 +115,38 @@ def test_reversed_orders_never_deadlock_between_processes(server, redis_client):
     total = sum(done)
     for key in orders[0]:
         assert int(redis_client.get(f"acct:{key}")) == total
+
+
+@pytest.mark.server
+def test_keys_are_taken_together_in_one_round_trip(make_registry, redis_client):
+    registry = make_registry()
+    multi = registry.obtain_many(["p", "q", "r"])
+    with multi:
+        pass  # loads the script
+    redis_client.config_resetstat()
+    with multi:
+        stats = redis_client.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 1
+        tokens = [lock.fencing_token for lock in multi.locks]
+        assert all(token is not None for token in tokens)
+    assert multi._atomic is True
+
+
+@pytest.mark.server
+def test_keys_in_different_cluster_slots_are_taken_in_order():
+    from tests.test_contract import cluster_mode_server
+
+    srv = cluster_mode_server()
+    try:
+        with hybridlock.LockRegistry(srv.url) as registry, hybridlock.LockRegistry(srv.url) as other:
+            spread = registry.obtain_many(["a", "b"])  # different slots
+            with spread:
+                assert not other.obtain("a").acquire(blocking=False)
+            assert spread._atomic is False
+            # "R:{acct}1}" and "R:{acct}2}" both hash on "acct": one slot, so one atomic step.
+            tagged = registry.obtain_many(["acct}1", "acct}2"])
+            with tagged:
+                assert not other.obtain("acct}2").acquire(blocking=False)
+            assert tagged._atomic is True
+    finally:
+        srv.stop()

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from .._keys import LockNames, ReadWriteNames
 
-__all__ = ["AcquireResult", "LockBackend", "ReleaseWatch"]
+__all__ = ["AcquireManyResult", "AcquireResult", "LockBackend", "ReleaseWatch"]
 
 
 class AcquireResult(NamedTuple):
@@ -38,6 +38,16 @@ class AcquireResult(NamedTuple):
     holder_ttl: float | None = None
     #: On success: another owner had failed to get this lock and may still be waiting for it.
     contended: bool = False
+
+
+class AcquireManyResult(NamedTuple):
+    """What one all-or-nothing attempt on several locks found: ``parts`` (one ``AcquireResult`` per lock, in
+    order) when all were taken; else the index of a lock another owner holds and that holder's lease left."""
+
+    acquired: bool
+    parts: tuple[AcquireResult, ...] = ()
+    blocked_by: int = 0
+    holder_ttl: float | None = None
 
 
 class ReleaseWatch(abc.ABC):
@@ -77,6 +87,15 @@ class LockBackend(abc.ABC):
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
         """Take ``names.lock`` for ``owner`` for ``lease_ms`` milliseconds (None: no expiry), in one round trip,
         minting a fencing token on success. Never waits for the lock."""
+
+    def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
+        """Whether ``try_acquire_many`` may take all of ``names`` in one atomic step (on a cluster: one slot)."""
+        return False
+
+    def try_acquire_many(self, names: Sequence[LockNames], owner: str, lease_ms: int | None) -> AcquireManyResult:
+        """Take every lock of ``names`` or none, as ``try_acquire`` does for one; only where
+        ``can_acquire_together(names)``."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from .._keys import LockNames, ReadWriteNames
-from .base import AcquireResult, LockBackend, ReleaseWatch
+from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 
 __all__ = ["MemoryBackend"]
 
@@ -31,7 +31,8 @@ class MemoryBackend(LockBackend):
     address = "memory"
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # Reentrant: try_acquire_many takes each lock with try_acquire inside one critical section.
+        self._cond = threading.Condition(threading.RLock())
         self._entries: dict[str, _Entry] = {}
         # Fencing counters are kept for the backend's life: an in-process store has no restart to survive.
         self._fences: dict[str, int] = {}
@@ -73,6 +74,19 @@ class MemoryBackend(LockBackend):
             if not wanted:
                 del self._wanted[names.wanted]
             return AcquireResult(True, token, None, bool(wanted))
+
+    def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
+        return True
+
+    def try_acquire_many(self, names: Sequence[LockNames], owner: str, lease_ms: int | None) -> AcquireManyResult:
+        now = time.monotonic()
+        with self._cond:  # one step, as the script is in Redis: check all, then take all
+            for index, n in enumerate(names):
+                entry = self._live_entry(n.lock, now)
+                if entry is not None and entry.owner != owner:
+                    failed = self.try_acquire(n, owner, lease_ms)  # records the wish and announces it
+                    return AcquireManyResult(False, (), index, failed.holder_ttl)
+            return AcquireManyResult(True, tuple(self.try_acquire(n, owner, lease_ms) for n in names))
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         with self._cond:

@@ -25,7 +25,7 @@ from redis.crc import key_slot
 from .._keys import LockNames, ReadWriteNames
 from ..errors import BackendUnavailableError, HybridLockError
 from . import scripts
-from .base import AcquireResult, LockBackend, ReleaseWatch
+from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .redis_pubsub import Subscriber
 
 __all__ = ["RedisBackend", "ScriptRunner", "client_address", "translated_errors"]
@@ -130,6 +130,21 @@ class RedisBackend(LockBackend):
             return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
         pttl = reply[1]
         return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+
+    def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
+        with self._translated(None):
+            return len(self._by_slot(names)) == 1
+
+    def try_acquire_many(self, names: Sequence[LockNames], owner: str, lease_ms: int | None) -> AcquireManyResult:
+        keys = [name for n in names for name in (n.lock, n.fence, n.wanted)]
+        args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, *(n.channel for n in names)]
+        with self._translated(names[0].key if len(names) == 1 else None):
+            reply = self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
+        if reply[0]:
+            parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
+            return AcquireManyResult(True, parts)
+        pttl, index = reply[1], reply[2] - 1
+        return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         with self._translated(names.key):

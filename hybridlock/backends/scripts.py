@@ -67,6 +67,46 @@ end
 return {1, token, wanted}
 """
 
+ACQUIRE_MANY = """
+-- ACQUIRE_MANY: take several plain locks at once, all or nothing (callers make sure all KEYS share a slot).
+-- KEYS     three per lock i (i = 1..n): KEYS[3i-2] lock key, KEYS[3i-1] fencing counter, KEYS[3i] waiting set
+-- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
+-- ARGV[3+i]  lock i's channel
+-- returns  {1, token_1, wanted_1, ..., token_n, wanted_n}   all taken (as ACQUIRE would return for each)
+--          {0, pttl, i}          lock i is another owner's (the first found): nothing was taken, we are recorded
+--                                as waiting for lock i and announce it on its channel
+local n = #KEYS / 3
+for i = 1, n do
+  local holder = redis.call('GET', KEYS[3 * i - 2])
+  if holder and holder ~= ARGV[1] then
+    local pttl = redis.call('PTTL', KEYS[3 * i - 2])
+    redis.call('SADD', KEYS[3 * i], ARGV[1])
+    redis.call('PEXPIRE', KEYS[3 * i], math.max(pttl, 1000))
+    redis.call('PUBLISH', ARGV[3 + i], 'wanted')
+    return {0, pttl, i}
+  end
+end
+local result = {1}
+local now = nil
+for i = 1, n do
+  local lock, fence, waiting = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  if ARGV[2] == '0' then
+    redis.call('SET', lock, ARGV[1])
+  else
+    redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
+  end
+  if redis.call('EXISTS', fence) == 0 then
+    now = now or redis.call('TIME')
+    redis.call('SET', fence, now[1] .. string.format('%06d', tonumber(now[2])))
+  end
+  result[#result + 1] = redis.call('INCR', fence)
+  redis.call('PEXPIRE', fence, ARGV[3])
+  redis.call('SREM', waiting, ARGV[1])
+  result[#result + 1] = (redis.call('SCARD', waiting) > 0) and 1 or 0
+end
+return result
+"""
+
 RELEASE = """
 -- RELEASE: delete the lock only if it is still ours, then wake waiters.
 -- KEYS[1]  lock key
