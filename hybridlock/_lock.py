@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._keys import LockNames
+from ._lease import ServerLease
 from ._local import FifoMutex
 from .backends.base import ReleaseWatch
 from .errors import (
@@ -43,8 +43,6 @@ __all__ = ["HybridLock", "validate_timeout"]
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
-
-LostCallback = Callable[["HybridLock"], Any]
 
 
 def validate_timeout(blocking: object, timeout: object) -> float | None:
@@ -64,7 +62,7 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
     return float(timeout)
 
 
-class HybridLock:
+class HybridLock(ServerLease):
     """A reentrant lock that excludes threads of this process and every other owner of the same key.
 
     Obtain it from a registry (``registry.obtain(key)``); it is a drop-in for ``threading.RLock``: ``with lock:``,
@@ -72,33 +70,21 @@ class HybridLock:
     """
 
     def __init__(self, registry: LockRegistry, names: LockNames) -> None:
-        self._registry = registry
-        self._names = names
+        super().__init__(registry, names)
         self._mutex = FifoMutex()
         self._owner: int | None = None  # thread ident of the holder in this process
         self._count = 0
-        self._fencing_token: int | None = None
-        self._valid_until: float | None = None
-        self._acquired_at: float | None = None
-        self._lost = False
-        self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
         # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
         # kept and the local lock passed along, within a budget (see _may_pass_locally).
-        self._in_server = False  # this process holds the server lease, whichever local thread holds the lock
         self._contended = False  # another owner is known to want the lock during this tenancy
         self._passes = 0  # local hand-offs in this tenancy
         self._contention_watch: ReleaseWatch | None = None
-        self._callbacks: list[LostCallback] = []
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[int] = set()
         self.last_used = time.monotonic()
 
     # -- what the lock is -----------------------------------------------------------------------------------------
-
-    @property
-    def key(self) -> str:
-        return self._names.key
 
     @property
     def registry(self) -> LockRegistry:
@@ -134,18 +120,6 @@ class HybridLock:
         It is the start of the last successful acquire or renewal, plus the lease, minus a drift margin, so it
         errs early. Check it before a side effect that must not happen after the lease ends."""
         return self._valid_until if self._owner is not None else None
-
-    @property
-    def lost(self) -> bool:
-        """True once a renewal (or a release) found the server key gone or another owner's; reset by the next
-        successful acquire."""
-        return self._lost
-
-    def on_lost(self, callback: LostCallback) -> None:
-        """Call ``callback(lock)`` once, from the registry's renewal thread, when the held lease is found lost."""
-        if not callable(callback):
-            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
-        self._callbacks.append(callback)
 
     def __repr__(self) -> str:
         owner = self._owner
@@ -220,25 +194,16 @@ class HybridLock:
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
-        self._tenancy += 1
-        self._in_server = True
         self._contended = contended
         self._passes = 0
-        self._fencing_token = token
-        self._lost = False
-        self._acquired_at = start
-        self._valid_until = self._registry._valid_until(start)
         self.last_used = start
-        self._registry._track_held(self)
+        self._begin_lease(token, start)
 
     def _end_tenancy(self) -> None:
-        self._in_server = False
-        self._fencing_token = None
-        self._valid_until = None
         if self._contention_watch is not None:
             self._contention_watch.close()
             self._contention_watch = None
-        self._registry._untrack_held(self)
+        self._end_lease()
 
     def try_lock(self, timeout: float | None = None) -> bool:
         """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
@@ -321,11 +286,10 @@ class HybridLock:
                 return
             # The queued thread gave up (timed out) in the meantime: release in the server after all.
             self._passes -= 1
-        registry = self._registry
-        was_lost = self._lost
         released = False
+        was_lost = self._give_back_lease()
         try:
-            released = registry._release_remote(self._names)
+            released = self._registry._release_remote(self._names)
         finally:
             self._owner = None
             self._count = 0
@@ -333,14 +297,7 @@ class HybridLock:
             self._end_tenancy()
             self._mutex.release()
         if was_lost or not released:
-            if not was_lost:
-                self._lost = True
-            raise LockLostError(
-                "the lock's lease had ended before release: another owner may have held it meanwhile, so data it "
-                "guarded may have been changed",
-                key=self.key,
-                server=registry.server,
-            )
+            raise self._lost_error()
 
     # -- leases -------------------------------------------------------------------------------------------------------
 
@@ -351,18 +308,6 @@ class HybridLock:
         ``LockNotOwnedError`` when no thread here holds it, ``LockLostError`` when the server key is no longer
         ours (the lock is then marked lost)."""
         self._registry._renew_by_hand(self, expire_after)
-
-    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
-        if self._in_server and self._tenancy == tenancy:
-            self._valid_until = self._registry._valid_until(start, lease)
-
-    def _mark_lost(self, tenancy: int) -> None:
-        """Record that the held lease of acquisition number ``tenancy`` ended; run the callbacks once."""
-        if self._lost or not self._in_server or self._tenancy != tenancy:
-            return
-        self._lost = True
-        self._valid_until = None
-        self._registry._report_lost(self, list(self._callbacks))
 
     # -- threading.Condition support ---------------------------------------------------------------------------------
     # Condition(lock) uses these when present, so that wait() releases every level of a reentrant hold (and the
@@ -409,11 +354,8 @@ class HybridLock:
         self._mutex = FifoMutex()
         self._owner = None
         self._count = 0
-        self._fencing_token = None
-        self._valid_until = None
-        self._lost = False
+        self._forget_lease_after_fork()
         self._failed_restores = set()
-        self._in_server = False
         self._contended = False
         self._passes = 0
         self._contention_watch = None  # the parent's subscription does not exist here

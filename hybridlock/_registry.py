@@ -27,7 +27,8 @@ from typing import Any, Literal, TypeVar
 
 from ._decorator import execute_locked, synchronized
 from ._keys import LockNames, lock_names, read_write_names, validate_key, validate_registry_key
-from ._lock import HybridLock, LostCallback
+from ._lease import LostCallback
+from ._lock import HybridLock
 from ._multi import MultiLock
 from ._renewal import HeldLease, LeaseRenewer
 from ._rwlock import ReadWriteLock

@@ -31,9 +31,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ._keys import LockNames, ReadWriteNames
-from ._lock import LostCallback, validate_timeout
+from ._lease import ServerLease
+from ._lock import validate_timeout
 from .backends.base import AcquireResult, ReleaseWatch
-from .errors import InvalidArgumentError, LockLostError, LockNotOwnedError, LockUpgradeError
+from .errors import LockNotOwnedError, LockUpgradeError
 
 if TYPE_CHECKING:
     from ._registry import LockRegistry
@@ -41,41 +42,19 @@ if TYPE_CHECKING:
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 
 
-class _Half:
+class _Half(ServerLease):
     """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
 
     #: Name of the half in messages and reprs; the subclasses differ in this and in the four hooks below.
     kind = ""
 
     def __init__(self, parent: ReadWriteLock, names: LockNames) -> None:
+        super().__init__(parent._registry, names)
         self._parent = parent
-        self._registry = parent._registry
-        self._names = names
-        self._tenancy = 0
-        self._in_server = False
-        self._acquired_at: float | None = None
-        self._valid_until: float | None = None
-        self._fencing_token: int | None = None
-        self._lost = False
-        self._callbacks: list[LostCallback] = []
-
-    @property
-    def key(self) -> str:
-        return self._names.key
-
-    @property
-    def lost(self) -> bool:
-        """True once the server hold was found gone while held; reset by the next fresh server acquisition."""
-        return self._lost
 
     @property
     def valid_until(self) -> float | None:
         return self._valid_until if self._in_server else None
-
-    def on_lost(self, callback: LostCallback) -> None:
-        if not callable(callback):
-            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
-        self._callbacks.append(callback)
 
     # -- the thread-facing API ---------------------------------------------------------------------------------------
 
@@ -128,44 +107,6 @@ class _Half:
 
     def _try_once(self, owner: str) -> AcquireResult:
         raise NotImplementedError
-
-    def _start_tenancy(self, result: AcquireResult, start: float) -> None:
-        self._tenancy += 1
-        self._in_server = True
-        self._lost = False
-        self._fencing_token = result.fencing_token
-        self._acquired_at = start
-        self._valid_until = self._registry._valid_until(start)
-        self._registry._track_held(self)
-
-    def _end_tenancy(self) -> bool:
-        """Forget the server hold; returns whether it had been reported lost."""
-        was_lost = self._lost
-        self._in_server = False
-        self._fencing_token = None
-        self._valid_until = None
-        self._registry._untrack_held(self)
-        return was_lost
-
-    def _lost_error(self) -> LockLostError:
-        self._lost = True
-        return LockLostError(
-            f"the {self.kind} hold's lease had ended before release: another owner may have held the lock "
-            "meanwhile, so data it guarded may have been changed",
-            key=self.key,
-            server=self._registry.server,
-        )
-
-    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
-        if self._in_server and self._tenancy == tenancy:
-            self._valid_until = self._registry._valid_until(start, lease)
-
-    def _mark_lost(self, tenancy: int) -> None:
-        if self._lost or not self._in_server or self._tenancy != tenancy:
-            return
-        self._lost = True
-        self._valid_until = None
-        self._registry._report_lost(self, list(self._callbacks))
 
     def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
         raise NotImplementedError
@@ -233,7 +174,7 @@ class ReadLock(_Half):
                 if result is not None:
                     rw._read_hold = "held"
                     rw._readers[me] = 1
-                    self._start_tenancy(result, start)
+                    self._begin_lease(result.fencing_token, start)
                     self._watch = self._registry._contention_watch(self._names)
                 else:
                     rw._read_hold = "none"
@@ -253,6 +194,7 @@ class ReadLock(_Half):
             if rw._readers:
                 return  # other reader threads of this process keep the read hold
             rw._read_hold = "busy"
+            was_lost = self._give_back_lease()
         released = False
         try:
             released = self._registry.backend.release_read(rw._names, self._registry.client_id)
@@ -261,11 +203,11 @@ class ReadLock(_Half):
                 if self._watch is not None:
                     self._watch.close()
                     self._watch = None
-                was_lost = self._end_tenancy()
+                self._end_lease()
                 rw._read_hold = "none"
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error()
+            raise self._lost_error(f"{self.kind} hold")
 
 
 class WriteLock(_Half):
@@ -331,7 +273,7 @@ class WriteLock(_Half):
             self._registry.backend.cancel_write_wait(rw._names, self._registry.client_id)
             return False
         with rw._cond:
-            self._start_tenancy(result, start)
+            self._begin_lease(result.fencing_token, start)
         return True
 
     def _release(self, me: int) -> None:
@@ -342,17 +284,18 @@ class WriteLock(_Half):
             if rw._write_count > 1:
                 rw._write_count -= 1
                 return
+            was_lost = self._give_back_lease()
         registry = self._registry
         released = False
         try:
             released = registry.backend.release(self._names, registry.client_id, notify=True)
         finally:
             with rw._cond:
-                was_lost = self._end_tenancy()
+                self._end_lease()
                 rw._writer, rw._write_count = None, 0
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error()
+            raise self._lost_error(f"{self.kind} hold")
 
 
 class ReadWriteLock:
@@ -391,10 +334,7 @@ class ReadWriteLock:
     def _reset_after_fork(self) -> None:
         self._reset_local_state()
         for half in (self._read, self._write):
-            half._in_server = False
-            half._fencing_token = None
-            half._valid_until = None
-            half._lost = False
+            half._forget_lease_after_fork()
         self._read._watch = None
 
     def __repr__(self) -> str:

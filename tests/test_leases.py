@@ -208,3 +208,24 @@ def test_renewal_of_locks_in_different_slots_works_on_a_cluster():
             b.release()
     finally:
         srv.stop()
+
+
+def test_a_renewal_reply_racing_a_release_is_not_a_loss(any_registry_factory):
+    """The renewer may find the key gone because our own release just deleted it: that is no loss."""
+    registry = any_registry_factory()
+    lock = registry.obtain("race")
+    called = []
+    lock.on_lost(called.append)
+    lock.acquire()
+    snapshot = lock._tenancy  # what a renewal round in flight remembers
+    release_remote = registry._release_remote
+
+    def release_then_late_renewal_reply(names):  # type: ignore[no-untyped-def]
+        released = release_remote(names)
+        lock._mark_lost(snapshot)  # the renewal reply for the key we just deleted arrives now
+        return released
+
+    registry._release_remote = release_then_late_renewal_reply
+    lock.release()  # must not raise LockLostError
+    assert called == []
+    assert not lock.lost

@@ -1,0 +1,104 @@
+"""ServerLease: the bookkeeping of one server tenancy, shared by every lock kind that holds a lease.
+
+A plain lock and each half of a read-write lock hold at most one lease in the server at a time. This base class
+keeps what the renewer and the loss reporting need of it: which tenancy it is (late renewal replies for an
+earlier one are ignored), when it started, the conservative ``valid_until`` deadline, the fencing token, and
+whether it was found lost, with the callbacks to run once when it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._keys import LockNames
+from .errors import InvalidArgumentError, LockLostError
+
+if TYPE_CHECKING:
+    from ._registry import LockRegistry
+
+__all__ = ["LostCallback", "ServerLease"]
+
+LostCallback = Callable[[Any], Any]
+
+
+class ServerLease:
+    def __init__(self, registry: LockRegistry, names: LockNames) -> None:
+        self._registry = registry
+        self._names = names
+        self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
+        self._in_server = False  # this process holds the lease now
+        self._acquired_at: float | None = None
+        self._valid_until: float | None = None
+        self._fencing_token: int | None = None
+        self._lost = False
+        self._callbacks: list[LostCallback] = []
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal (or a release) found the server lease gone or another owner's; reset by the next
+        fresh acquisition in the server."""
+        return self._lost
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lock)`` once, from the registry's renewal thread, when the held lease is found lost."""
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
+        self._callbacks.append(callback)
+
+    def _begin_lease(self, token: int | None, start: float) -> None:
+        """A fresh tenancy in the server began at ``start`` (``time.monotonic()``, taken before the request)."""
+        self._tenancy += 1
+        self._in_server = True
+        self._lost = False
+        self._fencing_token = token
+        self._acquired_at = start
+        self._valid_until = self._registry._valid_until(start)
+        self._registry._track_held(self)
+
+    def _give_back_lease(self) -> bool:
+        """The lease is about to be released in the server; returns whether it had been reported lost.
+
+        NOTE: a renewal reply still in flight would find the key gone once our release lands, and must not
+        report a loss: moving to a new tenancy number makes such replies stale."""
+        self._tenancy += 1
+        return self._lost
+
+    def _end_lease(self) -> None:
+        """The tenancy is over (released, or found lost)."""
+        self._in_server = False
+        self._fencing_token = None
+        self._valid_until = None
+        self._registry._untrack_held(self)
+
+    def _forget_lease_after_fork(self) -> None:
+        # The child holds none of its parent's leases.
+        self._in_server = False
+        self._fencing_token = None
+        self._valid_until = None
+        self._lost = False
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
+        if self._in_server and self._tenancy == tenancy:
+            self._valid_until = self._registry._valid_until(start, lease)
+
+    def _mark_lost(self, tenancy: int) -> None:
+        """Record that the lease of tenancy ``tenancy`` ended while held; run the callbacks once."""
+        if self._lost or not self._in_server or self._tenancy != tenancy:
+            return
+        self._lost = True
+        self._valid_until = None
+        self._registry._report_lost(self, list(self._callbacks))
+
+    def _lost_error(self, what: str = "lock") -> LockLostError:
+        self._lost = True
+        return LockLostError(
+            f"the {what}'s lease had ended before release: another owner may have held it meanwhile, so data it "
+            "guarded may have been changed",
+            key=self.key,
+            server=self._registry.server,
+        )
