@@ -5,7 +5,8 @@ A lock ``key`` in a registry with ``registry_key`` ``R`` uses these names in the
     R:{key}            the lock itself (a string whose value is the owner's client_id)
     R:{key}:fence      the fencing-token counter
     R:{key}:wake       the pub/sub channel a release publishes on
-    R:{key}:wanted     the owners waiting for the lock (a set, expiring with the holder's lease)
+    R:{key}:queue      the owners waiting for the lock, in arrival order (a sorted set)
+    R:{key}:queue-until  when each queued owner's wish lapses unless renewed by its next attempt (a sorted set)
 
 and a read-write lock on ``key`` (``registry.obtain_read_write``) these, apart from the plain lock's::
 
@@ -26,8 +27,8 @@ Why this shape:
   each name whole.
 * ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
   ``(registry_key, key)`` pairs can never produce the same lock name. No name's ending (``}``, ``}:fence``,
-  ``}:wake``, ``}:wanted``, ``}:writer``, ``}:readers``, ``}:writers``, ``}:rw-wake``) is an ending of another, so a
-  name of one lock never equals a name of another.
+  ``}:wake``, ``}:queue``, ``}:queue-until``, ``}:writer``, ``}:readers``, ``}:writers``, ``}:rw-wake``) is an
+  ending of another, so a name of one lock never equals a name of another.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class LockNames:
     lock: str
     fence: str
     channel: str
-    wanted: str
+    queue: str
+    queue_until: str
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,11 @@ class ReadWriteNames:
 
     @property
     def write(self) -> LockNames:
-        return LockNames(self.key, self.writer, self.fence, self.channel, self.writers_waiting)
+        return LockNames(self.key, self.writer, self.fence, self.channel, self.writers_waiting, self.writers_waiting)
 
     @property
     def read(self) -> LockNames:
-        return LockNames(self.key, self.readers, self.fence, self.channel, self.writers_waiting)
+        return LockNames(self.key, self.readers, self.fence, self.channel, self.writers_waiting, self.writers_waiting)
 
 
 def validate_registry_key(registry_key: object) -> str:
@@ -94,7 +96,14 @@ def validate_key(key: object) -> str:
 
 def lock_names(registry_key: str, key: str) -> LockNames:
     base = f"{registry_key}:{{{key}}}"
-    return LockNames(key=key, lock=base, fence=f"{base}:fence", channel=f"{base}:wake", wanted=f"{base}:wanted")
+    return LockNames(
+        key=key,
+        lock=base,
+        fence=f"{base}:fence",
+        channel=f"{base}:wake",
+        queue=f"{base}:queue",
+        queue_until=f"{base}:queue-until",
+    )
 
 
 def read_write_names(registry_key: str, key: str) -> ReadWriteNames:

@@ -80,15 +80,23 @@ class MultiLock:
                 names = [lock._names for lock in pending]
                 outcome: list[AcquireManyResult] = []
 
+                queued_for: set[int] = set()
+
                 def attempt() -> AcquireResult:
-                    result = registry.backend.try_acquire_many(names, registry.client_id, registry._lease_ms)
+                    result = registry.backend.try_acquire_many(names, registry.client_id, registry._lease_ms, blocking)
                     outcome[:] = [result]
+                    if not result.acquired:
+                        queued_for.add(result.blocked_by)
                     return AcquireResult(result.acquired, None, result.holder_ttl)
 
                 def blocked_on() -> LockNames:
                     return names[outcome[0].blocked_by]
 
-                if registry._acquire_remote(names[0], blocking, deadline, attempt, blocked_on) is None:
+                def give_up() -> None:
+                    for index in sorted(queued_for):
+                        registry.backend.cancel_wait(names[index], registry.client_id)
+
+                if registry._acquire_remote(names[0], blocking, deadline, attempt, blocked_on, give_up) is None:
                     self._roll_back(entered)
                     self._release_mutexes(pending)
                     return False

@@ -35,7 +35,14 @@ from ._rwlock import ReadWriteLock
 from ._waiting import WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
-from .errors import InvalidArgumentError, LockLostError, LockNotOwnedError, RegistryClosedError
+from .errors import (
+    BackendUnavailableError,
+    HybridLockError,
+    InvalidArgumentError,
+    LockLostError,
+    LockNotOwnedError,
+    RegistryClosedError,
+)
 
 __all__ = ["LocalLockRegistry", "LockRegistry"]
 
@@ -301,17 +308,61 @@ class LockRegistry:
         deadline: float | None,
         attempt: Callable[[], AcquireResult] | None = None,
         blocked_on: Callable[[], LockNames] | None = None,
+        give_up: Callable[[], None] | None = None,
     ) -> AcquireResult | None:
         """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
         ``attempt`` makes one try (default: the plain lock's). After a failed try, ``blocked_on()`` names the lock
         whose release to wait for (default: ``names``; a multi-key attempt is blocked by one key at a time).
-        Returns the successful result, or None when not blocking or out of time."""
+        ``give_up()`` is called when a blocking wait ends without the lock, to leave the server's queue (default:
+        the plain lock's queue). Returns the successful result, or None when not blocking or out of time."""
         backend = self._backend
         if attempt is None:
 
             def attempt() -> AcquireResult:
-                return backend.try_acquire(names, self._client_id, self._lease_ms)
+                return backend.try_acquire(names, self._client_id, self._lease_ms, blocking)
+
+        if give_up is None:
+
+            def give_up() -> None:
+                backend.cancel_wait(names, self._client_id)
+
+        queued = False  # a refused blocking attempt put us in the server's queue
+
+        def tracked_attempt() -> AcquireResult:
+            nonlocal queued
+            result = attempt()
+            queued = queued or (blocking and not result.acquired)
+            return result
+
+        try:
+            result = self._wait_for_lock(names, blocking, deadline, tracked_attempt, blocked_on)
+        except BackendUnavailableError:
+            raise  # the server is out of reach: our place in its queue lapses by itself
+        except BaseException:
+            if queued:
+                self._give_up_quietly(give_up)
+            raise
+        if result is None and queued:
+            self._give_up_quietly(give_up)
+        return result
+
+    @staticmethod
+    def _give_up_quietly(give_up: Callable[[], None]) -> None:
+        try:
+            give_up()
+        except HybridLockError:
+            pass  # best effort: a place left in the queue lapses by itself within seconds
+
+    def _wait_for_lock(
+        self,
+        names: LockNames,
+        blocking: bool,
+        deadline: float | None,
+        attempt: Callable[[], AcquireResult],
+        blocked_on: Callable[[], LockNames] | None,
+    ) -> AcquireResult | None:
+        backend = self._backend
 
         watch: ReleaseWatch | None = None
         watching: str | None = None  # the channel ``watch`` listens on
@@ -331,7 +382,7 @@ class LockRegistry:
                 if self._lock_type == "pubsub" and watching != target.channel:
                     if watch is not None:
                         watch.close()
-                    watch, watching = backend.watch(target), target.channel
+                    watch, watching = backend.watch(target, self._client_id), target.channel
                     if watch is not None:
                         # Subscribed now: try once more before sleeping, or a release that landed between the
                         # failed attempt and the subscription would never wake us.
@@ -356,7 +407,7 @@ class LockRegistry:
 
     def _contention_watch(self, names: LockNames) -> ReleaseWatch | None:
         """A subscription that tells a holder passing the lock around when another owner wants it."""
-        return self._backend.watch(names) if self._lock_type == "pubsub" else None
+        return self._backend.watch(names, self._client_id) if self._lock_type == "pubsub" else None
 
     def _release_remote(self, names: LockNames) -> bool:
         return self._backend.release(names, self._client_id, notify=True)

@@ -102,11 +102,18 @@ class _Half(ServerLease):
     def _remote(self, blocking: bool, deadline: float | None) -> AcquireResult | None:
         registry = self._registry
         return registry._acquire_remote(
-            self._names, blocking, deadline, attempt=lambda: self._try_once(registry.client_id)
+            self._names,
+            blocking,
+            deadline,
+            attempt=lambda: self._try_once(registry.client_id),
+            give_up=lambda: self._give_up(registry.client_id),
         )
 
     def _try_once(self, owner: str) -> AcquireResult:
         raise NotImplementedError
+
+    def _give_up(self, owner: str) -> None:
+        """A blocking wait for the server hold ended without it."""
 
     def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
         raise NotImplementedError
@@ -231,6 +238,10 @@ class WriteLock(_Half):
     def _try_once(self, owner: str) -> AcquireResult:
         return self._registry.backend.try_acquire_write(self._parent._names, owner, self._registry._lease_ms)
 
+    def _give_up(self, owner: str) -> None:
+        # We may be recorded as a waiting writer: stop holding back other owners' readers.
+        self._registry.backend.cancel_write_wait(self._parent._names, owner)
+
     def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
         rw = self._parent
         start = time.monotonic()
@@ -269,8 +280,6 @@ class WriteLock(_Half):
                     rw._writer, rw._write_count = None, 0
                     rw._cond.notify_all()
         if result is None:
-            # We may be recorded as a waiting writer: stop holding back other owners' readers.
-            self._registry.backend.cancel_write_wait(rw._names, self._registry.client_id)
             return False
         with rw._cond:
             self._begin_lease(result.fencing_token, start)
@@ -288,7 +297,7 @@ class WriteLock(_Half):
         registry = self._registry
         released = False
         try:
-            released = registry.backend.release(self._names, registry.client_id, notify=True)
+            released = registry.backend.release_write(rw._names, registry.client_id)
         finally:
             with rw._cond:
                 self._end_lease()

@@ -28,15 +28,17 @@ class AcquireResult(NamedTuple):
     tenancy. When False, ``holder_ttl`` is how many seconds the current holder's lease still runs (``None`` when
     the holder's key has no expiry or the time is unknown): a waiter never needs to sleep past it.
 
-    A failed attempt also records the caller as *wanting* the lock (until the holder's lease ends, or the caller
-    gets it) and announces that on the lock's channel, so a holder that passes the lock between its own threads
-    knows to let other owners in (see ``contended`` and ``ReleaseWatch.contended``).
+    Owners that wait form a queue in the server, in arrival order: while it is not empty a free lock goes only to
+    its head, and a release wakes only the head. A refused blocking attempt joins the queue (until the wait it
+    was told, plus a margin: a waiter that vanishes drops out by itself) and announces that on the lock's
+    channel, so a holder that passes the lock between its own threads knows to let other owners in (see
+    ``contended`` and ``ReleaseWatch.contended``).
     """
 
     acquired: bool
     fencing_token: int | None = None
     holder_ttl: float | None = None
-    #: On success: another owner had failed to get this lock and may still be waiting for it.
+    #: On success: other owners are queued for this lock.
     contended: bool = False
 
 
@@ -84,15 +86,22 @@ class LockBackend(abc.ABC):
     address: str = "unknown"
 
     @abc.abstractmethod
-    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
+    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         """Take ``names.lock`` for ``owner`` for ``lease_ms`` milliseconds (None: no expiry), in one round trip,
-        minting a fencing token on success. Never waits for the lock."""
+        minting a fencing token on success. Never waits for the lock; when refused and ``queue`` is true, joins
+        the lock's queue (a caller that then gives up calls ``cancel_wait``)."""
+
+    @abc.abstractmethod
+    def cancel_wait(self, names: LockNames, owner: str) -> None:
+        """``owner`` no longer waits for ``names.lock``: leave its queue (waking the next owner if it is free)."""
 
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
         """Whether ``try_acquire_many`` may take all of ``names`` in one atomic step (on a cluster: one slot)."""
         return False
 
-    def try_acquire_many(self, names: Sequence[LockNames], owner: str, lease_ms: int | None) -> AcquireManyResult:
+    def try_acquire_many(
+        self, names: Sequence[LockNames], owner: str, lease_ms: int | None, queue: bool
+    ) -> AcquireManyResult:
         """Take every lock of ``names`` or none, as ``try_acquire`` does for one; only where
         ``can_acquire_together(names)``."""
         raise NotImplementedError
@@ -107,8 +116,7 @@ class LockBackend(abc.ABC):
         """Reset the lease of every lock in ``names`` still held by ``owner`` to ``lease_ms``, in as few round
         trips as the server allows (one per cluster slot). Returns one flag per lock: False means it was lost."""
 
-    # -- read-write locks: the write hold is released with ``release(names.write, ...)``; both kinds of hold are
-    # renewed with ``renew`` (``names.read`` / ``names.write``).
+    # -- read-write locks: both kinds of hold are renewed with ``renew`` (``names.read`` / ``names.write``).
 
     @abc.abstractmethod
     def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
@@ -118,6 +126,10 @@ class LockBackend(abc.ABC):
     def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
         """Take the write hold if no other owner writes and nobody (``owner`` included) reads, minting a fencing
         token; else record ``owner`` as waiting to write, which holds back new readers. One round trip."""
+
+    @abc.abstractmethod
+    def release_write(self, names: ReadWriteNames, owner: str) -> bool:
+        """Give back ``owner``'s write hold and wake every waiter; False if it had already ended (lost)."""
 
     @abc.abstractmethod
     def release_read(self, names: ReadWriteNames, owner: str) -> bool:
@@ -131,9 +143,10 @@ class LockBackend(abc.ABC):
     def is_locked(self, names: LockNames) -> bool:
         """Whether anyone holds ``names.lock`` right now."""
 
-    def watch(self, names: LockNames) -> ReleaseWatch | None:
-        """Start watching ``names`` for releases, or None when this backend cannot notify (callers then back off
-        and retry at the holder's lease end)."""
+    def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
+        """Start watching ``names`` for releases meant for ``owner`` (addressed to it as the queue's head, or to
+        everyone), or None when this backend cannot notify (callers then back off and retry at the holder's lease
+        end)."""
         return None
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends own nothing to close

@@ -36,10 +36,12 @@ class MemoryBackend(LockBackend):
         self._entries: dict[str, _Entry] = {}
         # Fencing counters are kept for the backend's life: an in-process store has no restart to survive.
         self._fences: dict[str, int] = {}
-        # Owners that failed to get a lock, with when that mark expires (the holder's lease end, at least 1 s).
-        self._wanted: dict[str, dict[str, float]] = {}
-        # Release and "wanted" counters per watched lock name, and how many watches use them (dropped at zero).
+        # The queue of owners waiting for each plain lock: owner -> when its wish lapses, in arrival order.
+        self._queues: dict[str, dict[str, float]] = {}
+        # Per watched channel: releases for everyone, releases addressed to one owner, "wanted" announcements;
+        # and how many watches use the channel (all dropped at zero).
         self._release_counts: dict[str, int] = {}
+        self._addressed: dict[str, dict[str, int]] = {}
         self._wanted_counts: dict[str, int] = {}
         # Read-write locks: reader holds and waiting writers per lock, owner -> expiry (monotonic seconds).
         self._readers: dict[str, dict[str, float]] = {}
@@ -53,56 +55,94 @@ class MemoryBackend(LockBackend):
             return None
         return entry
 
-    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
+    def _queue(self, names: LockNames, now: float) -> dict[str, float]:
+        queue = self._queues.setdefault(names.queue, {})
+        for waiter, until in list(queue.items()):
+            if until <= now:
+                del queue[waiter]
+        return queue
+
+    def _blocked_for(self, names: LockNames, owner: str, now: float) -> float | None:
+        """None if ``owner`` may take the lock now, else seconds to wait (inf: no expiry); see scripts.ACQUIRE."""
+        entry = self._live_entry(names.lock, now)
+        if entry is not None and entry.owner != owner:
+            return float("inf") if entry.expires_at is None else max(0.0, entry.expires_at - now)
+        if entry is None:
+            queue = self._queue(names, now)
+            first = next(iter(queue), None)
+            if first is not None and first != owner:
+                return queue[first] - now
+        return None
+
+    def _refuse(self, names: LockNames, owner: str, wait: float, now: float, queue: bool) -> AcquireResult:
+        if queue:
+            keep = (wait if wait != float("inf") else 0.0) + 2.0
+            waiting = self._queue(names, now)
+            waiting[owner] = max(waiting.get(owner, 0.0), now + max(keep, 3.0))
+            self._announce_wanted(names.channel)
+        return AcquireResult(False, None, None if wait == float("inf") else wait)
+
+    def _take(self, names: LockNames, owner: str, lease_ms: int | None, now: float) -> AcquireResult:
+        expires_at = None if lease_ms is None else now + lease_ms / 1000.0
+        self._entries[names.lock] = _Entry(owner, expires_at)
+        token = self._fences.get(names.fence, 0) + 1
+        self._fences[names.fence] = token
+        queue = self._queue(names, now)
+        queue.pop(owner, None)
+        return AcquireResult(True, token, None, bool(queue))
+
+    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         now = time.monotonic()
         with self._cond:
-            entry = self._live_entry(names.lock, now)
-            wanted = self._wanted.setdefault(names.wanted, {})
-            if entry is not None and entry.owner != owner:
-                ttl = None if entry.expires_at is None else max(0.0, entry.expires_at - now)
-                wanted[owner] = now + max(ttl if ttl is not None else 0.0, 1.0)
-                self._announce_wanted(names.channel)
-                return AcquireResult(False, None, ttl)
-            expires_at = None if lease_ms is None else now + lease_ms / 1000.0
-            self._entries[names.lock] = _Entry(owner, expires_at)
-            token = self._fences.get(names.fence, 0) + 1
-            self._fences[names.fence] = token
-            wanted.pop(owner, None)
-            for other, until in list(wanted.items()):
-                if until <= now:
-                    del wanted[other]
-            if not wanted:
-                del self._wanted[names.wanted]
-            return AcquireResult(True, token, None, bool(wanted))
+            wait = self._blocked_for(names, owner, now)
+            if wait is not None:
+                return self._refuse(names, owner, wait, now, queue)
+            return self._take(names, owner, lease_ms, now)
 
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
         return True
 
-    def try_acquire_many(self, names: Sequence[LockNames], owner: str, lease_ms: int | None) -> AcquireManyResult:
+    def try_acquire_many(
+        self, names: Sequence[LockNames], owner: str, lease_ms: int | None, queue: bool
+    ) -> AcquireManyResult:
         now = time.monotonic()
         with self._cond:  # one step, as the script is in Redis: check all, then take all
             for index, n in enumerate(names):
-                entry = self._live_entry(n.lock, now)
-                if entry is not None and entry.owner != owner:
-                    failed = self.try_acquire(n, owner, lease_ms)  # records the wish and announces it
-                    return AcquireManyResult(False, (), index, failed.holder_ttl)
-            return AcquireManyResult(True, tuple(self.try_acquire(n, owner, lease_ms) for n in names))
+                wait = self._blocked_for(n, owner, now)
+                if wait is not None:
+                    refused = self._refuse(n, owner, wait, now, queue)
+                    return AcquireManyResult(False, (), index, refused.holder_ttl)
+            return AcquireManyResult(True, tuple(self._take(n, owner, lease_ms, now) for n in names))
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        now = time.monotonic()
         with self._cond:
-            entry = self._live_entry(names.lock, time.monotonic())
+            entry = self._live_entry(names.lock, now)
             if entry is None or entry.owner != owner:
                 return False
             del self._entries[names.lock]
             if notify:
-                self._announce_release(names.channel)
+                self._announce_release(names.channel, next(iter(self._queue(names, now)), None))
             return True
 
+    def cancel_wait(self, names: LockNames, owner: str) -> None:
+        now = time.monotonic()
+        with self._cond:
+            queue = self._queue(names, now)
+            if queue.pop(owner, None) is not None and self._live_entry(names.lock, now) is None:
+                self._announce_release(names.channel, next(iter(queue), None))
+
     # Watches are keyed by channel, as in Redis: both halves of a read-write lock share one.
-    def _announce_release(self, channel: str) -> None:
-        if channel in self._release_counts:
+    def _announce_release(self, channel: str, to: str | None = None) -> None:
+        """Wake the watches of ``channel``: all of them, or only ``to``'s (the queue's head)."""
+        if channel not in self._release_counts:
+            return
+        if to is None:
             self._release_counts[channel] += 1
-            self._cond.notify_all()
+        else:
+            addressed = self._addressed[channel]
+            addressed[to] = addressed.get(to, 0) + 1
+        self._cond.notify_all()
 
     def _announce_wanted(self, channel: str) -> None:
         if channel in self._wanted_counts:
@@ -169,6 +209,15 @@ class MemoryBackend(LockBackend):
             self._fences[names.fence] = token
             return AcquireResult(True, token)
 
+    def release_write(self, names: ReadWriteNames, owner: str) -> bool:
+        with self._cond:
+            entry = self._live_entry(names.writer, time.monotonic())
+            if entry is None or entry.owner != owner:
+                return False
+            del self._entries[names.writer]
+            self._announce_release(names.channel)
+            return True
+
     def release_read(self, names: ReadWriteNames, owner: str) -> bool:
         now = time.monotonic()
         with self._cond:
@@ -201,32 +250,39 @@ class MemoryBackend(LockBackend):
                 self._release_counts[channel] += 1
             self._cond.notify_all()
 
-    def watch(self, names: LockNames) -> ReleaseWatch:
-        return _MemoryWatch(self, names.channel)
+    def watch(self, names: LockNames, owner: str) -> ReleaseWatch:
+        return _MemoryWatch(self, names.channel, owner)
 
 
 class _MemoryWatch(ReleaseWatch):
-    def __init__(self, backend: MemoryBackend, name: str) -> None:
+    def __init__(self, backend: MemoryBackend, channel: str, owner: str) -> None:
         self._backend = backend
-        self._name = name
+        self._channel = channel
+        self._owner = owner
         self._closed = False
         with backend._cond:
-            backend._watchers[name] = backend._watchers.get(name, 0) + 1
-            self._seen = backend._release_counts.setdefault(name, 0)
-            self._wanted_seen = backend._wanted_counts.setdefault(name, 0)
+            backend._watchers[channel] = backend._watchers.get(channel, 0) + 1
+            backend._release_counts.setdefault(channel, 0)
+            backend._addressed.setdefault(channel, {})
+            backend._wanted_counts.setdefault(channel, 0)
+            self._seen = self._releases()
+            self._wanted_seen = backend._wanted_counts[channel]
+
+    def _releases(self) -> tuple[int, int]:
+        backend = self._backend
+        return backend._release_counts[self._channel], backend._addressed[self._channel].get(self._owner, 0)
 
     def epoch(self) -> int | None:
         return 0  # an in-process notification cannot be lost
 
     def contended(self) -> bool:
         with self._backend._cond:
-            return self._backend._wanted_counts[self._name] != self._wanted_seen
+            return self._backend._wanted_counts[self._channel] != self._wanted_seen
 
     def wait(self, timeout: float) -> bool:
-        backend = self._backend
-        with backend._cond:
-            backend._cond.wait_for(lambda: backend._release_counts[self._name] != self._seen, timeout)
-            current = backend._release_counts[self._name]
+        with self._backend._cond:
+            self._backend._cond.wait_for(lambda: self._releases() != self._seen, timeout)
+            current = self._releases()
             woken, self._seen = current != self._seen, current
             return woken
 
@@ -236,10 +292,11 @@ class _MemoryWatch(ReleaseWatch):
             if self._closed:
                 return
             self._closed = True
-            left = backend._watchers[self._name] - 1
+            left = backend._watchers[self._channel] - 1
             if left:
-                backend._watchers[self._name] = left
+                backend._watchers[self._channel] = left
             else:
-                del backend._watchers[self._name]
-                del backend._release_counts[self._name]
-                del backend._wanted_counts[self._name]
+                del backend._watchers[self._channel]
+                del backend._release_counts[self._channel]
+                del backend._addressed[self._channel]
+                del backend._wanted_counts[self._channel]

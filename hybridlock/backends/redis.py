@@ -119,12 +119,12 @@ class RedisBackend(LockBackend):
     def _translated(self, key: str | None) -> contextlib.AbstractContextManager[None]:
         return translated_errors(key, self.address)
 
-    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None) -> AcquireResult:
+    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         with self._translated(names.key):
             reply = self._scripts.run(
                 scripts.ACQUIRE,
-                (names.lock, names.fence, names.wanted),
-                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish"),
+                (names.lock, names.fence, names.queue, names.queue_until),
+                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(queue)),
             )
         if reply[0]:
             return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
@@ -135,9 +135,11 @@ class RedisBackend(LockBackend):
         with self._translated(None):
             return len(self._by_slot(names)) == 1
 
-    def try_acquire_many(self, names: Sequence[LockNames], owner: str, lease_ms: int | None) -> AcquireManyResult:
-        keys = [name for n in names for name in (n.lock, n.fence, n.wanted)]
-        args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, *(n.channel for n in names)]
+    def try_acquire_many(
+        self, names: Sequence[LockNames], owner: str, lease_ms: int | None, queue: bool
+    ) -> AcquireManyResult:
+        keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
+        args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
         with self._translated(names[0].key if len(names) == 1 else None):
             reply = self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
         if reply[0]:
@@ -149,9 +151,17 @@ class RedisBackend(LockBackend):
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         with self._translated(names.key):
             released = self._scripts.run(
-                scripts.RELEASE, (names.lock,), (owner, names.channel, "publish" if notify else "")
+                scripts.RELEASE,
+                (names.lock, names.queue, names.queue_until),
+                (owner, names.channel, "publish" if notify else ""),
             )
         return bool(released)
+
+    def cancel_wait(self, names: LockNames, owner: str) -> None:
+        with self._translated(names.key):
+            self._scripts.run(
+                scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
+            )
 
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
@@ -202,6 +212,11 @@ class RedisBackend(LockBackend):
             )
         return _rw_result(reply)
 
+    def release_write(self, names: ReadWriteNames, owner: str) -> bool:
+        with self._translated(names.key):
+            released = self._scripts.run(scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish"))
+        return bool(released)
+
     def release_read(self, names: ReadWriteNames, owner: str) -> bool:
         with self._translated(names.key):
             released = self._scripts.run(
@@ -219,8 +234,8 @@ class RedisBackend(LockBackend):
         with self._translated(names.key):
             return bool(self.client.exists(names.lock))
 
-    def watch(self, names: LockNames) -> ReleaseWatch | None:
-        return self._subscriber.watch(names.channel)
+    def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
+        return self._subscriber.watch(names.channel, owner)
 
     def close(self) -> None:
         self._subscriber.close()

@@ -50,7 +50,8 @@ class Subscriber:
         self._client = client
         self._cond = threading.Condition(threading.Lock())
         self._refs: dict[str, int] = {}  # channel -> open watches
-        self._released: dict[str, int] = {}  # channel -> release messages seen (watches compare counts)
+        self._released: dict[str, int] = {}  # channel -> releases announced to everyone (watches compare counts)
+        self._addressed: dict[str, dict[str, int]] = {}  # channel -> owner -> releases addressed to that owner
         self._wanted: dict[str, int] = {}  # channel -> "wanted" messages seen (another owner failed to acquire)
         self._idle_since: dict[str, float] = {}  # channel with no watch -> since when
         self._subscribed: set[str] = set()  # confirmed by the server
@@ -65,13 +66,14 @@ class Subscriber:
 
     # -- used by watches -------------------------------------------------------------------------------------------
 
-    def watch(self, channel: str) -> _RedisWatch:
+    def watch(self, channel: str, owner: str) -> _RedisWatch:
         with self._cond:
             self._refs[channel] = self._refs.get(channel, 0) + 1
             self._idle_since.pop(channel, None)
             self._released.setdefault(channel, 0)
+            self._addressed.setdefault(channel, {})
             self._wanted.setdefault(channel, 0)
-            watch = _RedisWatch(self, channel, self._released[channel], self._wanted[channel])
+            watch = _RedisWatch(self, channel, owner)
             if channel not in self._requested and self._up:
                 self._send_locked("subscribe", channel)
             self._requested.add(channel)
@@ -187,13 +189,21 @@ class Subscriber:
         channel = _text(message.get("channel"))
         with self._cond:
             if kind == "message":
-                if _text(message.get("data")) == "wanted":
+                data = _text(message.get("data"))
+                if data == "wanted":
                     # Another owner failed to acquire: only a holder passing the lock around cares; waiters are
                     # not woken.
                     if channel in self._wanted:
                         self._wanted[channel] += 1
                     return
-                if channel in self._released:
+                if channel not in self._released:
+                    return
+                if data.startswith("released:"):
+                    # Addressed to the head of the lock's queue: only that owner's waiter needs to retry.
+                    addressed = self._addressed[channel]
+                    to = data[len("released:") :]
+                    addressed[to] = addressed.get(to, 0) + 1
+                else:
                     self._released[channel] += 1
             elif kind == "subscribe":
                 self._subscribed.add(channel)
@@ -205,6 +215,7 @@ class Subscriber:
                 else:
                     self._requested.discard(channel)
                     self._released.pop(channel, None)
+                    self._addressed.pop(channel, None)
                     self._wanted.pop(channel, None)
             else:
                 return
@@ -227,6 +238,7 @@ class Subscriber:
                 for ch in idle:
                     self._requested.discard(ch)
                     self._released.pop(ch, None)
+                    self._addressed.pop(ch, None)
                     self._wanted.pop(ch, None)
 
     def close(self) -> None:
@@ -243,6 +255,7 @@ class Subscriber:
         self._cond = threading.Condition(threading.Lock())
         self._refs.clear()
         self._released.clear()
+        self._addressed.clear()
         self._wanted.clear()
         self._idle_since.clear()
         self._subscribed.clear()
@@ -253,13 +266,23 @@ class Subscriber:
 
 
 class _RedisWatch(ReleaseWatch):
-    def __init__(self, subscriber: Subscriber, channel: str, seen: int, wanted_seen: int) -> None:
+    def __init__(self, subscriber: Subscriber, channel: str, owner: str) -> None:
+        # Called with the subscriber's condition held.
         self._subscriber = subscriber
         self._channel = channel
-        self._seen = seen
-        self._wanted_seen = wanted_seen
+        self._owner = owner
+        self._seen = self._releases()
+        self._wanted_seen = subscriber._wanted[channel]
         self._state = subscriber._channel_epoch(channel)
         self._closed = False
+
+    def _releases(self) -> tuple[int, int]:
+        # Called with the subscriber's condition held; a channel dropped meanwhile reads as unchanged.
+        sub = self._subscriber
+        everyone = sub._released.get(self._channel)
+        if everyone is None:
+            return self._seen
+        return everyone, sub._addressed[self._channel].get(self._owner, 0)
 
     def epoch(self) -> int | None:
         with self._subscriber._cond:
@@ -273,16 +296,12 @@ class _RedisWatch(ReleaseWatch):
         sub = self._subscriber
 
         def changed() -> bool:
-            return (
-                sub._released.get(self._channel, self._seen) != self._seen
-                or sub._channel_epoch(self._channel) != self._state
-                or sub._stopped
-            )
+            return self._releases() != self._seen or sub._channel_epoch(self._channel) != self._state or sub._stopped
 
         with sub._cond:
             sub._cond.wait_for(changed, timeout)
             woken = changed()
-            self._seen = sub._released.get(self._channel, self._seen)
+            self._seen = self._releases()
             self._state = sub._channel_epoch(self._channel)
             return woken
 

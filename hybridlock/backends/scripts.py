@@ -24,107 +24,197 @@ from __future__ import annotations
 # Counter keys live this long after their last acquisition (one week); see the module docstring.
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 
-ACQUIRE = """
--- ACQUIRE: take the lock if it is free or already ours, minting a fencing token; else record that we want it.
--- KEYS[1]  lock key              KEYS[2]  fencing counter key      KEYS[3]  set of owners waiting for the lock
+# The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
+# ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
+# that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
+# its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
+_QUEUE_LIB = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+local function prune(queue, expiries, now)
+  local lapsed = redis.call('ZRANGEBYSCORE', expiries, '-inf', now)
+  for _, owner in ipairs(lapsed) do
+    redis.call('ZREM', queue, owner)
+    redis.call('ZREM', expiries, owner)
+  end
+end
+local function head(queue)
+  return redis.call('ZRANGE', queue, 0, 0)[1]
+end
+local function enqueue(queue, expiries, owner, now, keep_ms)
+  redis.call('ZADD', queue, 'NX', now, owner)
+  redis.call('ZADD', expiries, now + keep_ms, owner)
+  for _, key in ipairs({queue, expiries}) do
+    if redis.call('PTTL', key) < keep_ms then
+      redis.call('PEXPIRE', key, keep_ms)
+    end
+  end
+end
+local function leave(queue, expiries, owner)
+  redis.call('ZREM', queue, owner)
+  redis.call('ZREM', expiries, owner)
+end
+local function announce(mode, channel, message)
+  if mode == 'publish' then
+    redis.call('PUBLISH', channel, message)
+  elseif mode == 'spublish' then
+    redis.call('SPUBLISH', channel, message)
+  end
+end
+-- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known).
+local function blocked_for(lock, queue, expiries, owner, now)
+  local holder = redis.call('GET', lock)
+  if holder and holder ~= owner then
+    return redis.call('PTTL', lock)
+  end
+  if not holder then
+    local first = head(queue)
+    if first and first ~= owner then
+      return tonumber(redis.call('ZSCORE', expiries, first)) - now
+    end
+  end
+  return nil
+end
+local function mint(fence, ttl, t)
+  if redis.call('EXISTS', fence) == 0 then
+    redis.call('SET', fence, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  local token = redis.call('INCR', fence)
+  redis.call('PEXPIRE', fence, ttl)
+  return token
+end
+-- How long a refused waiter's place is kept: past the wait it was told, by a margin for its retry to arrive.
+local function keep_for(wait_ms)
+  return math.max(wait_ms, 1000) + 2000
+end
+"""
+
+ACQUIRE = (
+    """
+-- ACQUIRE: take the lock if it is free (and we are first in its queue, if it has one) or already ours, minting
+-- a fencing token; else, if asked, take our place in the queue.
+-- KEYS[1]  lock key              KEYS[2]  fencing counter key
+-- KEYS[3]  queue (zset)          KEYS[4]  queue expiries (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
--- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | "" (how to announce that we wait)
--- returns  {1, token, wanted}    acquired; token is the new fencing token; wanted = 1 if other owners are in
---                                the waiting set (they failed to get the lock and may still wait), else 0
---          {0, pttl}             held by another owner; pttl = its remaining lease in ms, -1 = no expiry.
---                                We are added to the waiting set (expiring with that lease) and announce it.
+-- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": queue if refused
+-- returns  {1, token, queued}    acquired; token is the new fencing token; queued = 1 if other owners wait
+--          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry),
+--                                or free but promised to the queue's head (wait_ms = until its wish lapses).
+--                                With ARGV[6] = "1" we are queued and announce "wanted" on the channel.
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout) or by a release that failed to reach the server.
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then
-  local pttl = redis.call('PTTL', KEYS[1])
-  redis.call('SADD', KEYS[3], ARGV[1])
-  redis.call('PEXPIRE', KEYS[3], math.max(pttl, 1000))
-  if ARGV[5] == 'publish' then
-    redis.call('PUBLISH', ARGV[4], 'wanted')
-  elseif ARGV[5] == 'spublish' then
-    redis.call('SPUBLISH', ARGV[4], 'wanted')
+"""
+    + _QUEUE_LIB
+    + """
+local now, t = now_ms()
+prune(KEYS[3], KEYS[4], now)
+local wait_ms = blocked_for(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now)
+if wait_ms then
+  if ARGV[6] == '1' then
+    enqueue(KEYS[3], KEYS[4], ARGV[1], now, keep_for(wait_ms))
+    announce(ARGV[5], ARGV[4], 'wanted')
   end
-  return {0, pttl}
+  return {0, wait_ms}
 end
 if ARGV[2] == '0' then
   redis.call('SET', KEYS[1], ARGV[1])
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local now = redis.call('TIME')
-  redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
-end
-local token = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('SREM', KEYS[3], ARGV[1])
-local wanted = 0
-if redis.call('SCARD', KEYS[3]) > 0 then
-  wanted = 1
-end
-return {1, token, wanted}
+local token = mint(KEYS[2], ARGV[3], t)
+leave(KEYS[3], KEYS[4], ARGV[1])
+return {1, token, (redis.call('ZCARD', KEYS[3]) > 0) and 1 or 0}
 """
+)
 
-ACQUIRE_MANY = """
+ACQUIRE_MANY = (
+    """
 -- ACQUIRE_MANY: take several plain locks at once, all or nothing (callers make sure all KEYS share a slot).
--- KEYS     three per lock i (i = 1..n): KEYS[3i-2] lock key, KEYS[3i-1] fencing counter, KEYS[3i] waiting set
+-- KEYS     four per lock i (i = 1..n): lock key, fencing counter, queue, queue expiries (as for ACQUIRE)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
--- ARGV[3+i]  lock i's channel
--- returns  {1, token_1, wanted_1, ..., token_n, wanted_n}   all taken (as ACQUIRE would return for each)
---          {0, pttl, i}          lock i is another owner's (the first found): nothing was taken, we are recorded
---                                as waiting for lock i and announce it on its channel
-local n = #KEYS / 3
+-- ARGV[4]  "1": queue if refused ARGV[4+i]  lock i's channel
+-- returns  {1, token_1, queued_1, ..., token_n, queued_n}   all taken (as ACQUIRE would return for each)
+--          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; with
+--                                ARGV[4] = "1" we are queued for lock i and announce it on its channel
+"""
+    + _QUEUE_LIB
+    + """
+local n = #KEYS / 4
+local now, t = now_ms()
 for i = 1, n do
-  local holder = redis.call('GET', KEYS[3 * i - 2])
-  if holder and holder ~= ARGV[1] then
-    local pttl = redis.call('PTTL', KEYS[3 * i - 2])
-    redis.call('SADD', KEYS[3 * i], ARGV[1])
-    redis.call('PEXPIRE', KEYS[3 * i], math.max(pttl, 1000))
-    redis.call('PUBLISH', ARGV[3 + i], 'wanted')
-    return {0, pttl, i}
+  local lock, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 1], KEYS[4 * i]
+  prune(queue, expiries, now)
+  local wait_ms = blocked_for(lock, queue, expiries, ARGV[1], now)
+  if wait_ms then
+    if ARGV[4] == '1' then
+      enqueue(queue, expiries, ARGV[1], now, keep_for(wait_ms))
+      announce('publish', ARGV[4 + i], 'wanted')
+    end
+    return {0, wait_ms, i}
   end
 end
 local result = {1}
-local now = nil
 for i = 1, n do
-  local lock, fence, waiting = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local lock, fence, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   if ARGV[2] == '0' then
     redis.call('SET', lock, ARGV[1])
   else
     redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
   end
-  if redis.call('EXISTS', fence) == 0 then
-    now = now or redis.call('TIME')
-    redis.call('SET', fence, now[1] .. string.format('%06d', tonumber(now[2])))
-  end
-  result[#result + 1] = redis.call('INCR', fence)
-  redis.call('PEXPIRE', fence, ARGV[3])
-  redis.call('SREM', waiting, ARGV[1])
-  result[#result + 1] = (redis.call('SCARD', waiting) > 0) and 1 or 0
+  result[#result + 1] = mint(fence, ARGV[3], t)
+  leave(queue, expiries, ARGV[1])
+  result[#result + 1] = (redis.call('ZCARD', queue) > 0) and 1 or 0
 end
 return result
 """
+)
 
-RELEASE = """
--- RELEASE: delete the lock only if it is still ours, then wake waiters.
--- KEYS[1]  lock key
+RELEASE = (
+    """
+-- RELEASE: delete the lock only if it is still ours, then wake the queue's head (or everyone, if none).
+-- KEYS[1]  lock key              KEYS[2]  queue (zset)          KEYS[3]  queue expiries (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  wake-up channel
 -- ARGV[3]  "publish" | "spublish" | "" (how to announce the release; "" = nobody listens)
--- returns  1                     released
+-- returns  1                     released; announced "released:<head owner>", or "released" with no queue
 --          0                     not ours: the key is gone or another owner's (our lease had ended)
+"""
+    + _QUEUE_LIB
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if ARGV[3] == 'publish' then
-  redis.call('PUBLISH', ARGV[2], 'released')
-elseif ARGV[3] == 'spublish' then
-  redis.call('SPUBLISH', ARGV[2], 'released')
+prune(KEYS[2], KEYS[3], (now_ms()))
+local first = head(KEYS[2])
+announce(ARGV[3], ARGV[2], first and ('released:' .. first) or 'released')
+return 1
+"""
+)
+
+CANCEL_WAIT = (
+    """
+-- CANCEL_WAIT: we stopped waiting for a lock (timed out); leave its queue, and if the lock is free, wake the
+-- new head so that our place does not hold anyone up.
+-- KEYS[1]  lock key              KEYS[2]  queue (zset)          KEYS[3]  queue expiries (zset)
+-- ARGV[1]  owner (client_id)     ARGV[2]  channel               ARGV[3]  "publish" | "spublish" | ""
+-- returns  1 if we were queued, else 0
+"""
+    + _QUEUE_LIB
+    + """
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local first = head(KEYS[2])
+  announce(ARGV[3], ARGV[2], first and ('released:' .. first) or 'released')
 end
 return 1
 """
+)
 
 RENEW = """
 -- RENEW: reset the lease of every given hold that is still ours.
@@ -267,6 +357,24 @@ end
 return 1
 """
 )
+
+RELEASE_WRITE = """
+-- RELEASE_WRITE: give back our write hold; wake readers and writers alike.
+-- KEYS[1]  writer key
+-- ARGV[1]  owner (client_id)     ARGV[2]  channel              ARGV[3]  "publish" | "spublish" | ""
+-- returns  1                     released
+--          0                     not ours any more: the lease was lost
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+if ARGV[3] == 'publish' then
+  redis.call('PUBLISH', ARGV[2], 'released')
+elseif ARGV[3] == 'spublish' then
+  redis.call('SPUBLISH', ARGV[2], 'released')
+end
+return 1
+"""
 
 CANCEL_WRITE_WAIT = """
 -- CANCEL_WRITE_WAIT: a writer gave up waiting; stop holding back readers on its behalf.
