@@ -226,3 +226,30 @@ def test_remote_exclusion_holds_with_hand_off(make_registry, redis_client):
         thread.join(60)
     assert not errors, errors
     assert int(redis_client.get("counter")) == 480
+
+
+def test_expire_unused_never_drops_a_lock_in_a_streak(make_registry):
+    registry = make_registry(handoff_limit=10_000, handoff_window=30.0)
+    key = "streaky"
+    stop = threading.Event()
+    seen_ids: set[int] = set()
+
+    def work() -> None:
+        while not stop.is_set():
+            lock = registry.obtain(key)
+            seen_ids.add(id(lock))
+            with lock:
+                time.sleep(0.001)
+
+    workers = [threading.Thread(target=work) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in range(50):
+            registry.expire_unused_older_than(0)
+            time.sleep(0.002)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(10)
+    assert len(seen_ids) == 1  # one lock object for the key throughout: the streak's lock was never dropped

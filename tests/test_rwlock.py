@@ -208,3 +208,24 @@ def test_a_crashed_readers_hold_ends_with_its_own_lease(server, make_registry, r
     writer.write_lock().release()
     holder.join(10)
     assert got_at - release_at[0] < 0.5  # right after the live reader left, not a lease later
+
+
+@pytest.mark.server
+def test_every_read_write_script_stays_in_one_cluster_slot():
+    from tests.test_contract import cluster_mode_server
+
+    srv = cluster_mode_server()
+    try:
+        with hybridlock.LockRegistry(srv.url, expire_after=1.0) as mine, hybridlock.LockRegistry(srv.url) as other:
+            rw, rw_other = mine.obtain_read_write("catalog"), other.obtain_read_write("catalog")
+            with rw.read_lock():
+                assert not rw_other.write_lock().acquire(timeout=0.2)  # queues as a waiting writer, then gives up
+                time.sleep(0.5)  # a renewal of the read hold
+            with rw.write_lock():
+                rw.read_lock().acquire()  # downgrade
+                time.sleep(0.5)  # a renewal of both holds
+            rw.read_lock().release()
+            assert not rw.read_lock().lost
+            assert not rw.write_lock().lost
+    finally:
+        srv.stop()
