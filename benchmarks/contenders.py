@@ -105,6 +105,12 @@ class Session:
         ``renew_by_hand``)."""
         return self.lock(key)
 
+    def read_write(self, key: str) -> tuple[LockLike, LockLike]:
+        """The (read, write) locks for ``key``, for one thread. A library without read-write locks serves both
+        with its plain lock: every reader then excludes every other reader."""
+        lock = self.lock(key)
+        return lock, lock
+
     def server_key(self, key: str) -> str | None:
         """The name of the key the lock for ``key`` keeps in the server while held (None: not in a server)."""
         return None
@@ -130,6 +136,8 @@ class HybridlockSession(Session):
     reentrant = True
     renews_itself = True
     lock_type = "pubsub"
+    #: LockRegistry options beyond the defaults (the variants below set them).
+    registry_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, url: str, lease: float) -> None:
         import hybridlock
@@ -137,7 +145,7 @@ class HybridlockSession(Session):
         super().__init__(url, lease)
         self.client = counting_client(url)
         self.registry = hybridlock.LockRegistry(
-            self.client, registry_key="bench", expire_after=lease, lock_type=self.lock_type
+            self.client, registry_key="bench", expire_after=lease, lock_type=self.lock_type, **self.registry_options
         )
 
     def lock(self, key: str) -> LockLike:
@@ -160,6 +168,74 @@ class HybridlockSpinSession(HybridlockSession):
     id = "hybridlock-spin"
     title = 'hybridlock (lock_type="spin")'
     lock_type = "spin"
+
+
+class HybridlockNoHandoffSession(HybridlockSession):
+    id = "hybridlock-nohandoff"
+    title = "hybridlock (hand-off off)"
+    # The documented switch: every final release goes to the server, as before local hand-off existed.
+    registry_options: ClassVar[dict[str, Any]] = {"handoff_limit": 0}
+
+
+class HybridlockReadWriteSession(HybridlockSession):
+    id = "hybridlock-rw"
+    title = "hybridlock read-write lock"
+
+    def read_write(self, key: str) -> tuple[LockLike, LockLike]:
+        # One object per key, shared by the threads: the process's reader threads share one remote read hold.
+        rw = self.registry.obtain_read_write(key)
+        return rw.read_lock(), rw.write_lock()
+
+
+class PerThreadHoldsSession(Session):
+    """A model of Redisson's read-write lock, where every reader *thread* holds its own remote read hold (its
+    owner id is the client's id plus the thread's): here each thread gets a registry of its own, and a registry is
+    one owner in the server, so each reader thread takes and gives back its own read hold, and writers of one
+    process meet only in the server."""
+
+    id = "per-thread-holds"
+    title = "per-thread read holds (Redisson-style model)"
+    module = "hybridlock"
+    distribution = "hybridlock"
+    reentrant = True
+    renews_itself = True
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self._mutex = threading.Lock()
+        self._owners: list[tuple[Any, redis.Redis]] = []
+
+    def _registry(self) -> Any:
+        import hybridlock
+
+        client = counting_client(self.url)
+        registry = hybridlock.LockRegistry(client, registry_key="bench", expire_after=self.lease)
+        with self._mutex:
+            self._owners.append((registry, client))
+        return registry
+
+    def lock(self, key: str) -> LockLike:
+        return self._registry().obtain(key)
+
+    def read_write(self, key: str) -> tuple[LockLike, LockLike]:
+        rw = self._registry().obtain_read_write(key)
+        return rw.read_lock(), rw.write_lock()
+
+    def close(self) -> None:
+        with self._mutex:
+            owners, self._owners = self._owners, []
+
+        def close_one(registry: Any, client: redis.Redis) -> None:
+            registry.close()
+            client.close()
+
+        # A registry's close() waits for its pub/sub listener to wake from its poll (up to a second): close them
+        # side by side rather than one after another.
+        closers = [threading.Thread(target=close_one, args=owner, daemon=True) for owner in owners]
+        for thread in closers:
+            thread.start()
+        for thread in closers:
+            thread.join(timeout=10)
 
 
 class RedisPySession(Session):
@@ -298,6 +374,9 @@ CONTENDERS: dict[str, type[Session]] = {
         PotterySession,
         RLockSession,
         HybridlockSpinSession,
+        HybridlockNoHandoffSession,
+        HybridlockReadWriteSession,
+        PerThreadHoldsSession,
     )
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +17,11 @@ import redis
 __all__ = [
     "CommandCounts",
     "Counter",
+    "LocalCounter",
     "Metric",
     "command_delta",
     "command_snapshot",
+    "jain_index",
     "median_of_rounds",
     "percentile",
 ]
@@ -43,11 +46,41 @@ class Counter:
         self.client.set(self.key, int(value or 0) + 1)
         self.increments += 1  # only the thread holding the lock runs this: no race in a correct lock
 
+    #: Whether ``increment`` sends commands to the server (two: GET and SET), which command counts must subtract.
+    in_server = True
+
+    def read(self) -> bytes | None:
+        """What a reader's critical section does: one GET of the counter (not counted as an increment)."""
+        return self.client.get(self.key)  # type: ignore[no-any-return]
+
     def value(self) -> int:
         return int(self.client.get(self.key) or 0)
 
     def close(self) -> None:
         self.client.close()
+
+
+class LocalCounter:
+    """The in-process critical section: read a Python int, yield with ``time.sleep(0)`` (which lets every other
+    thread run), write it back plus one. Two holders inside at once lose increments, as with ``Counter``."""
+
+    in_server = False
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.increments = 0
+
+    def increment(self) -> None:
+        value = self.count
+        time.sleep(0)
+        self.count = value + 1
+        self.increments += 1
+
+    def value(self) -> int:
+        return self.count
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -103,6 +136,15 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     ordered = sorted(values)
     rank = min(len(ordered), max(1, math.ceil(fraction * len(ordered))))
     return ordered[rank - 1]
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index, (sum x)^2 / (n * sum x^2): 1 when all shares are equal, 1/n when one takes all;
+    NaN for no values or all zero."""
+    square_sum = sum(x * x for x in values)
+    if not values or square_sum == 0:
+        return math.nan
+    return sum(values) ** 2 / (len(values) * square_sum)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,9 @@ def table(workload: Mapping[str, Any], titles: Mapping[str, str]) -> list[str]:
     """One workload's Markdown table: a row per contender, a column per metric, ratios in parentheses."""
     metrics: Sequence[Metric] = workload["metrics"]
     rows: Mapping[str, Any] = workload["rows"]
-    base = rows.get(BASELINE, {}).get("median", {})
+    baseline = workload.get("baseline", BASELINE)
+    labels = {**titles, **workload.get("labels", {})}
+    base = rows.get(baseline, {}).get("median", {})
     lines = [
         "| lock | " + " | ".join(f"{m.label} {_arrow(m)}" if m.ratio else m.label for m in metrics) + " |",
         "|---|" + "---:|" * len(metrics),
@@ -63,17 +65,17 @@ def table(workload: Mapping[str, Any], titles: Mapping[str, str]) -> list[str]:
         for m in metrics:
             value = median.get(m.key)
             cell = _number(value, m.digits)
-            ratio = "" if cid == BASELINE or not m.ratio else _ratio(base.get(m.key), value)
+            ratio = "" if cid == baseline or not m.ratio else _ratio(base.get(m.key), value)
             if ratio and cell != "n/a":
                 cell += f" ({ratio})"
             cells.append(cell)
         flag = "" if row.get("count_ok", True) and not row.get("errors") else " ⚠"
-        lines.append(f"| {titles.get(cid, cid)}{flag} | " + " | ".join(cells) + " |")
+        lines.append(f"| {labels.get(cid, cid)}{flag} | " + " | ".join(cells) + " |")
     return lines
 
 
 def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Issue 3's targets, as this run measured them."""
+    """The targets of issues 3 and 4, as this run measured them (issue 5 sets none: its workload is reported)."""
     w = results["workloads"]
 
     def med(workload: str, cid: str, key: str) -> float | None:
@@ -86,10 +88,11 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         return ours / theirs
 
     out = []
+    issue = [3]
 
     def add(name: str, measured: str, met: bool | None) -> None:
         if met is not None:  # None: the workload was not run
-            out.append({"target": name, "measured": measured, "met": met})
+            out.append({"issue": issue[0], "target": name, "measured": measured, "met": met})
 
     rt = med("uncontended", BASELINE, "round_trips_per_cycle")
     # The renewal thread may send one renewal inside a measured round: allow for it.
@@ -113,6 +116,39 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     locks = w.get("scale", {}).get("params", {}).get("locks")
     add(f"{locks or 10_000:,} held locks renewed in ≤ 1 round trip per slot per period (one server: 1)",
         f"{_number(s, 2)} round trips per period", None if s is None else s <= 1.05)
+
+    issue[0] = 4
+    # "Near 0" round trips per cycle: at most one round trip per ten cycles.
+    near_zero = 0.1
+    floor = med("handoff-inproc", BASELINE, "floor_ratio")
+    on_off = ratio("handoff-inproc", "cycles_per_s", "hybridlock-nohandoff")
+    rt = med("handoff-inproc", BASELINE, "round_trips_per_cycle")
+    add("8 threads, in-process critical section: ≥ 0.8x the RLock floor",
+        f"{_number(floor, 2)}x ({_number(med('handoff-inproc', BASELINE, 'cycles_per_s'), 0)} vs "
+        f"{_number(med('handoff-inproc', 'rlock', 'cycles_per_s'), 0)} cycles/s)",
+        None if floor is None else floor >= 0.8)
+    add("8 threads, in-process critical section: ≥ 3x hand-off off",
+        f"on ÷ off = {_number(on_off, 2)} ({_number(med('handoff-inproc', 'hybridlock-nohandoff', 'cycles_per_s'), 0)}"
+        " cycles/s off)", None if on_off is None else on_off >= 3.0)
+    add(f"8 threads, in-process critical section: round trips per cycle near 0 (≤ {near_zero})",
+        f"{_number(rt, 3)} round trips, {_number(med('handoff-inproc', BASELINE, 'server_cmds_per_cycle'), 3)} "
+        "server cmds per cycle", None if rt is None else rt <= near_zero)
+    floor = med("handoff-redis", BASELINE, "floor_ratio")
+    add("8 threads, two Redis commands inside: ≥ 0.9x the RLock floor",
+        f"{_number(floor, 2)}x ({_number(med('handoff-redis', BASELINE, 'cycles_per_s'), 0)} vs "
+        f"{_number(med('handoff-redis', 'rlock', 'cycles_per_s'), 0)} cycles/s; on ÷ off = "
+        f"{_number(ratio('handoff-redis', 'cycles_per_s', 'hybridlock-nohandoff'), 2)})",
+        None if floor is None else floor >= 0.9)
+    on_off = ratio("handoff-procs", "cycles_per_s", "hybridlock-nohandoff")
+    add("4 processes x 2 threads: cycles/s with hand-off on ≥ off; longest wait of any process and Jain's index "
+        "reported",
+        f"on ÷ off = {_number(on_off, 2)} ({_number(med('handoff-procs', BASELINE, 'cycles_per_s'), 0)} vs "
+        f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'cycles_per_s'), 0)} cycles/s); longest wait of "
+        f"any process {_number(med('handoff-procs', BASELINE, 'wait_max_ms'), 0)} ms on, "
+        f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'wait_max_ms'), 0)} ms off; Jain "
+        f"{_number(med('handoff-procs', BASELINE, 'jain'), 3)} on, "
+        f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'jain'), 3)} off",
+        None if on_off is None else on_off >= 1.0)
     return out
 
 
@@ -135,17 +171,19 @@ def markdown(results: Mapping[str, Any]) -> str:
     lines += [
         "",
         "Numbers are medians over the rounds. In parentheses: **hybridlock's value ÷ this lock's**, measured in "
-        "the same run. ↓ marks columns where lower is better (a ratio below 1 favours hybridlock), ↑ where higher "
-        "is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an error or a wrong count.",
+        "the same run (in each table, hybridlock is the first row: with hand-off on, its default, in 6-8, and its "
+        "read-write lock in 9). ↓ marks columns where lower is better (a ratio below 1 favours hybridlock), ↑ "
+        "where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an error or a wrong "
+        "count.",
         "",
-        "## Targets (issue 3)",
+        "## Targets",
         "",
-        "| target | this run | met |",
-        "|---|---|---|",
+        "| issue | target | this run | met |",
+        "|---|---|---|---|",
     ]
     for t in targets(results):
         met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
-        lines.append(f"| {t['target']} | {t['measured']} | {met} |")
+        lines.append(f"| {t['issue']} | {t['target']} | {t['measured']} | {met} |")
     for name, workload in results["workloads"].items():
         del name
         lines += ["", f"## {workload['title']}", "", workload["description"], ""]
@@ -196,6 +234,13 @@ _PANELS = (
     ("handoff", "handoff_median_ms", True),
     ("scale", "round_trips_per_period", True),
     ("scale", "cpu_percent", False),
+    ("handoff-inproc", "cycles_per_s", False),
+    ("handoff-inproc", "round_trips_per_cycle", False),
+    ("handoff-redis", "cycles_per_s", False),
+    ("handoff-procs", "cycles_per_s", False),
+    ("handoff-procs", "jain", False),
+    ("read-mostly", "cycles_per_s", False),
+    ("read-mostly", "round_trips_per_cycle", False),
 )
 
 _SHORT = {
@@ -205,6 +250,9 @@ _SHORT = {
     "python-redis-lock": "python-\nredis-lock",
     "pottery": "pottery",
     "rlock": "RLock",
+    "hybridlock-nohandoff": "hybridlock\nhand-off off",
+    "hybridlock-rw": "hybridlock\nread-write",
+    "per-thread-holds": "per-thread\nread holds",
 }
 
 
@@ -214,18 +262,23 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8.5))
+    panels = [p for p in _PANELS if p[0] in results["workloads"]]
+    if not panels:
+        return
+    columns = min(5, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.9 * columns + 1, 4.1 * rows + 0.6), squeeze=False)
     meta = results["meta"]
     fig.suptitle(
         f"hybridlock benchmarks — {meta['date']} — {meta['mode']} run, medians of {meta['rounds']} rounds; "
         f"{meta['server']}; load avg at start {meta['load_start']}",
         fontsize=11,
     )
-    for ax, (wname, key, log) in zip(axes.flat, _PANELS, strict=True):
-        workload = results["workloads"].get(wname)
-        if workload is None:
-            ax.set_axis_off()
-            continue
+    for ax in axes.flat[len(panels):]:
+        ax.set_axis_off()
+    for ax, (wname, key, log) in zip(axes.flat, panels, strict=False):
+        workload = results["workloads"][wname]
+        baseline = workload.get("baseline", BASELINE)
         metric = next(m for m in workload["metrics"] if m.key == key)
         names, values, lows, highs, lost = [], [], [], [], []
         for cid, row in workload["rows"].items():
@@ -241,7 +294,8 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
             kept, acquired = first.get("locks_kept"), first.get("acquired")
             lost.append(f"kept {kept:,}\nof {acquired:,}" if kept is not None and acquired and kept < acquired
                         else "")
-        colors = ["#d9480f" if n == BASELINE else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
+        # Dark orange: the row the table's ratios are taken against; light: other hybridlock variants.
+        colors = ["#d9480f" if n == baseline else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
                   for n in names]
         colors = [c if n != "rlock" else "#adb5bd" for n, c in zip(names, colors, strict=True)]
         x = range(len(names))
@@ -253,8 +307,10 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
                 ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, -4),
                             textcoords="offset points", ha="center", va="top", fontsize=7, color="#c92a2a",
                             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
-        ax.set_xticks(list(x), [_SHORT.get(n, n) for n in names], fontsize=8)
-        heading = workload["title"].split(": ")[0].split(". ", 1)[-1]
+        labels = workload.get("labels", {})
+        ax.set_xticks(list(x), [labels[n].replace(" ", "\n", 1) if n in labels else _SHORT.get(n, n)
+                                for n in names], fontsize=8)
+        heading = workload["title"].split(". ", 1)[-1].replace(": ", ":\n", 1)
         if wname == "scale":
             params = workload["params"]
             heading = f"Scale: {params.get('locks', 0):,} locks held, {params.get('lease s')} s lease"
@@ -268,9 +324,10 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
             ax.annotate(f"{v:.3g}" if v < 100 else f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
         ax.grid(axis="y", alpha=0.3)
-    fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Orange: hybridlock "
-             "(light: its spin mode); blue: peers; grey: the in-process floor; hatched: lost locks. Ratios: latest.md.",
-             ha="center", fontsize=9)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: the row the "
+             "table's ratios are taken against (hybridlock; its read-write lock in Read-mostly); light orange: other "
+             "hybridlock modes; blue: peers and models; grey: the in-process floor; hatched: lost locks. "
+             "Ratios: latest.md.", ha="center", fontsize=9)
+    fig.tight_layout(rect=(0, 0.03, 1, 1 - 0.35 / (4.1 * rows + 0.6)))
     fig.savefig(path, dpi=110)
     plt.close(fig)

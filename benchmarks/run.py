@@ -1,7 +1,8 @@
 """Run hybridlock's benchmark suite: one server, every workload, every lock library, in one run.
 
-    python -m benchmarks.run            # the full run (under 10 minutes on 2 cores)
-    python -m benchmarks.run --quick    # a smoke run (under a minute)
+    python -m benchmarks.run                       # the full run (about 10 minutes on 2 cores)
+    python -m benchmarks.run --quick               # a smoke run (about a minute and a half)
+    python -m benchmarks.run --only handoff,rw     # only the workloads of issues 4 and 5
 
 Writes benchmarks/results/latest.md (also printed), latest.json and latest.png. Exits 1 when a counter check
 failed or a workload raised, 2 when no server could be started.
@@ -33,6 +34,8 @@ from hybridlock._server import EmbeddedServer, ServerNotFoundError
 REPO = Path(__file__).resolve().parent.parent
 #: The contenders of every workload, in table order; in-process ones only where the workload allows.
 MAIN_CONTENDERS = ("hybridlock", "redis-py", "python-redis-lock", "pottery", "rlock")
+#: Names for --only: each selects a set of workloads (the issue that set their targets, in the alias).
+GROUPS = {"core": "core", "issue3": "core", "handoff": "handoff", "issue4": "handoff", "rw": "rw", "issue5": "rw"}
 
 
 def _log(message: str) -> None:
@@ -94,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="short durations and fewer locks: under a minute")
     parser.add_argument("--rounds", type=int, help="rounds per measurement (default: 2 quick, 3 full)")
     parser.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
+    parser.add_argument("--only", help="comma-separated groups of workloads: core (1-5, issue 3), handoff (6-8, "
+                        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too. Combines with --workloads "
+                        "(a workload runs if either names it)")
     parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
                         help="where latest.md, latest.json and latest.png go (default: %(default)s)")
@@ -120,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     settings: Settings = QUICK if args.quick else FULL
     if args.rounds is not None:
         settings = Settings(**{**settings.__dict__, "rounds": args.rounds})
-    workloads = [w for w in WORKLOADS if w.name in _selected(args.workloads, [w.name for w in WORKLOADS],
-                                                                 "workload")]
+    if args.only or args.workloads:
+        groups = {GROUPS[g] for g in _selected(args.only, list(GROUPS), "group")} if args.only else set()
+        names = set(_selected(args.workloads, [w.name for w in WORKLOADS], "workload")) if args.workloads else set()
+        workloads = [w for w in WORKLOADS if w.group in groups or w.name in names]
+    else:
+        workloads = list(WORKLOADS)
     wanted = _selected(args.contenders, list(CONTENDERS), "contender")
 
     load_start = _load()
@@ -134,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         ok, detail = contender_available(cid)
         if ok:
             available.append(cid)
-            if cid != "hybridlock-spin":
+            if cid == "hybridlock" or CONTENDERS[cid].distribution != "hybridlock":  # variants: same version
                 versions[cid] = detail
         else:
             skipped.append(f"{CONTENDERS[cid].title}: {detail}")
@@ -168,14 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         _log(f"server {results['meta']['server']} on {url}; load average {load_start}")
         for workload in workloads:
-            ids = [c for c in (*MAIN_CONTENDERS[:1], *workload.extra, *MAIN_CONTENDERS[1:])
-                   if c in available and (workload.in_process or CONTENDERS[c].uses_server)]
+            order = workload.contenders or (*MAIN_CONTENDERS[:1], *workload.extra, *MAIN_CONTENDERS[1:])
+            ids = [c for c in order if c in available and (workload.in_process or CONTENDERS[c].uses_server)]
             params = _params(workload.name, settings)
             entry: dict[str, Any] = {
                 "title": workload.title,
                 "description": workload.description,
                 "params": params,
                 "metrics": workload.metrics,
+                "baseline": workload.baseline,
+                "labels": dict(workload.labels),
                 "rows": {},
                 "notes": [],
             }
@@ -198,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 for error in row.get("errors", []):
                     failures.append(f"{workload.name} / {cid}: {error.strip()}")
                 _notes(workload.name, cid, row, entry["notes"])
+            _derived(entry)
         admin.close()
     finally:
         server.stop()
@@ -257,11 +270,36 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
                 "rounds": s.rounds, "lease s": s.lease}
     if name == "scale":
         return {"locks": s.scale_locks, "lease s": s.scale_lease, "window s": s.scale_window_s, "rounds": 1}
+    if name in ("handoff-inproc", "handoff-redis"):
+        return {"threads": s.threads, "seconds per round": s.local_s, "rounds": s.rounds, "lease s": s.lease}
+    if name == "handoff-procs":
+        return {"processes": s.processes, "threads each": s.threads_per_process, "seconds per round": s.local_s,
+                "rounds": s.rounds, "lease s": s.lease}
+    if name == "read-mostly":
+        return {"processes": s.rw_processes, "threads each": s.rw_threads,
+                "writes": f"{s.rw_write_fraction:.0%}", "seconds per round": s.local_s, "rounds": s.rounds,
+                "lease s": s.lease}
     return {}
+
+
+def _derived(entry: dict[str, Any]) -> None:
+    """Columns computed across a workload's rows once they are all in: each row's cycles/s over the in-process
+    floor's (threading.RLock), from the medians of this run."""
+    if not any(m.key == "floor_ratio" for m in entry["metrics"]):
+        return
+    floor = entry["rows"].get("rlock", {}).get("median", {}).get("cycles_per_s")
+    for row in entry["rows"].values():
+        ours = row.get("median", {}).get("cycles_per_s")
+        if "median" in row:
+            row["median"]["floor_ratio"] = ours / floor if ours is not None and floor else None
 
 
 def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
     """Facts worth a line under a table that the columns do not show."""
+    if name == "handoff-procs" and row.get("rounds"):
+        waits = "; ".join(" / ".join(f"{w:,.0f}" for w in r["per_process_wait_max_ms"]) for r in row["rounds"])
+        shares = "; ".join(" / ".join(f"{n:,}" for n in r["per_process_cycles"]) for r in row["rounds"])
+        notes.append(f"{cid}: longest wait per process (ms), round by round: {waits}. Cycles per process: {shares}.")
     if name == "scale" and row.get("rounds"):
         r = row["rounds"][0]
         if r.get("renewal_thread_errors"):

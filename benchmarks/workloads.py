@@ -1,8 +1,12 @@
-"""The five workloads. Each takes a contender id and the server URL, and returns one result row for the tables.
+"""The workloads. Each takes a contender id and the server URL, and returns one result row for the tables.
 
-Every critical section increments the shared counter (``measure.Counter``: GET then SET in Redis), and every
-workload checks at the end that the counter equals the number of cycles run: a lock that ever let two holders in
-loses increments, and the run fails. Every loop is bounded both in count and in time.
+Five measure the plain lock against its peers (issue 3), three the local hand-off between threads of one process
+(issue 4), one a read-mostly load on a read-write lock (issue 5).
+
+Every critical section increments a shared counter non-atomically (``measure.Counter``: GET then SET in Redis;
+``measure.LocalCounter``: a Python int read, ``time.sleep(0)``, written back), and every workload checks at the end
+that the counter equals the number of cycles run (of writes, in the read-mostly one): a lock that ever let two
+holders in loses increments, and the run fails. Every loop is bounded both in count and in time.
 
 Processes are started with the ``spawn`` method: each child builds its own client (and registry) from the URL, as
 a separate program would, and nothing is inherited from the harness's threads.
@@ -25,7 +29,17 @@ from typing import Any
 import redis
 
 from .contenders import LockLike, Session, make_session, round_trips_sent
-from .measure import Counter, Metric, command_delta, command_snapshot, median_of_rounds, percentile
+from .measure import (
+    CommandCounts,
+    Counter,
+    LocalCounter,
+    Metric,
+    command_delta,
+    command_snapshot,
+    jain_index,
+    median_of_rounds,
+    percentile,
+)
 
 __all__ = ["FULL", "METRICS", "QUICK", "WORKLOADS", "Settings"]
 
@@ -58,6 +72,14 @@ class Settings:
     scale_lease: float = 3.0
     scale_window_s: float = 9.0
     scale_acquire_max_s: float = 60.0
+    # issue 4 (local hand-off: 1 process x `threads`, and `processes` x `threads_per_process`) and issue 5
+    # (read-mostly): seconds per round, and a bound on each thread's cycles per round
+    local_s: float = 5.0
+    local_max_cycles: int = 1_000_000
+    # read-mostly: processes x threads on one key, and the share of cycles that write
+    rw_processes: int = 4
+    rw_threads: int = 8
+    rw_write_fraction: float = 0.05
 
 
 QUICK = Settings(
@@ -69,6 +91,7 @@ QUICK = Settings(
     scale_locks=2_000,
     scale_window_s=2.5,
     scale_acquire_max_s=20.0,
+    local_s=0.5,
 )
 FULL = Settings(rounds=3)
 
@@ -150,7 +173,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         stats.close()
 
 
-def _cycle(lock: LockLike, counter: Counter) -> None:
+def _cycle(lock: LockLike, counter: Counter | LocalCounter) -> None:
     lock.acquire()
     try:
         counter.increment()
@@ -196,7 +219,7 @@ CONTENTION_METRICS = (
 
 def _contend(
     session: Session,
-    counter: Counter,
+    counter: Counter | LocalCounter,
     key: str,
     threads: int,
     duration: float,
@@ -276,11 +299,25 @@ def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, i
 
 def threads_one_process(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.threads`` threads of this process on one key."""
-    session = make_session(contender_id, url, settings.lease)
-    key = "threads"
-    counter = Counter(url, f"bench-counter:threads:{contender_id}")
+    return _one_process(contender_id, url, settings, "threads", Counter(url, f"bench-counter:threads:{contender_id}"),
+                        settings.contention_s, settings.contention_max_cycles, CONTENTION_METRICS)
+
+
+def _one_process(
+    contender_id: str,
+    url: str,
+    settings: Settings,
+    key: str,
+    counter: Counter | LocalCounter,
+    duration: float,
+    max_cycles: int,
+    metrics: Sequence[Metric],
+) -> dict[str, Any]:
+    """``settings.threads`` threads of this process cycle on ``key``, each cycle incrementing ``counter``."""
+    session = None
     stats = redis.Redis.from_url(url)
     try:
+        session = make_session(contender_id, url, settings.lease)
         cycles_run = 0
         for _ in range(settings.threads):  # warm-up, outside the rounds: one cycle per lock object
             _cycle(session.lock(key), counter)
@@ -290,18 +327,19 @@ def threads_one_process(contender_id: str, url: str, settings: Settings) -> dict
         for _ in range(settings.rounds):
             increments0 = counter.increments
             before, trips0 = command_snapshot(stats), round_trips_sent()
-            part = _contend(session, counter, key, settings.threads, settings.contention_s,
-                            settings.contention_max_cycles)
+            part = _contend(session, counter, key, settings.threads, duration, max_cycles)
             trips = round_trips_sent() - trips0
             delta = command_delta(before, command_snapshot(stats))
             errors += part["errors"]
             cycles_run += sum(part["per_thread"])
-            rounds.append(_contention_round([part], trips, delta, counter.increments - increments0))
+            in_server = counter.increments - increments0 if counter.in_server else 0
+            rounds.append(_contention_round([part], trips, delta, in_server))
             if part["errors"]:
                 break
-        return _row(rounds, CONTENTION_METRICS, counter, cycles_run, errors)
+        return _row(rounds, metrics, counter, cycles_run, errors)
     finally:
-        session.close()
+        if session is not None:
+            session.close()
         counter.close()
         stats.close()
 
@@ -313,20 +351,25 @@ def _contention_child(
     index: int,
     barrier: Any,
     results: Any,
+    key: str = "processes",
+    duration: float | None = None,
+    max_cycles: int | None = None,
 ) -> None:
-    """A child process of workload 3: its own session and threads, one round per barrier."""
+    """A child process of the multi-process contention workloads: its own session and threads, one round per
+    barrier, cycling on ``key`` (and incrementing the counter of that name)."""
     s = Settings(**settings)
     session = None
     try:
         session = make_session(contender_id, url, s.lease)
-        counter = Counter(url, f"bench-counter:processes:{contender_id}", reset=False)
-        key = "processes"
+        counter = Counter(url, f"bench-counter:{key}:{contender_id}", reset=False)
         for _ in range(s.threads_per_process):
             _cycle(session.lock(key), counter)
         results.put(("ready", index, s.threads_per_process))
         for round_no in range(s.rounds):
             trips0 = round_trips_sent()
-            part = _contend(session, counter, key, s.threads_per_process, s.contention_s, s.contention_max_cycles,
+            part = _contend(session, counter, key, s.threads_per_process,
+                            s.contention_s if duration is None else duration,
+                            s.contention_max_cycles if max_cycles is None else max_cycles,
                             before_start=lambda: barrier.wait(timeout=_SLACK))
             part["round_trips"] = round_trips_sent() - trips0
             results.put(("round", index, round_no, part))
@@ -339,62 +382,117 @@ def _contention_child(
             session.close()
 
 
-def threads_many_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
-    """``settings.processes`` processes x ``settings.threads_per_process`` threads on one key."""
-    counter = Counter(url, f"bench-counter:processes:{contender_id}")
-    stats = redis.Redis.from_url(url)
+def _run_children(
+    contender_id: str,
+    url: str,
+    settings: Settings,
+    target: Callable[..., None],
+    extra: tuple[Any, ...],
+    processes: int,
+    round_s: float,
+    stats: redis.Redis,
+    errors: list[str],
+) -> tuple[int, list[tuple[list[dict[str, Any]], CommandCounts]]]:
+    """Start ``processes`` children running ``target(contender_id, url, settings, index, barrier, results,
+    *extra)``. Each reports ("ready", index, cycles of its warm-up), then per round ("round", index, round_no,
+    part) after the barrier let all of them go at once.
+
+    Returns the warm-up cycles and, per round, the parts (in child order) with the server's command counts over
+    the round. A round that came back short (a child failed or hung) is returned too, so its cycles can be
+    counted, and ends the loop; so does a part that reports errors."""
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(settings.processes + 1)
+    barrier = context.Barrier(processes + 1)
     results = context.Queue()
     children = [
         context.Process(
-            target=_contention_child,
-            args=(contender_id, url, asdict(settings), i, barrier, results),
+            target=target,
+            args=(contender_id, url, asdict(settings), i, barrier, results, *extra),
             name=f"bench-{contender_id}-{i}",
             daemon=True,
         )
-        for i in range(settings.processes)
+        for i in range(processes)
     ]
-    rounds: list[dict[str, Any]] = []
-    errors: list[str] = []
-    cycles_run = 0
+    warm = 0
+    rounds: list[tuple[list[dict[str, Any]], CommandCounts]] = []
     try:
         for child in children:
             child.start()
-        for message in _collect(results, "ready", settings.processes, _SLACK, errors):
-            cycles_run += message[2]
-        for round_no in range(settings.rounds if not errors else 0):
-            increments = 0
+        for message in _collect(results, "ready", processes, _SLACK, errors):
+            warm += message[2]
+        for _ in range(settings.rounds if not errors else 0):
             before = command_snapshot(stats)
             barrier.wait(timeout=_SLACK)
-            parts = [m[3] for m in _collect(results, "round", settings.processes, settings.contention_s + _SLACK,
-                                            errors)]
+            got = _collect(results, "round", processes, round_s + _SLACK, errors)
             delta = command_delta(before, command_snapshot(stats))
-            for part in parts:
-                errors += part["errors"]
-                increments += sum(part["per_thread"])
-            cycles_run += increments
-            if len(parts) != settings.processes:
-                break
-            trips = sum(part["round_trips"] for part in parts)
-            rounds.append(_contention_round(parts, trips, delta, increments))
-            rounds[-1]["round"] = round_no
-            if errors:
+            parts = [m[3] for m in sorted(got, key=lambda m: m[1])]
+            rounds.append((parts, delta))
+            if len(parts) != processes or errors or any(part["errors"] for part in parts):
                 break
     except threading.BrokenBarrierError:
         errors.append("a child process never reached the start barrier")
     finally:
         if errors:
             barrier.abort()
-        for child in children:
-            child.join(timeout=10)
-            if child.is_alive():
-                child.terminate()  # our own child, by its handle
-                child.join(timeout=5)
+        _reap(children, 10)
         results.close()
-        stats.close()
+    return warm, rounds
+
+
+def _reap(children: Sequence[Any], wait: float) -> None:
+    """Join our children (those that started), giving each ``wait`` seconds before ending it by its handle."""
+    for child in children:
+        if child.pid is None:
+            continue  # never started (an earlier one's start failed)
+        child.join(timeout=wait)
+        if child.is_alive():
+            child.terminate()  # our own child, by its handle
+            child.join(timeout=5)
+
+
+def threads_many_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.processes`` processes x ``settings.threads_per_process`` threads on one key."""
+    return _many_processes(contender_id, url, settings, "processes", settings.contention_s,
+                           settings.contention_max_cycles, CONTENTION_METRICS)
+
+
+def _many_processes(
+    contender_id: str,
+    url: str,
+    settings: Settings,
+    key: str,
+    duration: float,
+    max_cycles: int,
+    metrics: Sequence[Metric],
+) -> dict[str, Any]:
+    counter = Counter(url, f"bench-counter:{key}:{contender_id}")
+    stats = redis.Redis.from_url(url)
+    errors: list[str] = []
     try:
-        return _row(rounds, CONTENTION_METRICS, counter, cycles_run, errors)
+        cycles_run, raw = _run_children(contender_id, url, settings, _contention_child, (key, duration, max_cycles),
+                                        settings.processes, duration, stats, errors)
+    finally:
+        stats.close()
+    rounds: list[dict[str, Any]] = []
+    for round_no, (parts, delta) in enumerate(raw):
+        increments = 0
+        for part in parts:
+            errors += part["errors"]
+            increments += sum(part["per_thread"])
+        cycles_run += increments
+        if len(parts) != settings.processes:
+            continue
+        trips = sum(part["round_trips"] for part in parts)
+        result = _contention_round(parts, trips, delta, increments)
+        result["round"] = round_no
+        # Per process: its cycles (Jain's index over them), and the longest wait any of its threads saw.
+        per_process = [sum(part["per_thread"]) for part in parts]
+        result["per_process_cycles"] = per_process
+        result["jain"] = jain_index(per_process)
+        result["per_process_wait_max_ms"] = [_ms(max(part["waits"])) if part["waits"] else math.nan
+                                             for part in parts]
+        rounds.append(result)
+    try:
+        return _row(rounds, metrics, counter, cycles_run, errors)
     finally:
         counter.close()
 
@@ -551,11 +649,7 @@ def handoff(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
                 }
             )
     finally:
-        for child in children:
-            child.join(timeout=10 if not errors else 1)
-            if child.is_alive():
-                child.terminate()  # our own child, by its handle
-                child.join(timeout=5)
+        _reap(children, 10 if not errors else 1)
         results.close()
     try:
         return _row(rounds, HANDOFF_METRICS, counter, cycles_run, errors)
@@ -744,12 +838,246 @@ def _count_present(client: redis.Redis, names: Sequence[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# 6.-8. local hand-off between the threads of one process (issue 4)
+
+
+LOCAL_METRICS = (
+    Metric("cycles_per_s", "cycles/s", "higher", 0),
+    # Filled in by the harness once the floor's row is in: this row's cycles/s over threading.RLock's.
+    Metric("floor_ratio", "÷ RLock floor", "higher", 2, ratio=False),
+    Metric("wait_p99_ms", "wait p99 (ms)", "lower", 2),
+    Metric("wait_max_ms", "longest wait (ms)", "lower", 1),
+    Metric("fairness", "fairness (min/mean cycles per thread)", "higher", 2),
+    Metric("round_trips_per_cycle", "round trips / cycle", "lower", 3),
+    Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 3),
+)
+
+LOCAL_PROCESSES_METRICS = (
+    Metric("cycles_per_s", "cycles/s", "higher", 0),
+    Metric("wait_p50_ms", "wait p50 (ms)", "lower", 2),
+    Metric("wait_p99_ms", "wait p99 (ms)", "lower", 1),
+    Metric("wait_max_ms", "longest wait, worst process (ms)", "lower", 0),
+    Metric("wait_max_best_ms", "longest wait, best process (ms)", "lower", 0),
+    Metric("jain", "Jain's index over processes", "higher", 3),
+    Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
+    Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+)
+
+
+def handoff_inproc(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.threads`` threads of this process on one key; the critical section is in-process (a Python
+    counter read, ``time.sleep(0)``, written back), so what is left is the lock's own cost."""
+    return _one_process(contender_id, url, settings, "handoff-inproc", LocalCounter(), settings.local_s,
+                        settings.local_max_cycles, LOCAL_METRICS)
+
+
+def handoff_redis(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.threads`` threads of this process on one key; the critical section is two Redis commands."""
+    return _one_process(contender_id, url, settings, "handoff-redis",
+                        Counter(url, f"bench-counter:handoff-redis:{contender_id}"), settings.local_s,
+                        settings.local_max_cycles, LOCAL_METRICS)
+
+
+def handoff_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.processes`` x ``settings.threads_per_process`` threads on one key (critical section: two Redis
+    commands): whether hand-off inside each process costs the others."""
+    row = _many_processes(contender_id, url, settings, "handoff-procs", settings.local_s, settings.local_max_cycles,
+                          LOCAL_PROCESSES_METRICS)
+    for r in row["rounds"]:
+        r["wait_max_best_ms"] = min((w for w in r["per_process_wait_max_ms"] if not math.isnan(w)), default=math.nan)
+    row["median"] = median_of_rounds(row["rounds"], LOCAL_PROCESSES_METRICS)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 9. read-mostly: a read-write lock under 95 % reads (issue 5)
+
+
+READ_MOSTLY_METRICS = (
+    Metric("cycles_per_s", "cycles/s", "higher", 0),
+    Metric("writes_per_s", "writes/s", "higher", 0),
+    Metric("read_wait_p50_ms", "read wait p50 (ms)", "lower", 2),
+    Metric("read_wait_p99_ms", "read wait p99 (ms)", "lower", 1),
+    Metric("write_wait_p50_ms", "write wait p50 (ms)", "lower", 1),
+    Metric("write_wait_p99_ms", "write wait p99 (ms)", "lower", 0),
+    Metric("round_trips_per_cycle", "round trips / cycle", "lower", 3),
+    Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+)
+
+
+def _read_mostly_threads(
+    pairs: Sequence[tuple[LockLike, LockLike]],
+    counter: Counter,
+    duration: float,
+    max_cycles: int,
+    write_fraction: float,
+    seed: int,
+    before_start: Callable[[], None],
+) -> dict[str, Any]:
+    """One thread per (read lock, write lock) pair, each for ``duration`` seconds (or ``max_cycles``): a write
+    (probability ``write_fraction``, from a seeded generator) increments the counter (GET, SET) under the write
+    lock, a read GETs it under the read lock."""
+    n = len(pairs)
+    read_waits: list[list[float]] = [[] for _ in range(n)]
+    write_waits: list[list[float]] = [[] for _ in range(n)]
+    errors: list[str] = []
+    gate = threading.Barrier(n + 1)
+    deadline = [0.0]
+
+    def worker(index: int) -> None:
+        read_lock, write_lock = pairs[index]
+        reads, writes = read_waits[index], write_waits[index]
+        rng = random.Random(seed * 1000 + index)
+        try:
+            gate.wait(timeout=_SLACK)
+            end = deadline[0]
+            while len(reads) + len(writes) < max_cycles and time.monotonic() < end:
+                if rng.random() < write_fraction:
+                    t0 = time.perf_counter()
+                    write_lock.acquire()
+                    t1 = time.perf_counter()
+                    try:
+                        counter.increment()
+                    finally:
+                        write_lock.release()
+                    writes.append(t1 - t0)
+                else:
+                    t0 = time.perf_counter()
+                    read_lock.acquire()
+                    t1 = time.perf_counter()
+                    try:
+                        counter.read()
+                    finally:
+                        read_lock.release()
+                    reads.append(t1 - t0)
+        except Exception:
+            errors.append(traceback.format_exc(limit=4))
+
+    workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    for thread in workers:
+        thread.start()
+    before_start()
+    start = time.monotonic()
+    deadline[0] = start + duration
+    gate.wait(timeout=_SLACK)
+    for thread in workers:
+        thread.join(timeout=max(0.0, deadline[0] + _SLACK - time.monotonic()))
+    end = time.monotonic()
+    hung = sum(thread.is_alive() for thread in workers)
+    if hung:
+        errors.append(f"{hung} thread(s) still running {_SLACK:.0f} s after the deadline")
+    return {
+        "start": start,
+        "end": end,
+        "read_waits": [w for mine in read_waits for w in mine],
+        "write_waits": [w for mine in write_waits for w in mine],
+        "reads": sum(len(mine) for mine in read_waits),
+        "writes": sum(len(mine) for mine in write_waits),
+        "errors": errors,
+    }
+
+
+def _read_mostly_child(
+    contender_id: str,
+    url: str,
+    settings: dict[str, Any],
+    index: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """A child process of the read-mostly workload: its own session, ``rw_threads`` threads, one round per
+    barrier."""
+    s = Settings(**settings)
+    session = None
+    counter = None
+    try:
+        session = make_session(contender_id, url, s.lease)
+        counter = Counter(url, f"bench-counter:read-mostly:{contender_id}", reset=False)
+        # Each thread's pair is made here, before the rounds (for the per-thread model: its own registry).
+        pairs = [session.read_write("read-mostly") for _ in range(s.rw_threads)]
+        for read_lock, write_lock in pairs:  # warm-up: one read and one write through each pair
+            _cycle(write_lock, counter)
+            read_lock.acquire()
+            try:
+                counter.read()
+            finally:
+                read_lock.release()
+        results.put(("ready", index, len(pairs)))
+        for round_no in range(s.rounds):
+            trips0 = round_trips_sent()
+            part = _read_mostly_threads(pairs, counter, s.local_s, s.local_max_cycles, s.rw_write_fraction,
+                                        seed=100 * round_no + index, before_start=lambda: barrier.wait(timeout=_SLACK))
+            part["round_trips"] = round_trips_sent() - trips0
+            results.put(("round", index, round_no, part))
+            if part["errors"]:
+                return
+    except BaseException:
+        results.put(("error", index, traceback.format_exc(limit=6)))
+    finally:
+        if session is not None:
+            session.close()
+        if counter is not None:
+            counter.close()
+
+
+def read_mostly(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """``settings.rw_processes`` x ``settings.rw_threads`` threads on one key, ``rw_write_fraction`` of the cycles
+    writing. The counter check counts writes (reads do not change it)."""
+    counter = Counter(url, f"bench-counter:read-mostly:{contender_id}")
+    stats = redis.Redis.from_url(url)
+    errors: list[str] = []
+    try:
+        writes_run, raw = _run_children(contender_id, url, settings, _read_mostly_child, (), settings.rw_processes,
+                                        settings.local_s, stats, errors)
+    finally:
+        stats.close()
+    rounds: list[dict[str, Any]] = []
+    for round_no, (parts, delta) in enumerate(raw):
+        reads = sum(part["reads"] for part in parts)
+        writes = sum(part["writes"] for part in parts)
+        for part in parts:
+            errors += part["errors"]
+        writes_run += writes
+        if len(parts) != settings.rw_processes:
+            continue
+        cycles = reads + writes
+        elapsed = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+        read_waits = [w for part in parts for w in part["read_waits"]]
+        write_waits = [w for part in parts for w in part["write_waits"]]
+        trips = sum(part["round_trips"] for part in parts)
+        # Lock commands: everything less the critical sections' own (a read's GET, a write's GET and SET).
+        lock_commands = delta.total() - reads - 2 * writes
+        rounds.append(
+            {
+                "round": round_no,
+                "reads": reads,
+                "writes": writes,
+                "elapsed_s": elapsed,
+                "cycles_per_s": cycles / elapsed if elapsed > 0 else math.nan,
+                "writes_per_s": writes / elapsed if elapsed > 0 else math.nan,
+                "read_wait_p50_ms": _ms(percentile(read_waits, 0.50)),
+                "read_wait_p99_ms": _ms(percentile(read_waits, 0.99)),
+                "write_wait_p50_ms": _ms(percentile(write_waits, 0.50)),
+                "write_wait_p99_ms": _ms(percentile(write_waits, 0.99)),
+                "wait_max_ms": _ms(max(read_waits + write_waits, default=math.nan)),
+                "per_process_cycles": [part["reads"] + part["writes"] for part in parts],
+                "round_trips_per_cycle": trips / cycles if cycles else math.nan,
+                "server_cmds_per_cycle": lock_commands / cycles if cycles else math.nan,
+            }
+        )
+    try:
+        return _row(rounds, READ_MOSTLY_METRICS, counter, writes_run, errors)
+    finally:
+        counter.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def _row(
     rounds: list[dict[str, Any]],
     metrics: Sequence[Metric],
-    counter: Counter,
+    counter: Counter | LocalCounter,
     cycles_run: int,
     errors: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -776,6 +1104,14 @@ class Workload:
     in_process: bool
     #: Variants that take part here besides the main contenders (by id).
     extra: tuple[str, ...] = ()
+    #: Which set of workloads this belongs to (``--only``): "core" (issue 3), "handoff" (issue 4), "rw" (issue 5).
+    group: str = "core"
+    #: When set, exactly these contenders take part (by id, in table order) instead of the main ones.
+    contenders: tuple[str, ...] | None = None
+    #: The row every other row's ratio is taken against.
+    baseline: str = "hybridlock"
+    #: Row names that differ from the contender's title in this workload.
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 WORKLOADS = (
@@ -833,6 +1169,69 @@ WORKLOADS = (
         scale,
         SCALE_METRICS,
         in_process=False,
+    ),
+    Workload(
+        "handoff-inproc",
+        "6. Local hand-off: one process, 8 threads, in-process critical section",
+        "Eight threads of one process cycle on one key for a fixed time; the critical section reads a Python "
+        "counter, calls time.sleep(0) (which lets the other threads run) and writes the counter back, so nearly all "
+        "that is left is the lock's own cost. hybridlock runs with hand-off on (the default: handoff_limit=64, "
+        "handoff_window=0.05) and off (handoff_limit=0). In parentheses: hybridlock with hand-off on ÷ that row, "
+        "so on the hand-off-off row it is on ÷ off. ÷ RLock floor is each row's cycles/s over threading.RLock's "
+        "in this run. Round trips are counted on the client; server commands are INFO commandstats (Lua's inner "
+        "commands included).",
+        handoff_inproc,
+        LOCAL_METRICS,
+        in_process=True,
+        group="handoff",
+        contenders=("hybridlock", "hybridlock-nohandoff", "redis-py", "rlock"),
+        labels=(("hybridlock", "hybridlock (hand-off on)"),),
+    ),
+    Workload(
+        "handoff-redis",
+        "7. Local hand-off: one process, 8 threads, two Redis commands inside",
+        "As 6., but the critical section is the usual Redis counter (GET, then SET: two round trips through a "
+        "client of its own, not counted).",
+        handoff_redis,
+        LOCAL_METRICS,
+        in_process=True,
+        group="handoff",
+        contenders=("hybridlock", "hybridlock-nohandoff", "redis-py", "rlock"),
+        labels=(("hybridlock", "hybridlock (hand-off on)"),),
+    ),
+    Workload(
+        "handoff-procs",
+        "8. Local hand-off: four processes x 2 threads, one key",
+        "Four processes (each its own client and registry) with two threads each cycle on one key for a fixed "
+        "time; the critical section is the Redis counter. For each process, the longest wait any of its threads "
+        "saw: the table gives the worst and the best process's (the notes below list all four, round by round). "
+        "Jain's index is over the processes' cycle counts, (Σx)² / (n·Σx²): 1 = equal shares, 0.25 = one "
+        "process took all.",
+        handoff_processes,
+        LOCAL_PROCESSES_METRICS,
+        in_process=False,
+        group="handoff",
+        contenders=("hybridlock", "hybridlock-nohandoff", "redis-py"),
+        labels=(("hybridlock", "hybridlock (hand-off on)"),),
+    ),
+    Workload(
+        "read-mostly",
+        "9. Read-mostly: four processes x 8 threads, 95 % reads",
+        "Four processes with eight threads each cycle on one key for a fixed time; each cycle is a write with "
+        "probability 5 % (seeded per thread), else a read. A read GETs a Redis value under the read lock; a write "
+        "GETs and SETs it (the counter, checked at the end against the writes made) under the write lock. "
+        "Compared: hybridlock's read-write lock (one remote read hold per process, shared by its reader threads), "
+        "hybridlock's plain lock for reads and writes alike, and a model of Redisson's read-write lock, where "
+        "each reader thread holds a read hold of its own in the server (here: one registry per thread, since a "
+        "registry is one owner). In parentheses: the read-write lock ÷ that row. Waits are the time inside "
+        "acquire().",
+        read_mostly,
+        READ_MOSTLY_METRICS,
+        in_process=False,
+        group="rw",
+        contenders=("hybridlock-rw", "hybridlock", "per-thread-holds"),
+        baseline="hybridlock-rw",
+        labels=(("hybridlock", "hybridlock plain lock"),),
     ),
 )
 
