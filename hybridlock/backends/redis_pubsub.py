@@ -246,7 +246,12 @@ class Subscriber:
             self._stopped = True
             self._up = False
             self._cond.notify_all()
-            thread = self._thread
+            thread, pubsub = self._thread, self._pubsub
+        # The listener may be blocked reading for up to _LISTEN_TIMEOUT: cut its connection so that it notices now.
+        connection = getattr(pubsub, "connection", None)
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.disconnect()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=_LISTEN_TIMEOUT + 2.0)
 
