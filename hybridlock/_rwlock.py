@@ -105,11 +105,11 @@ class _Half(ServerLease):
             self._names,
             blocking,
             deadline,
-            attempt=lambda: self._try_once(registry.client_id),
+            attempt=lambda: self._try_once(registry.client_id, blocking),
             give_up=lambda: self._give_up(registry.client_id),
         )
 
-    def _try_once(self, owner: str) -> AcquireResult:
+    def _try_once(self, owner: str, wait: bool) -> AcquireResult:
         raise NotImplementedError
 
     def _give_up(self, owner: str) -> None:
@@ -139,7 +139,7 @@ class ReadLock(_Half):
     def hold_count(self) -> int:
         return self._parent._readers.get(threading.get_ident(), 0)
 
-    def _try_once(self, owner: str) -> AcquireResult:
+    def _try_once(self, owner: str, wait: bool) -> AcquireResult:
         return self._registry.backend.try_acquire_read(self._parent._names, owner, self._registry._lease_ms)
 
     def _writer_elsewhere_waits(self) -> bool:
@@ -235,8 +235,8 @@ class WriteLock(_Half):
         """The token minted for this process's current write hold (see ``HybridLock.fencing_token``)."""
         return self._fencing_token if self._parent._writer is not None else None
 
-    def _try_once(self, owner: str) -> AcquireResult:
-        return self._registry.backend.try_acquire_write(self._parent._names, owner, self._registry._lease_ms)
+    def _try_once(self, owner: str, wait: bool) -> AcquireResult:
+        return self._registry.backend.try_acquire_write(self._parent._names, owner, self._registry._lease_ms, wait)
 
     def _give_up(self, owner: str) -> None:
         # We may be recorded as a waiting writer: stop holding back other owners' readers.

@@ -123,9 +123,10 @@ class LockBackend(abc.ABC):
         """Add ``owner``'s read hold unless another owner writes or waits to write. One round trip."""
 
     @abc.abstractmethod
-    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
         """Take the write hold if no other owner writes and nobody (``owner`` included) reads, minting a fencing
-        token; else record ``owner`` as waiting to write, which holds back new readers. One round trip."""
+        token; else, if ``wait``, record ``owner`` as waiting to write, which holds back new readers (a caller
+        that then gives up calls ``cancel_write_wait``). One round trip."""
 
     @abc.abstractmethod
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:

@@ -188,21 +188,22 @@ class MemoryBackend(LockBackend):
             self._pruned(self._readers.setdefault(names.readers, {}), now)[owner] = now + lease_ms / 1000.0
             return AcquireResult(True)
 
-    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
         now = time.monotonic()
         with self._cond:
             writer = self._live_entry(names.writer, now)
             readers = self._pruned(self._readers.setdefault(names.readers, {}), now)
-            wait: float | None = None
+            blocked_for: float | None = None
             if writer is not None and writer.owner != owner:
-                wait = 3600.0 if writer.expires_at is None else writer.expires_at - now
+                blocked_for = 3600.0 if writer.expires_at is None else writer.expires_at - now
             elif readers:
-                wait = min(readers.values()) - now
+                blocked_for = min(readers.values()) - now
             waiting = self._pruned(self._writers_waiting.setdefault(names.writers_waiting, {}), now)
-            if wait is not None:
-                waiting[owner] = now + 2 * lease_ms / 1000.0
-                self._announce_wanted(names.channel)
-                return AcquireResult(False, None, wait)
+            if blocked_for is not None:
+                if wait:
+                    waiting[owner] = now + 2 * lease_ms / 1000.0
+                    self._announce_wanted(names.channel)
+                return AcquireResult(False, None, blocked_for)
             waiting.pop(owner, None)
             self._entries[names.writer] = _Entry(owner, now + lease_ms / 1000.0)
             token = self._fences.get(names.fence, 0) + 1

@@ -203,12 +203,12 @@ class RedisBackend(LockBackend):
             )
         return _rw_result(reply)
 
-    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
         with self._translated(names.key):
             reply = self._scripts.run(
                 scripts.ACQUIRE_WRITE,
                 (names.writer, names.readers, names.writers_waiting, names.fence),
-                (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish"),
+                (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(wait)),
             )
         return _rw_result(reply)
 

@@ -297,11 +297,11 @@ ACQUIRE_WRITE = (
 -- KEYS[1]  writer key            KEYS[2]  readers (zset)       KEYS[3]  waiting writers (zset)
 -- KEYS[4]  fencing counter key
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms          ARGV[3]  counter TTL in ms
--- ARGV[4]  channel               ARGV[5]  "publish" | "spublish" | ""
+-- ARGV[4]  channel               ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": wait if refused
 -- returns  {1, token}            acquired, with a new fencing token
---          {0, wait_ms}          blocked by a writer or by readers (our own included: no upgrade); we are
---                                recorded as a waiting writer for twice the lease (renewed by each attempt),
---                                which holds back new readers, and announce it on the channel
+--          {0, wait_ms}          blocked by a writer or by readers (our own included: no upgrade). With
+--                                ARGV[6] = "1" we are recorded as a waiting writer for twice the lease (renewed
+--                                by each attempt), which holds back new readers, and announce it on the channel
 """
     + _RW_PRELUDE
     + """
@@ -314,12 +314,14 @@ elseif redis.call('ZCARD', KEYS[2]) > 0 then
   wait_ms = tonumber(first[2]) - now
 end
 if wait_ms then
-  redis.call('ZADD', KEYS[3], now + 2 * tonumber(ARGV[2]), ARGV[1])
-  redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
-  if ARGV[5] == 'publish' then
-    redis.call('PUBLISH', ARGV[4], 'wanted')
-  elseif ARGV[5] == 'spublish' then
-    redis.call('SPUBLISH', ARGV[4], 'wanted')
+  if ARGV[6] == '1' then
+    redis.call('ZADD', KEYS[3], now + 2 * tonumber(ARGV[2]), ARGV[1])
+    redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+    if ARGV[5] == 'publish' then
+      redis.call('PUBLISH', ARGV[4], 'wanted')
+    elseif ARGV[5] == 'spublish' then
+      redis.call('SPUBLISH', ARGV[4], 'wanted')
+    end
   end
   return {0, wait_ms}
 end
