@@ -187,7 +187,10 @@ class RedisBackend(LockBackend):
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
         one per slot on a server in cluster mode."""
         if self._cluster_mode is None:
-            info = self.client.info("cluster")
+            try:
+                info = self.client.info("cluster")
+            except redis.exceptions.ResponseError:
+                info = {}  # a server or stand-in without INFO (fakeredis, some proxies) is taken as a single node
             self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
         if not self._cluster_mode:
             return [[n.lock for n in names]]
