@@ -28,7 +28,19 @@ FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 # ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
 # that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
 # its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
-_QUEUE_LIB = """
+# How every script announces on a lock's channel: mode "publish", "spublish" (sharded pub/sub, for a cluster) or
+# "" (nobody listens).
+_ANNOUNCE_LIB = """
+local function announce(mode, channel, message)
+  if mode == 'publish' then
+    redis.call('PUBLISH', channel, message)
+  elseif mode == 'spublish' then
+    redis.call('SPUBLISH', channel, message)
+  end
+end
+"""
+
+_QUEUE_LIB = _ANNOUNCE_LIB + """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
@@ -55,13 +67,6 @@ end
 local function leave(queue, expiries, owner)
   redis.call('ZREM', queue, owner)
   redis.call('ZREM', expiries, owner)
-end
-local function announce(mode, channel, message)
-  if mode == 'publish' then
-    redis.call('PUBLISH', channel, message)
-  elseif mode == 'spublish' then
-    redis.call('SPUBLISH', channel, message)
-  end
 end
 -- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known).
 local function blocked_for(lock, queue, expiries, owner, now)
@@ -303,6 +308,7 @@ ACQUIRE_WRITE = (
 --                                ARGV[6] = "1" we are recorded as a waiting writer for twice the lease (renewed
 --                                by each attempt), which holds back new readers, and announce it on the channel
 """
+    + _ANNOUNCE_LIB
     + _RW_PRELUDE
     + """
 local writer = redis.call('GET', KEYS[1])
@@ -317,11 +323,7 @@ if wait_ms then
   if ARGV[6] == '1' then
     redis.call('ZADD', KEYS[3], now + 2 * tonumber(ARGV[2]), ARGV[1])
     redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
-    if ARGV[5] == 'publish' then
-      redis.call('PUBLISH', ARGV[4], 'wanted')
-    elseif ARGV[5] == 'spublish' then
-      redis.call('SPUBLISH', ARGV[4], 'wanted')
-    end
+    announce(ARGV[5], ARGV[4], 'wanted')
   end
   return {0, wait_ms}
 end
@@ -344,55 +346,54 @@ RELEASE_READ = (
 -- returns  1                     released
 --          0                     our hold had expired or was gone: the lease was lost
 """
+    + _ANNOUNCE_LIB
     + _RW_PRELUDE
     + """
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
 if redis.call('ZCARD', KEYS[2]) == 0 then
-  if ARGV[3] == 'publish' then
-    redis.call('PUBLISH', ARGV[2], 'released')
-  elseif ARGV[3] == 'spublish' then
-    redis.call('SPUBLISH', ARGV[2], 'released')
-  end
+  announce(ARGV[3], ARGV[2], 'released')
 end
 return 1
 """
 )
 
-RELEASE_WRITE = """
+RELEASE_WRITE = (
+    """
 -- RELEASE_WRITE: give back our write hold; wake readers and writers alike.
 -- KEYS[1]  writer key
 -- ARGV[1]  owner (client_id)     ARGV[2]  channel              ARGV[3]  "publish" | "spublish" | ""
 -- returns  1                     released
 --          0                     not ours any more: the lease was lost
+"""
+    + _ANNOUNCE_LIB
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if ARGV[3] == 'publish' then
-  redis.call('PUBLISH', ARGV[2], 'released')
-elseif ARGV[3] == 'spublish' then
-  redis.call('SPUBLISH', ARGV[2], 'released')
-end
+announce(ARGV[3], ARGV[2], 'released')
 return 1
 """
+)
 
-CANCEL_WRITE_WAIT = """
+CANCEL_WRITE_WAIT = (
+    """
 -- CANCEL_WRITE_WAIT: a writer gave up waiting; stop holding back readers on its behalf.
 -- KEYS[1]  waiting writers (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  channel              ARGV[3]  "publish" | "spublish" | ""
 -- returns  1 if we were waiting, else 0
+"""
+    + _ANNOUNCE_LIB
+    + """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
-if ARGV[3] == 'publish' then
-  redis.call('PUBLISH', ARGV[2], 'released')
-elseif ARGV[3] == 'spublish' then
-  redis.call('SPUBLISH', ARGV[2], 'released')
-end
+announce(ARGV[3], ARGV[2], 'released')
 return 1
 """
+)
 
 FENCED_SET = """
 -- FENCED_SET: write a value only if the writer's fencing token is not older than any seen for the resource.
