@@ -67,45 +67,49 @@ class MultiLock:
         start = time.monotonic()
         entered: list[HybridLock] = []  # done locally: reentrant, or passed on with the server lease
         pending: list[HybridLock] = []  # local mutex held, server lock still to take
+        done = False
         try:
             for lock in self._locks:
                 state = lock._enter_locally(me, blocking, deadline)
                 if state == _TIMED_OUT:
-                    self._roll_back(entered)
-                    self._release_mutexes(pending)
                     return False
                 (pending if state == _NEEDS_SERVER else entered).append(lock)
-            if pending:
-                registry = self._registry
-                names = [lock._names for lock in pending]
-                outcome: list[AcquireManyResult] = []
+            if pending and not self._take_in_server(pending, blocking, deadline, me, start):
+                return False
+            done = True
+            return True
+        finally:
+            if not done:  # timed out, refused, or interrupted: give back everything taken so far
+                self._roll_back(entered)
+                self._release_mutexes(pending)
 
-                queued_for: set[int] = set()
+    def _take_in_server(
+        self, pending: list[HybridLock], blocking: bool, deadline: float | None, me: int, start: float
+    ) -> bool:
+        """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
+        registry = self._registry
+        names = [lock._names for lock in pending]
+        outcome: list[AcquireManyResult] = []
+        queued_for: set[int] = set()
 
-                def attempt() -> AcquireResult:
-                    result = registry.backend.try_acquire_many(names, registry.client_id, registry._lease_ms, blocking)
-                    outcome[:] = [result]
-                    if not result.acquired:
-                        queued_for.add(result.blocked_by)
-                    return AcquireResult(result.acquired, None, result.holder_ttl)
+        def attempt() -> AcquireResult:
+            result = registry.backend.try_acquire_many(names, registry.client_id, registry._lease_ms, blocking)
+            outcome[:] = [result]
+            if not result.acquired:
+                queued_for.add(result.blocked_by)
+            return AcquireResult(result.acquired, None, result.holder_ttl)
 
-                def blocked_on() -> LockNames:
-                    return names[outcome[0].blocked_by]
+        def blocked_on() -> LockNames:
+            return names[outcome[0].blocked_by]
 
-                def give_up() -> None:
-                    for index in sorted(queued_for):
-                        registry.backend.cancel_wait(names[index], registry.client_id)
+        def give_up() -> None:
+            for index in sorted(queued_for):
+                registry.backend.cancel_wait(names[index], registry.client_id)
 
-                if registry._acquire_remote(names[0], blocking, deadline, attempt, blocked_on, give_up) is None:
-                    self._roll_back(entered)
-                    self._release_mutexes(pending)
-                    return False
-                for lock, part in zip(pending, outcome[0].parts, strict=True):
-                    lock._start_tenancy(me, part.fencing_token, part.contended, start)
-        except BaseException:
-            self._roll_back(entered)
-            self._release_mutexes(pending)
-            raise
+        if registry._acquire_remote(names[0], blocking, deadline, attempt, blocked_on, give_up) is None:
+            return False
+        for lock, part in zip(pending, outcome[0].parts, strict=True):
+            lock._start_tenancy(me, part.fencing_token, part.contended, start)
         return True
 
     @staticmethod
