@@ -13,7 +13,7 @@ process.
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from ._lock import HybridLock
+from ._lock import HybridLock, LockStatistics
 from ._multi import MultiLock
 from ._registry import LocalLockRegistry, LockRegistry
 from ._rwlock import ReadLock, ReadWriteLock, WriteLock
@@ -42,6 +42,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockRegistry",
+    "LockStatistics",
     "LockTimeoutError",
     "LockUpgradeError",
     "MultiLock",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._keys import LockNames
@@ -39,10 +40,24 @@ from .errors import (
 if TYPE_CHECKING:
     from ._registry import LockRegistry
 
-__all__ = ["HybridLock", "validate_timeout"]
+__all__ = ["HybridLock", "LockStatistics", "validate_timeout"]
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
+
+
+@dataclass(frozen=True)
+class LockStatistics:
+    """A snapshot of one lock's state in this process (``HybridLock.statistics()``), for logs and debugging."""
+
+    key: str
+    owner_thread: int | None  # the thread ident holding it here, if any
+    hold_count: int  # that thread's reentrancy depth
+    local_waiters: int  # threads of this process queued for it
+    holds_server_lease: bool
+    fencing_token: int | None
+    lost: bool
+    local_passes: int  # hand-offs between local threads in the current server tenancy
 
 
 def validate_timeout(blocking: object, timeout: object) -> float | None:
@@ -121,6 +136,19 @@ class HybridLock(ServerLease):
         errs early. Check it before a side effect that must not happen after the lease ends."""
         return self._valid_until if self._owner is not None else None
 
+    def statistics(self) -> LockStatistics:
+        """A snapshot of the lock's state here; costs no round trip."""
+        return LockStatistics(
+            key=self.key,
+            owner_thread=self._owner,
+            hold_count=self._count if self._owner is not None else 0,
+            local_waiters=self._mutex.waiting,
+            holds_server_lease=self._in_server,
+            fencing_token=self._fencing_token if self._in_server else None,
+            lost=self._lost,
+            local_passes=self._passes if self._in_server else 0,
+        )
+
     def __repr__(self) -> str:
         owner = self._owner
         if owner is None:
@@ -129,6 +157,9 @@ class HybridLock(ServerLease):
             state = f"locked by thread {owner} (depth {self._count})"
             if self._lost:
                 state += ", LOST"
+        waiting = self._mutex.waiting
+        if waiting:
+            state += f", {waiting} waiting here"
         return f"<hybridlock.HybridLock {self.key!r} {state} at {id(self):#x}>"
 
     # -- acquiring --------------------------------------------------------------------------------------------------

@@ -32,3 +32,19 @@ def test_a_key_may_not_empty_the_cluster_hash_tag():
         with pytest.raises(hybridlock.InvalidArgumentError, match="hash tag"):
             registry.obtain(key)
     assert registry.obtain("orders:{42}").key == "orders:{42}"  # braces elsewhere are fine
+
+
+def test_statistics_and_repr_show_the_state_without_a_round_trip():
+    registry = hybridlock.LocalLockRegistry()
+    lock = registry.obtain("stats")
+    before = lock.statistics()
+    assert before.owner_thread is None
+    assert not before.holds_server_lease
+    with lock, lock:
+        stats = lock.statistics()
+        assert stats.hold_count == 2
+        assert stats.holds_server_lease
+        assert stats.fencing_token == lock.fencing_token
+        assert "depth 2" in repr(lock)
+    with pytest.raises(AttributeError):
+        stats.hold_count = 5  # type: ignore[misc]  # frozen

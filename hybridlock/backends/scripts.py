@@ -40,7 +40,9 @@ local function announce(mode, channel, message)
 end
 """
 
-_QUEUE_LIB = _ANNOUNCE_LIB + """
+_QUEUE_LIB = (
+    _ANNOUNCE_LIB
+    + """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
@@ -95,6 +97,7 @@ local function keep_for(wait_ms)
   return math.max(wait_ms, 1000) + 2000
 end
 """
+)
 
 ACQUIRE = (
     """
