@@ -128,7 +128,18 @@ class Session:
         pass
 
 
-class HybridlockSession(Session):
+class _ClientSession(Session):
+    """A session over one counting client of its own, closed with the session."""
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self.client = counting_client(url)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class HybridlockSession(_ClientSession):
     id = "hybridlock"
     title = "hybridlock"
     module = "hybridlock"
@@ -143,7 +154,6 @@ class HybridlockSession(Session):
         import hybridlock
 
         super().__init__(url, lease)
-        self.client = counting_client(url)
         self.registry = hybridlock.LockRegistry(
             self.client, registry_key="bench", expire_after=lease, lock_type=self.lock_type, **self.registry_options
         )
@@ -161,7 +171,7 @@ class HybridlockSession(Session):
 
     def close(self) -> None:
         self.registry.close()
-        self.client.close()
+        super().close()
 
 
 class HybridlockSpinSession(HybridlockSession):
@@ -238,15 +248,11 @@ class PerThreadHoldsSession(Session):
             thread.join(timeout=10)
 
 
-class RedisPySession(Session):
+class RedisPySession(_ClientSession):
     id = "redis-py"
     title = "redis-py Lock"
     module = "redis"
     distribution = "redis"
-
-    def __init__(self, url: str, lease: float) -> None:
-        super().__init__(url, lease)
-        self.client = counting_client(url)
 
     def lock(self, key: str) -> LockLike:
         # Default settings (sleep=0.1, thread_local=True); a Lock keeps one token per thread, so one object per
@@ -263,11 +269,8 @@ class RedisPySession(Session):
     def renew_by_hand(self, lock: LockLike) -> None:
         lock.reacquire()  # type: ignore[attr-defined]  # resets the TTL to `timeout`: one EVALSHA
 
-    def close(self) -> None:
-        self.client.close()
 
-
-class PythonRedisLockSession(Session):
+class PythonRedisLockSession(_ClientSession):
     id = "python-redis-lock"
     title = "python-redis-lock"
     module = "redis_lock"
@@ -276,7 +279,6 @@ class PythonRedisLockSession(Session):
 
     def __init__(self, url: str, lease: float) -> None:
         super().__init__(url, lease)
-        self.client = counting_client(url)
         # Its expire is whole seconds.
         self.expire = max(1, round(lease))
         self._renewal_client: redis.Redis | None = None
@@ -308,43 +310,39 @@ class PythonRedisLockSession(Session):
         return f"lock:{self._name(key)}"
 
     def close(self) -> None:
-        self.client.close()
+        super().close()
         if self._renewal_client is not None:
             self._renewal_client.close()
 
 
-class PotterySession(Session):
+class PotterySession(_ClientSession):
     id = "pottery"
     title = "pottery Redlock (1 master)"
     module = "pottery"
     distribution = "pottery"
 
-    def __init__(self, url: str, lease: float) -> None:
-        super().__init__(url, lease)
-        self.client = counting_client(url)
-
     def lock(self, key: str) -> LockLike:
-        from pottery import Redlock
-
         # A Redlock's token is per object: a thread needs its own object.
-        return Redlock(key=f"bench-pottery:{key}", masters={self.client}, auto_release_time=self.lease)
+        return self._redlock(key)
 
     def renewing_lock(self, key: str) -> LockLike:
+        # extend() refuses after num_extensions (default 3); a long-held lock needs a higher limit.
+        return self._redlock(key, num_extensions=10**6)
+
+    def _redlock(self, key: str, **options: Any) -> LockLike:
         from pottery import Redlock
 
-        # extend() refuses after num_extensions (default 3); a long-held lock needs a higher limit.
-        return Redlock(
-            key=f"bench-pottery:{key}", masters={self.client}, auto_release_time=self.lease, num_extensions=10**6
-        )
+        return Redlock(key=self._name(key), masters={self.client}, auto_release_time=self.lease, **options)
+
+    @staticmethod
+    def _name(key: str) -> str:
+        return f"bench-pottery:{key}"
 
     def server_key(self, key: str) -> str:
-        return f"redlock:bench-pottery:{key}"
+        return f"redlock:{self._name(key)}"
 
     def renew_by_hand(self, lock: LockLike) -> None:
         lock.extend()  # type: ignore[attr-defined]  # one EVALSHA (from a thread pool of its own)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class RLockSession(Session):

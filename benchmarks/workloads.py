@@ -129,7 +129,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         lock = session.lock("uncontended")
         warmup = 20  # loads scripts and opens the connection outside the measured rounds
         for _ in range(warmup):
-            _cycle(lock, counter)
+            _cycle(lock, counter.increment)
         cycles_run = warmup
         rounds = []
         for _ in range(settings.rounds):
@@ -173,12 +173,17 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         stats.close()
 
 
-def _cycle(lock: LockLike, counter: Counter | LocalCounter) -> None:
+def _cycle(lock: LockLike, section: Callable[[], Any]) -> float:
+    """One cycle: acquire ``lock``, run the critical ``section``, release. Returns the time spent inside
+    ``acquire()`` (the wait)."""
+    t0 = time.perf_counter()
     lock.acquire()
+    t1 = time.perf_counter()
     try:
-        counter.increment()
+        section()
     finally:
         lock.release()
+    return t1 - t0
 
 
 def _reentrant_cost(session: Session, lock: LockLike, stats: redis.Redis, depth: int) -> dict[str, float]:
@@ -235,23 +240,45 @@ def _contend(
     locks = [session.lock(key) for _ in range(threads)]
     waits: list[list[float]] = [[] for _ in range(threads)]
     errors: list[str] = []
+
+    def step(index: int) -> None:
+        waits[index].append(_cycle(locks[index], counter.increment))
+
+    start, end = _cycling_threads(threads, step, duration, max_cycles, before_start, errors)
+    return {
+        "start": start,
+        "end": end,
+        "waits": [w for mine in waits for w in mine],
+        "per_thread": [len(mine) for mine in waits],
+        "errors": errors,
+    }
+
+
+def _cycling_threads(
+    threads: int,
+    step: Callable[[int], None],
+    duration: float,
+    max_cycles: int,
+    before_start: Callable[[], None],
+    errors: list[str],
+) -> tuple[float, float]:
+    """Run ``threads`` threads, thread ``index`` calling ``step(index)`` (one cycle) over and over until
+    ``duration`` has passed (or ``max_cycles`` calls). All are let go at once, after ``before_start`` ran in the
+    calling thread (a multi-process barrier, say).
+
+    Returns the start and end on the system-wide monotonic clock; a thread's exception, and threads still running
+    ``_SLACK`` seconds after the deadline, are appended to ``errors``."""
     gate = threading.Barrier(threads + 1)
     deadline = [0.0]
 
     def worker(index: int) -> None:
-        lock, mine = locks[index], waits[index]
         try:
             gate.wait(timeout=_SLACK)
             end = deadline[0]
-            while len(mine) < max_cycles and time.monotonic() < end:
-                t0 = time.perf_counter()
-                lock.acquire()
-                t1 = time.perf_counter()
-                try:
-                    counter.increment()
-                finally:
-                    lock.release()
-                mine.append(t1 - t0)
+            cycles = 0
+            while cycles < max_cycles and time.monotonic() < end:
+                step(index)
+                cycles += 1
         except Exception:
             errors.append(traceback.format_exc(limit=4))
 
@@ -268,13 +295,7 @@ def _contend(
     hung = sum(thread.is_alive() for thread in workers)
     if hung:
         errors.append(f"{hung} thread(s) still running {_SLACK:.0f} s after the deadline")
-    return {
-        "start": start,
-        "end": end,
-        "waits": [w for mine in waits for w in mine],
-        "per_thread": [len(mine) for mine in waits],
-        "errors": errors,
-    }
+    return start, end
 
 
 def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, increments: int) -> dict[str, Any]:
@@ -320,7 +341,7 @@ def _one_process(
         session = make_session(contender_id, url, settings.lease)
         cycles_run = 0
         for _ in range(settings.threads):  # warm-up, outside the rounds: one cycle per lock object
-            _cycle(session.lock(key), counter)
+            _cycle(session.lock(key), counter.increment)
             cycles_run += 1
         rounds = []
         errors: list[str] = []
@@ -357,20 +378,51 @@ def _contention_child(
 ) -> None:
     """A child process of the multi-process contention workloads: its own session and threads, one round per
     barrier, cycling on ``key`` (and incrementing the counter of that name)."""
-    s = Settings(**settings)
-    session = None
-    try:
-        session = make_session(contender_id, url, s.lease)
-        counter = Counter(url, f"bench-counter:{key}:{contender_id}", reset=False)
+
+    def prepare(s: Settings, session: Session, counter: Counter) -> tuple[int, _ChildRound]:
         for _ in range(s.threads_per_process):
-            _cycle(session.lock(key), counter)
-        results.put(("ready", index, s.threads_per_process))
-        for round_no in range(s.rounds):
-            trips0 = round_trips_sent()
-            part = _contend(session, counter, key, s.threads_per_process,
+            _cycle(session.lock(key), counter.increment)
+
+        def run_round(round_no: int, before_start: Callable[[], None]) -> dict[str, Any]:
+            return _contend(session, counter, key, s.threads_per_process,
                             s.contention_s if duration is None else duration,
                             s.contention_max_cycles if max_cycles is None else max_cycles,
-                            before_start=lambda: barrier.wait(timeout=_SLACK))
+                            before_start=before_start)
+
+        return s.threads_per_process, run_round
+
+    _child_rounds(contender_id, url, settings, index, barrier, results, key, prepare)
+
+
+# A child's round: (round number, what to run just before its threads are let go) -> the round's part.
+_ChildRound = Callable[[int, Callable[[], None]], dict[str, Any]]
+
+
+def _child_rounds(
+    contender_id: str,
+    url: str,
+    settings: dict[str, Any],
+    index: int,
+    barrier: Any,
+    results: Any,
+    counter_key: str,
+    prepare: Callable[[Settings, Session, Counter], tuple[int, _ChildRound]],
+) -> None:
+    """The life of a child process started by ``_run_children``: its own session and counter (the one named
+    ``counter_key``); ``prepare`` warms up and returns the counter increments of its warm-up, reported as "ready",
+    and the function that runs one round. Then one round per barrier, each reported with the round trips it sent,
+    until a round reports errors."""
+    s = Settings(**settings)
+    session = None
+    counter = None
+    try:
+        session = make_session(contender_id, url, s.lease)
+        counter = Counter(url, f"bench-counter:{counter_key}:{contender_id}", reset=False)
+        warm, run_round = prepare(s, session, counter)
+        results.put(("ready", index, warm))
+        for round_no in range(s.rounds):
+            trips0 = round_trips_sent()
+            part = run_round(round_no, lambda: barrier.wait(timeout=_SLACK))
             part["round_trips"] = round_trips_sent() - trips0
             results.put(("round", index, round_no, part))
             if part["errors"]:
@@ -380,6 +432,8 @@ def _contention_child(
     finally:
         if session is not None:
             session.close()
+        if counter is not None:
+            counter.close()
 
 
 def _run_children(
@@ -464,33 +518,52 @@ def _many_processes(
     max_cycles: int,
     metrics: Sequence[Metric],
 ) -> dict[str, Any]:
-    counter = Counter(url, f"bench-counter:{key}:{contender_id}")
-    stats = redis.Redis.from_url(url)
-    errors: list[str] = []
-    try:
-        cycles_run, raw = _run_children(contender_id, url, settings, _contention_child, (key, duration, max_cycles),
-                                        settings.processes, duration, stats, errors)
-    finally:
-        stats.close()
-    rounds: list[dict[str, Any]] = []
-    for round_no, (parts, delta) in enumerate(raw):
-        increments = 0
-        for part in parts:
-            errors += part["errors"]
-            increments += sum(part["per_thread"])
-        cycles_run += increments
-        if len(parts) != settings.processes:
-            continue
-        trips = sum(part["round_trips"] for part in parts)
-        result = _contention_round(parts, trips, delta, increments)
-        result["round"] = round_no
+    def summarize(round_no: int, parts: list[dict[str, Any]], delta: CommandCounts) -> dict[str, Any]:
         # Per process: its cycles (Jain's index over them), and the longest wait any of its threads saw.
         per_process = [sum(part["per_thread"]) for part in parts]
+        trips = sum(part["round_trips"] for part in parts)
+        result = _contention_round(parts, trips, delta, sum(per_process))
+        result["round"] = round_no
         result["per_process_cycles"] = per_process
         result["jain"] = jain_index(per_process)
         result["per_process_wait_max_ms"] = [_ms(max(part["waits"])) if part["waits"] else math.nan
                                              for part in parts]
-        rounds.append(result)
+        return result
+
+    return _processes_row(contender_id, url, settings, key, _contention_child, (key, duration, max_cycles),
+                          settings.processes, duration, metrics, lambda part: sum(part["per_thread"]), summarize)
+
+
+def _processes_row(
+    contender_id: str,
+    url: str,
+    settings: Settings,
+    counter_key: str,
+    target: Callable[..., None],
+    extra: tuple[Any, ...],
+    processes: int,
+    round_s: float,
+    metrics: Sequence[Metric],
+    increments: Callable[[dict[str, Any]], int],
+    summarize: Callable[[int, list[dict[str, Any]], CommandCounts], dict[str, Any]],
+) -> dict[str, Any]:
+    """A multi-process workload's row: runs the children (``_run_children``), counts every part's counter
+    ``increments`` (of short rounds too) for the counter check, and has ``summarize(round_no, parts, delta)``
+    turn each round in which every child reported into a result."""
+    counter = Counter(url, f"bench-counter:{counter_key}:{contender_id}")
+    stats = redis.Redis.from_url(url)
+    errors: list[str] = []
+    try:
+        cycles_run, raw = _run_children(contender_id, url, settings, target, extra, processes, round_s, stats, errors)
+    finally:
+        stats.close()
+    rounds: list[dict[str, Any]] = []
+    for round_no, (parts, delta) in enumerate(raw):
+        for part in parts:
+            errors += part["errors"]
+            cycles_run += increments(part)
+        if len(parts) == processes:
+            rounds.append(summarize(round_no, parts, delta))
     try:
         return _row(rounds, metrics, counter, cycles_run, errors)
     finally:
@@ -538,14 +611,8 @@ def _handoff_holder(
     """Takes the lock, lets the waiter block on it, holds it a random while, and releases it: the hand-off time is
     from just before its ``release()`` to just after the waiter's ``acquire()`` returned, both read on
     ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for the whole machine on Linux)."""
-    s = Settings(**settings)
-    session = None
-    try:
-        session = make_session(contender_id, url, s.lease)
-        lock = session.lock("handoff")
-        counter = Counter(url, f"bench-counter:handoff:{contender_id}", reset=False)
-        _cycle(lock, counter)
-        results.put(("ready", 0, 1))
+
+    def play(s: Settings, lock: LockLike, counter: Counter) -> None:
         timeout = s.hold_max_s + _SLACK
         # Start only once the waiter has finished its own warm-up cycle, or it would be blocked in that one.
         if _recv(conn, timeout) != "ready":
@@ -571,24 +638,14 @@ def _handoff_holder(
                 trips.append(waiter_trips)
             results.put(("round", 0, round_no, {"samples": samples, "waiter_trips": trips}))
         conn.send("done")
-    except BaseException:
-        results.put(("error", 0, traceback.format_exc(limit=6)))
-    finally:
-        if session is not None:
-            session.close()
+
+    _handoff_side(0, contender_id, url, settings, results, play)
 
 
 def _handoff_waiter(
     contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any
 ) -> None:
-    s = Settings(**settings)
-    session = None
-    try:
-        session = make_session(contender_id, url, s.lease)
-        lock = session.lock("handoff")
-        counter = Counter(url, f"bench-counter:handoff:{contender_id}", reset=False)
-        _cycle(lock, counter)
-        results.put(("ready", 1, 1))
+    def play(s: Settings, lock: LockLike, counter: Counter) -> None:
         conn.send("ready")
         timeout = s.hold_max_s + _SLACK
         for _ in range(s.rounds * s.handoffs + 1):  # the last message is "done"
@@ -605,8 +662,31 @@ def _handoff_waiter(
             finally:
                 lock.release()
             conn.send((acquired_at, trips))
+
+    _handoff_side(1, contender_id, url, settings, results, play)
+
+
+def _handoff_side(
+    index: int,
+    contender_id: str,
+    url: str,
+    settings: dict[str, Any],
+    results: Any,
+    play: Callable[[Settings, LockLike, Counter], None],
+) -> None:
+    """The life of one process of the hand-off workload (``index`` 0: the holder, 1: the waiter): its own session
+    and lock, a warm-up cycle reported as "ready", then its part, ``play``; a failure is reported as "error"."""
+    s = Settings(**settings)
+    session = None
+    try:
+        session = make_session(contender_id, url, s.lease)
+        lock = session.lock("handoff")
+        counter = Counter(url, f"bench-counter:handoff:{contender_id}", reset=False)
+        _cycle(lock, counter.increment)
+        results.put(("ready", index, 1))
+        play(s, lock, counter)
     except BaseException:
-        results.put(("error", 1, traceback.format_exc(limit=6)))
+        results.put(("error", index, traceback.format_exc(limit=6)))
     finally:
         if session is not None:
             session.close()
@@ -921,51 +1001,16 @@ def _read_mostly_threads(
     read_waits: list[list[float]] = [[] for _ in range(n)]
     write_waits: list[list[float]] = [[] for _ in range(n)]
     errors: list[str] = []
-    gate = threading.Barrier(n + 1)
-    deadline = [0.0]
+    rngs = [random.Random(seed * 1000 + index) for index in range(n)]
 
-    def worker(index: int) -> None:
+    def step(index: int) -> None:
         read_lock, write_lock = pairs[index]
-        reads, writes = read_waits[index], write_waits[index]
-        rng = random.Random(seed * 1000 + index)
-        try:
-            gate.wait(timeout=_SLACK)
-            end = deadline[0]
-            while len(reads) + len(writes) < max_cycles and time.monotonic() < end:
-                if rng.random() < write_fraction:
-                    t0 = time.perf_counter()
-                    write_lock.acquire()
-                    t1 = time.perf_counter()
-                    try:
-                        counter.increment()
-                    finally:
-                        write_lock.release()
-                    writes.append(t1 - t0)
-                else:
-                    t0 = time.perf_counter()
-                    read_lock.acquire()
-                    t1 = time.perf_counter()
-                    try:
-                        counter.read()
-                    finally:
-                        read_lock.release()
-                    reads.append(t1 - t0)
-        except Exception:
-            errors.append(traceback.format_exc(limit=4))
+        if rngs[index].random() < write_fraction:
+            write_waits[index].append(_cycle(write_lock, counter.increment))
+        else:
+            read_waits[index].append(_cycle(read_lock, counter.read))
 
-    workers = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
-    for thread in workers:
-        thread.start()
-    before_start()
-    start = time.monotonic()
-    deadline[0] = start + duration
-    gate.wait(timeout=_SLACK)
-    for thread in workers:
-        thread.join(timeout=max(0.0, deadline[0] + _SLACK - time.monotonic()))
-    end = time.monotonic()
-    hung = sum(thread.is_alive() for thread in workers)
-    if hung:
-        errors.append(f"{hung} thread(s) still running {_SLACK:.0f} s after the deadline")
+    start, end = _cycling_threads(n, step, duration, max_cycles, before_start, errors)
     return {
         "start": start,
         "end": end,
@@ -987,59 +1032,30 @@ def _read_mostly_child(
 ) -> None:
     """A child process of the read-mostly workload: its own session, ``rw_threads`` threads, one round per
     barrier."""
-    s = Settings(**settings)
-    session = None
-    counter = None
-    try:
-        session = make_session(contender_id, url, s.lease)
-        counter = Counter(url, f"bench-counter:read-mostly:{contender_id}", reset=False)
+
+    def prepare(s: Settings, session: Session, counter: Counter) -> tuple[int, _ChildRound]:
         # Each thread's pair is made here, before the rounds (for the per-thread model: its own registry).
         pairs = [session.read_write("read-mostly") for _ in range(s.rw_threads)]
         for read_lock, write_lock in pairs:  # warm-up: one read and one write through each pair
-            _cycle(write_lock, counter)
-            read_lock.acquire()
-            try:
-                counter.read()
-            finally:
-                read_lock.release()
-        results.put(("ready", index, len(pairs)))
-        for round_no in range(s.rounds):
-            trips0 = round_trips_sent()
-            part = _read_mostly_threads(pairs, counter, s.local_s, s.local_max_cycles, s.rw_write_fraction,
-                                        seed=100 * round_no + index, before_start=lambda: barrier.wait(timeout=_SLACK))
-            part["round_trips"] = round_trips_sent() - trips0
-            results.put(("round", index, round_no, part))
-            if part["errors"]:
-                return
-    except BaseException:
-        results.put(("error", index, traceback.format_exc(limit=6)))
-    finally:
-        if session is not None:
-            session.close()
-        if counter is not None:
-            counter.close()
+            _cycle(write_lock, counter.increment)
+            _cycle(read_lock, counter.read)
+
+        def run_round(round_no: int, before_start: Callable[[], None]) -> dict[str, Any]:
+            return _read_mostly_threads(pairs, counter, s.local_s, s.local_max_cycles, s.rw_write_fraction,
+                                        seed=100 * round_no + index, before_start=before_start)
+
+        return len(pairs), run_round
+
+    _child_rounds(contender_id, url, settings, index, barrier, results, "read-mostly", prepare)
 
 
 def read_mostly(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.rw_processes`` x ``settings.rw_threads`` threads on one key, ``rw_write_fraction`` of the cycles
     writing. The counter check counts writes (reads do not change it)."""
-    counter = Counter(url, f"bench-counter:read-mostly:{contender_id}")
-    stats = redis.Redis.from_url(url)
-    errors: list[str] = []
-    try:
-        writes_run, raw = _run_children(contender_id, url, settings, _read_mostly_child, (), settings.rw_processes,
-                                        settings.local_s, stats, errors)
-    finally:
-        stats.close()
-    rounds: list[dict[str, Any]] = []
-    for round_no, (parts, delta) in enumerate(raw):
+
+    def summarize(round_no: int, parts: list[dict[str, Any]], delta: CommandCounts) -> dict[str, Any]:
         reads = sum(part["reads"] for part in parts)
         writes = sum(part["writes"] for part in parts)
-        for part in parts:
-            errors += part["errors"]
-        writes_run += writes
-        if len(parts) != settings.rw_processes:
-            continue
         cycles = reads + writes
         elapsed = max(p["end"] for p in parts) - min(p["start"] for p in parts)
         read_waits = [w for part in parts for w in part["read_waits"]]
@@ -1047,28 +1063,25 @@ def read_mostly(contender_id: str, url: str, settings: Settings) -> dict[str, An
         trips = sum(part["round_trips"] for part in parts)
         # Lock commands: everything less the critical sections' own (a read's GET, a write's GET and SET).
         lock_commands = delta.total() - reads - 2 * writes
-        rounds.append(
-            {
-                "round": round_no,
-                "reads": reads,
-                "writes": writes,
-                "elapsed_s": elapsed,
-                "cycles_per_s": cycles / elapsed if elapsed > 0 else math.nan,
-                "writes_per_s": writes / elapsed if elapsed > 0 else math.nan,
-                "read_wait_p50_ms": _ms(percentile(read_waits, 0.50)),
-                "read_wait_p99_ms": _ms(percentile(read_waits, 0.99)),
-                "write_wait_p50_ms": _ms(percentile(write_waits, 0.50)),
-                "write_wait_p99_ms": _ms(percentile(write_waits, 0.99)),
-                "wait_max_ms": _ms(max(read_waits + write_waits, default=math.nan)),
-                "per_process_cycles": [part["reads"] + part["writes"] for part in parts],
-                "round_trips_per_cycle": trips / cycles if cycles else math.nan,
-                "server_cmds_per_cycle": lock_commands / cycles if cycles else math.nan,
-            }
-        )
-    try:
-        return _row(rounds, READ_MOSTLY_METRICS, counter, writes_run, errors)
-    finally:
-        counter.close()
+        return {
+            "round": round_no,
+            "reads": reads,
+            "writes": writes,
+            "elapsed_s": elapsed,
+            "cycles_per_s": cycles / elapsed if elapsed > 0 else math.nan,
+            "writes_per_s": writes / elapsed if elapsed > 0 else math.nan,
+            "read_wait_p50_ms": _ms(percentile(read_waits, 0.50)),
+            "read_wait_p99_ms": _ms(percentile(read_waits, 0.99)),
+            "write_wait_p50_ms": _ms(percentile(write_waits, 0.50)),
+            "write_wait_p99_ms": _ms(percentile(write_waits, 0.99)),
+            "wait_max_ms": _ms(max(read_waits + write_waits, default=math.nan)),
+            "per_process_cycles": [part["reads"] + part["writes"] for part in parts],
+            "round_trips_per_cycle": trips / cycles if cycles else math.nan,
+            "server_cmds_per_cycle": lock_commands / cycles if cycles else math.nan,
+        }
+
+    return _processes_row(contender_id, url, settings, "read-mostly", _read_mostly_child, (), settings.rw_processes,
+                          settings.local_s, READ_MOSTLY_METRICS, lambda part: part["writes"], summarize)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1113,6 +1126,10 @@ class Workload:
     #: Row names that differ from the contender's title in this workload.
     labels: tuple[tuple[str, str], ...] = ()
 
+
+# The local hand-off workloads (issue 4) compare hybridlock with hand-off on and off against redis-py.
+_HANDOFF_CONTENDERS = ("hybridlock", "hybridlock-nohandoff", "redis-py")
+_HANDOFF_LABELS = (("hybridlock", "hybridlock (hand-off on)"),)
 
 WORKLOADS = (
     Workload(
@@ -1184,8 +1201,8 @@ WORKLOADS = (
         LOCAL_METRICS,
         in_process=True,
         group="handoff",
-        contenders=("hybridlock", "hybridlock-nohandoff", "redis-py", "rlock"),
-        labels=(("hybridlock", "hybridlock (hand-off on)"),),
+        contenders=(*_HANDOFF_CONTENDERS, "rlock"),
+        labels=_HANDOFF_LABELS,
     ),
     Workload(
         "handoff-redis",
@@ -1196,8 +1213,8 @@ WORKLOADS = (
         LOCAL_METRICS,
         in_process=True,
         group="handoff",
-        contenders=("hybridlock", "hybridlock-nohandoff", "redis-py", "rlock"),
-        labels=(("hybridlock", "hybridlock (hand-off on)"),),
+        contenders=(*_HANDOFF_CONTENDERS, "rlock"),
+        labels=_HANDOFF_LABELS,
     ),
     Workload(
         "handoff-procs",
@@ -1211,8 +1228,8 @@ WORKLOADS = (
         LOCAL_PROCESSES_METRICS,
         in_process=False,
         group="handoff",
-        contenders=("hybridlock", "hybridlock-nohandoff", "redis-py"),
-        labels=(("hybridlock", "hybridlock (hand-off on)"),),
+        contenders=_HANDOFF_CONTENDERS,
+        labels=_HANDOFF_LABELS,
     ),
     Workload(
         "read-mostly",
