@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ._keys import LockNames
 from ._lease import ServerLease
@@ -40,7 +40,7 @@ from .errors import (
 if TYPE_CHECKING:
     from ._registry import LockRegistry
 
-__all__ = ["HybridLock", "LockStatistics", "validate_timeout"]
+__all__ = ["HybridLock", "JavaStyleLock", "LockStatistics", "validate_timeout"]
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
@@ -77,7 +77,45 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
     return float(timeout)
 
 
-class HybridLock(ServerLease):
+_L = TypeVar("_L", bound="JavaStyleLock")
+
+
+class JavaStyleLock:
+    """The calls every lock kind offers on top of its own ``acquire(blocking, timeout)`` and ``release()``: the
+    context manager and Java's ``lock`` / ``unlock`` / ``try_lock`` (alias ``tryLock``)."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def try_lock(self, timeout: float | None = None) -> bool:
+        """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
+        ``timeout`` seconds. Returns whether the lock is now held."""
+        if timeout is None or timeout == 0:
+            return self.acquire(blocking=False)
+        return self.acquire(blocking=True, timeout=timeout)
+
+    tryLock = try_lock  # noqa: N815 - documented Java-style alias
+
+    def lock(self) -> None:
+        """Java's ``lock()``: wait as long as it takes."""
+        self.acquire()
+
+    def unlock(self) -> None:
+        """Java's ``unlock()``: ``release()``."""
+        self.release()
+
+    def __enter__(self: _L) -> _L:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class HybridLock(ServerLease, JavaStyleLock):
     """A reentrant lock that excludes threads of this process and every other owner of the same key.
 
     Obtain it from a registry (``registry.obtain(key)``); it is a drop-in for ``threading.RLock``: ``with lock:``,
@@ -236,23 +274,6 @@ class HybridLock(ServerLease):
             self._contention_watch = None
         self._end_lease()
 
-    def try_lock(self, timeout: float | None = None) -> bool:
-        """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
-        ``timeout`` seconds. Returns whether the lock is now held."""
-        if timeout is None or timeout == 0:
-            return self.acquire(blocking=False)
-        return self.acquire(blocking=True, timeout=timeout)
-
-    tryLock = try_lock  # noqa: N815 - documented Java-style alias
-
-    def lock(self) -> None:
-        """Java's ``lock()``: wait as long as it takes."""
-        self.acquire()
-
-    def __enter__(self) -> HybridLock:
-        self.acquire()
-        return self
-
     # -- releasing --------------------------------------------------------------------------------------------------
 
     def release(self) -> None:
@@ -273,11 +294,6 @@ class HybridLock(ServerLease):
             self._count -= 1
             return
         self._release_fully()
-
-    unlock = release
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
     def _may_pass_locally(self) -> bool:
         """Whether the final release may keep the server lease and pass the local lock to a waiting thread.

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ._keys import LockNames
-from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, validate_timeout
+from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock, validate_timeout
 from .backends.base import AcquireManyResult, AcquireResult
 from .errors import HybridLockError, InvalidArgumentError, LockNotOwnedError
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["MultiLock"]
 
 
-class MultiLock:
+class MultiLock(JavaStyleLock):
     """Several registry locks taken and released as one. Reentrant per thread, like its parts."""
 
     def __init__(self, registry: LockRegistry, keys: Iterable[str]) -> None:
@@ -157,25 +157,8 @@ class MultiLock:
         if first_error is not None:
             raise first_error
 
-    def try_lock(self, timeout: float | None = None) -> bool:
-        if timeout is None or timeout == 0:
-            return self.acquire(blocking=False)
-        return self.acquire(True, timeout)
-
-    def lock(self) -> None:
-        self.acquire()
-
-    unlock = release
-
     def is_held_by_current_thread(self) -> bool:
         return all(lock.is_held_by_current_thread() for lock in self._locks)
-
-    def __enter__(self) -> MultiLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
     def __repr__(self) -> str:
         held = "held by this thread" if self.is_held_by_current_thread() else "not held by this thread"

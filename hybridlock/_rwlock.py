@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._keys import LockNames, ReadWriteNames
 from ._lease import ServerLease
-from ._lock import validate_timeout
+from ._lock import JavaStyleLock, validate_timeout
 from .backends.base import AcquireResult, ReleaseWatch
 from .errors import LockNotOwnedError, LockUpgradeError
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 
 
-class _Half(ServerLease):
+class _Half(ServerLease, JavaStyleLock):
     """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
 
     #: Name of the half in messages and reprs; the subclasses differ in this and in the four hooks below.
@@ -67,25 +67,6 @@ class _Half(ServerLease):
 
     def release(self) -> None:
         self._release(threading.get_ident())
-
-    def try_lock(self, timeout: float | None = None) -> bool:
-        if timeout is None or timeout == 0:
-            return self.acquire(blocking=False)
-        return self.acquire(True, timeout)
-
-    tryLock = try_lock  # noqa: N815 - documented Java-style alias
-
-    def lock(self) -> None:
-        self.acquire()
-
-    unlock = release
-
-    def __enter__(self) -> _Half:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
     def __repr__(self) -> str:
         return f"<hybridlock.{type(self).__name__} {self.key!r} depth {self.hold_count} here at {id(self):#x}>"
