@@ -187,6 +187,14 @@ class HybridlockNoHandoffSession(HybridlockSession):
     registry_options: ClassVar[dict[str, Any]] = {"handoff_limit": 0}
 
 
+class HybridlockStrictFifoSession(HybridlockSession):
+    id = "hybridlock-fifo"
+    title = "hybridlock (strict FIFO hand-off)"
+    # No barge window: every local hand-off goes to the longest-waiting thread, even when the releasing thread
+    # comes straight back (the default lets it go first for up to 2 ms).
+    registry_options: ClassVar[dict[str, Any]] = {"handoff_barge_window": 0}
+
+
 class HybridlockReadWriteSession(HybridlockSession):
     id = "hybridlock-rw"
     title = "hybridlock read-write lock"
@@ -373,6 +381,7 @@ CONTENDERS: dict[str, type[Session]] = {
         RLockSession,
         HybridlockSpinSession,
         HybridlockNoHandoffSession,
+        HybridlockStrictFifoSession,
         HybridlockReadWriteSession,
         PerThreadHoldsSession,
     )

@@ -251,6 +251,7 @@ _SHORT = {
     "pottery": "pottery",
     "rlock": "RLock",
     "hybridlock-nohandoff": "hybridlock\nhand-off off",
+    "hybridlock-fifo": "hybridlock\nstrict FIFO",
     "hybridlock-rw": "hybridlock\nread-write",
     "per-thread-holds": "per-thread\nread holds",
 }

@@ -1127,8 +1127,9 @@ class Workload:
     labels: tuple[tuple[str, str], ...] = ()
 
 
-# The local hand-off workloads (issue 4) compare hybridlock with hand-off on and off against redis-py.
-_HANDOFF_CONTENDERS = ("hybridlock", "hybridlock-nohandoff", "redis-py")
+# The local hand-off workloads (issue 4) compare hybridlock with hand-off on (by default with a 2 ms barge window;
+# also with strict FIFO) and off against redis-py.
+_HANDOFF_CONTENDERS = ("hybridlock", "hybridlock-fifo", "hybridlock-nohandoff", "redis-py")
 _HANDOFF_LABELS = (("hybridlock", "hybridlock (hand-off on)"),)
 
 WORKLOADS = (

@@ -1,81 +1,158 @@
 """The per-key local mutex: first come, first served among the threads of one process.
 
 ``threading.Lock`` lets a releasing thread take the lock straight back (barging), so under contention one thread
-can wait for seconds while others cycle. Here a release hands the mutex directly to the longest-waiting thread,
+can wait for seconds while others cycle. Here ``release()`` hands the mutex directly to the longest-waiting thread,
 so a thread's wait is bounded by the critical sections queued before it.
+
+Strict hand-off has a price: the mutex belongs to a sleeping thread until the operating system runs it, tens of
+microseconds in which nobody is inside. ``pass_on()``, used when the server lease stays with this process (a
+hand-off streak), may instead leave the mutex free for a short *barge window*: the longest-waiting thread is woken
+and takes it if it is still free when it runs, but a thread already running (typically the releasing one, coming
+straight back) may take it first. Once the waiting thread has been passed over for ``barge_window`` seconds, the
+next release hands the mutex to it directly. Waiting threads are always served in arrival order; only a thread
+that is running, not waiting, can go ahead of them, and only within the window.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 __all__ = ["FifoMutex"]
 
 
+class _Ticket:
+    """One waiting thread: it sleeps on ``wakeup`` (acquired at creation) until a release wakes it."""
+
+    __slots__ = ("granted", "wakeup")
+
+    def __init__(self) -> None:
+        self.wakeup = threading.Lock()
+        self.wakeup.acquire()
+        self.granted = False  # the mutex was handed to this thread; set under the mutex's guard
+
+
 class FifoMutex:
     """A non-reentrant mutex with FIFO hand-off; ``acquire(blocking, timeout)`` as ``threading.Lock``."""
 
-    __slots__ = ("_guard", "_locked", "_waiters")
+    __slots__ = ("_barge_window", "_guard", "_head_passed_over_since", "_locked", "_waiters", "_woken")
 
-    def __init__(self) -> None:
+    def __init__(self, barge_window: float = 0.0) -> None:
         self._guard = threading.Lock()
         self._locked = False
-        # One pre-acquired lock per waiting thread; releasing it hands the mutex over.
-        self._waiters: deque[threading.Lock] = deque()
+        self._waiters: deque[_Ticket] = deque()
+        # The thread woken by pass_on() to take the free mutex, until it has looked (it is no longer in _waiters).
+        self._woken: _Ticket | None = None
+        self._barge_window = barge_window
+        # When pass_on() first let a running thread go ahead of the current longest waiter (None: it has not).
+        self._head_passed_over_since: float | None = None
 
     @property
     def waiting(self) -> int:
-        """How many threads are queued."""
-        return len(self._waiters)
+        """How many threads are waiting (queued, or woken and about to look)."""
+        return len(self._waiters) + (self._woken is not None)
 
     def locked(self) -> bool:
         return self._locked
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        with self._guard:
+        guard = self._guard
+        with guard:
             if not self._locked:
                 self._locked = True
                 return True
             if not blocking:
                 return False
-            ticket = threading.Lock()
-            ticket.acquire()
+            ticket = _Ticket()
             self._waiters.append(ticket)
+        deadline = None if timeout < 0 else time.monotonic() + timeout
         try:
-            if ticket.acquire(True, timeout):
-                return True
+            while True:
+                woke = ticket.wakeup.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic()))
+                with guard:
+                    if ticket.granted:
+                        return True
+                    if self._woken is ticket:
+                        # pass_on() left the mutex free for us. We were chosen, so if it is still free it is ours
+                        # even if our timeout ran out meanwhile (a hair late, as with a hand-off): the releasing
+                        # thread counted on someone taking it.
+                        self._woken = None
+                        if not self._locked:
+                            self._locked = True
+                            self._head_passed_over_since = None
+                            return True
+                        # A running thread took it first; wait again, still first in line. (Our wake-up consumed
+                        # the release, so the ticket is armed again as it is.)
+                        if not woke or (deadline is not None and time.monotonic() >= deadline):
+                            return False
+                        self._waiters.appendleft(ticket)
+                        continue
+                    # Timed out while still queued.
+                    self._waiters.remove(ticket)
+                    return False
         except BaseException:
-            # Interrupted (KeyboardInterrupt, say): leave the queue, or pass on a hand-off that already came.
-            if not self._abandon(ticket):
+            # Interrupted (KeyboardInterrupt, say): leave the queue, or pass on what was handed to us.
+            with guard:
+                if ticket.granted or (self._woken is ticket and not self._locked):
+                    if self._woken is ticket:
+                        self._woken = None
+                    self._locked = True
+                    owned = True
+                else:
+                    owned = False
+                    if self._woken is ticket:
+                        self._woken = None
+                    else:
+                        self._waiters.remove(ticket)
+            if owned:
                 self.release()
             raise
-        return not self._abandon(ticket)
 
-    def _abandon(self, ticket: threading.Lock) -> bool:
-        """Leave the queue after a timeout or an interruption. Returns True if we left it, False if the mutex was
-        handed to us in the meantime (we own it now: a timeout keeps it, a hair late; an interruption passes it
-        on)."""
-        with self._guard:
-            try:
-                self._waiters.remove(ticket)
-            except ValueError:
-                return False
-            return True
+    def _grant_next(self) -> bool:
+        """Hand the (locked) mutex to the longest-waiting thread; False when nobody waits. Call under the guard."""
+        woken = self._woken
+        if woken is not None:
+            # Already awake (or waking): it will find the grant when it looks.
+            self._woken = None
+            woken.granted = True
+        elif self._waiters:
+            ticket = self._waiters.popleft()
+            ticket.granted = True
+            ticket.wakeup.release()
+        else:
+            return False
+        self._head_passed_over_since = None
+        return True
 
-    def pass_to_waiter(self) -> bool:
-        """Hand the mutex to the longest-waiting thread if there is one (True); else keep it locked (False)."""
+    def pass_on(self) -> bool:
+        """Release to a waiting thread, if there is one (True); else keep the mutex locked (False).
+
+        Within the barge window the mutex is left free with the longest waiter woken (see the module docstring);
+        after it, or with a window of 0, the mutex is handed to that waiter directly."""
         with self._guard:
-            if not self._waiters:
+            if self._woken is None and not self._waiters:
+                self._head_passed_over_since = None
                 return False
-            self._waiters.popleft().release()
-            return True
+            if self._barge_window > 0:
+                now = time.monotonic()
+                since = self._head_passed_over_since
+                if since is None:
+                    self._head_passed_over_since = since = now
+                if now - since < self._barge_window:
+                    self._locked = False
+                    if self._woken is None:
+                        ticket = self._waiters.popleft()
+                        self._woken = ticket
+                        ticket.wakeup.release()
+                    return True
+            return self._grant_next()
 
     def release(self) -> None:
+        """Release, handing the mutex straight to the longest-waiting thread if there is one."""
         with self._guard:
             if not self._locked:
                 raise RuntimeError("release of an unlocked FifoMutex")
-            if self._waiters:
-                self._waiters.popleft().release()  # ownership passes directly; _locked stays True
-            else:
+            if not self._grant_next():
                 self._locked = False
+                self._head_passed_over_since = None

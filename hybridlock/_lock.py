@@ -62,6 +62,8 @@ class LockStatistics:
 
 def validate_timeout(blocking: object, timeout: object) -> float | None:
     """Check ``acquire``'s arguments as ``threading.Lock.acquire`` does; return the timeout (None: forever)."""
+    if blocking is True and timeout == -1 and type(timeout) is int:
+        return None  # the defaults, on every `with lock:`
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
     if math.isnan(timeout):
@@ -124,7 +126,7 @@ class HybridLock(ServerLease, JavaStyleLock):
 
     def __init__(self, registry: LockRegistry, names: LockNames) -> None:
         super().__init__(registry, names)
-        self._mutex = FifoMutex()
+        self._mutex = FifoMutex(registry._handoff_barge_window)
         self._owner: int | None = None  # thread ident of the holder in this process
         self._count = 0
         # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
@@ -295,7 +297,7 @@ class HybridLock(ServerLease, JavaStyleLock):
             return
         self._release_fully()
 
-    def _may_pass_locally(self) -> bool:
+    def _may_pass_locally(self, now: float) -> bool:
         """Whether the final release may keep the server lease and pass the local lock to a waiting thread.
 
         Only while the lease is sound, a thread of this process is queued, and the budget is not spent: at most
@@ -310,7 +312,7 @@ class HybridLock(ServerLease, JavaStyleLock):
             or self._mutex.waiting == 0
             or self._passes >= registry._handoff_limit
             or self._acquired_at is None
-            or time.monotonic() - self._acquired_at >= registry._handoff_window
+            or now - self._acquired_at >= registry._handoff_window
         ):
             return False
         watch = self._contention_watch
@@ -323,13 +325,13 @@ class HybridLock(ServerLease, JavaStyleLock):
         return True
 
     def _release_fully(self) -> None:
-        if self._may_pass_locally():
+        self.last_used = now = time.monotonic()
+        if self._may_pass_locally(now):
             # Keep the server lease (its renewal and fencing token carry on) and hand the local lock over.
             self._owner = None
             self._count = 0
             self._passes += 1
-            self.last_used = time.monotonic()
-            if self._mutex.pass_to_waiter():
+            if self._mutex.pass_on():
                 return
             # The queued thread gave up (timed out) in the meantime: release in the server after all.
             self._passes -= 1
@@ -398,7 +400,7 @@ class HybridLock(ServerLease, JavaStyleLock):
     def _reset_after_fork(self) -> None:
         # The child process owns none of its parent's locks, not even in the thread that forked: it gets a fresh
         # mutex (the parent's may have been held at fork time) and, through the registry, a new client_id.
-        self._mutex = FifoMutex()
+        self._mutex = FifoMutex(self._registry._handoff_barge_window)
         self._owner = None
         self._count = 0
         self._forget_lease_after_fork()

@@ -23,7 +23,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from ._decorator import execute_locked, synchronized
 from ._keys import LockNames, lock_names, read_write_names, validate_key, validate_registry_key
@@ -62,13 +62,22 @@ def _lease_drift(lease: float) -> float:
     return lease * 0.01 + 0.002
 
 
-def _validate_seconds(name: str, value: object, *, allow_none: bool = False) -> float | None:
+@overload
+def _validate_seconds(name: str, value: object, *, allow_zero: bool = ...) -> float: ...
+@overload
+def _validate_seconds(
+    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ...
+) -> float | None: ...
+def _validate_seconds(
+    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False
+) -> float | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidArgumentError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not value > 0 or value == float("inf"):
-        raise InvalidArgumentError(f"{name} must be a positive, finite number of seconds, not {value!r}")
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        kind = "non-negative" if allow_zero else "positive"
+        raise InvalidArgumentError(f"{name} must be a {kind}, finite number of seconds, not {value!r}")
     return float(value)
 
 
@@ -87,6 +96,11 @@ class LockRegistry:
     lease is kept and the lock passed to the next thread (in arrival order) with no round trip, at most
     ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy, and never once another owner
     is known to be waiting. Either at 0 switches it off (one server release per final release).
+
+    ``handoff_barge_window`` (seconds) trades a little of that arrival order for throughput: during a hand-off
+    streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
+    at most this long; then that thread is handed the lock. Threads that are waiting are always served in arrival
+    order. 0 makes every local hand-off strictly first come, first served.
     """
 
     def __init__(
@@ -100,10 +114,10 @@ class LockRegistry:
         max_hold: float | None = None,
         handoff_limit: int = 64,
         handoff_window: float = 0.05,
+        handoff_barge_window: float = 0.002,
     ) -> None:
         self._registry_key = validate_registry_key(registry_key)
         lease = _validate_seconds("expire_after", expire_after)
-        assert lease is not None
         self._expire_after = lease
         self._lease_ms = max(1, round(lease * 1000))
         if lock_type not in ("pubsub", "spin"):
@@ -123,6 +137,9 @@ class LockRegistry:
         # Either bound at 0 switches local hand-off off.
         self._handoff_limit = handoff_limit if handoff_window > 0 else 0
         self._handoff_window = float(handoff_window)
+        self._handoff_barge_window = _validate_seconds(
+            "handoff_barge_window", handoff_barge_window, allow_zero=True
+        )
         self._backend = _make_backend(connection)
         self._init_state()
         self._closed = False

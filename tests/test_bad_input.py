@@ -92,6 +92,32 @@ def test_registry_rejects_a_bad_max_hold(max_hold):
     assert_invalid(excinfo)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("handoff_limit", -1),
+        ("handoff_limit", 1.5),
+        ("handoff_limit", True),
+        ("handoff_limit", "64"),
+        ("handoff_window", -0.1),
+        ("handoff_window", math.nan),
+        ("handoff_window", math.inf),
+        ("handoff_window", False),
+        ("handoff_barge_window", -0.001),
+        ("handoff_barge_window", math.nan),
+        ("handoff_barge_window", math.inf),
+        ("handoff_barge_window", True),
+        ("handoff_barge_window", "0.002"),
+        ("handoff_barge_window", None),
+    ],
+)
+def test_registry_rejects_a_bad_handoff_budget(option, value):
+    with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+        hybridlock.LockRegistry(MemoryBackend(), **{option: value})
+    assert_invalid(excinfo)
+    assert option in str(excinfo.value)
+
+
 @pytest.mark.parametrize("connection", [None, 6379, 1.0, b"redis://127.0.0.1:6379/0", object(), {"host": "x"}])
 def test_registry_rejects_a_bad_connection_type(connection):
     with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:

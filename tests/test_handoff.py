@@ -120,6 +120,39 @@ def test_local_waiters_are_served_in_arrival_order(make_registry):
     assert order == list(range(6))
 
 
+@pytest.mark.parametrize("barge_window", [0.0, 30.0])
+def test_the_barge_window_decides_whether_a_releasing_thread_may_retake_the_lock(make_registry, barge_window):
+    registry = make_registry(handoff_limit=1000, handoff_window=30.0, handoff_barge_window=barge_window)
+    lock = registry.obtain("barge")
+    assert lock.acquire(timeout=5)
+    token = lock.fencing_token
+    entered: list[int | None] = []
+
+    def take() -> None:
+        with lock:
+            entered.append(lock.fencing_token)
+
+    waiter = threading.Thread(target=take)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while lock._mutex.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    lock.release()  # a local thread waits: the lease is kept
+    retook = lock.acquire(blocking=False)
+    if barge_window == 0:
+        # Strict FIFO: the lock went to the waiting thread at release; we cannot take it back.
+        assert not retook
+    else:
+        # Within the window the running thread may go first, still in the same server tenancy...
+        assert retook
+        assert lock.fencing_token == token
+        assert lock.statistics().local_passes == 1
+        lock.release()
+    # ...and the waiting thread gets in all the same, on that tenancy.
+    waiter.join(10)
+    assert entered == [token]
+
+
 def test_a_remote_waiter_gets_in_while_local_threads_keep_contending(make_registry):
     local_registry = make_registry(handoff_limit=10_000, handoff_window=30.0)  # only "wanted" can end a streak
     remote_registry = make_registry()

@@ -77,3 +77,163 @@ def test_exclusion_under_contention():
         thread.join(30)
     assert count[0] == 4000
     assert overlaps[0] == 0
+
+
+# -- pass_on() and the barge window ------------------------------------------------------------------------------------
+
+
+def _queue_waiter(mutex: FifoMutex, entered: list[str], name: str, timeout: float = 10) -> threading.Thread:
+    """Start a thread that waits for ``mutex``, records ``name`` once inside and releases with pass_on (so it never
+    comes back); return once it is queued."""
+    before = mutex.waiting
+
+    def take() -> None:
+        if mutex.acquire(timeout=timeout):
+            entered.append(name)
+            if not mutex.pass_on():
+                mutex.release()
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while mutex.waiting <= before and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert mutex.waiting == before + 1
+    return thread
+
+
+def test_pass_on_with_nobody_waiting_keeps_the_mutex():
+    for window in (0.0, 10.0):
+        mutex = FifoMutex(window)
+        mutex.acquire()
+        assert not mutex.pass_on()
+        assert mutex.locked()
+        mutex.release()
+        assert not mutex.locked()
+
+
+def test_without_a_window_pass_on_hands_over_directly():
+    mutex = FifoMutex(0.0)
+    mutex.acquire()
+    entered: list[str] = []
+    for attempt in range(20):
+        waiter = _queue_waiter(mutex, entered, f"w{attempt}")
+        assert mutex.pass_on()
+        # The mutex belongs to the waiter from this instant: the releasing thread cannot take it back.
+        assert not mutex.acquire(False)
+        waiter.join(5)
+        assert mutex.acquire(timeout=5)
+    assert entered == [f"w{attempt}" for attempt in range(20)]
+
+
+def test_within_the_window_a_running_thread_may_go_first_and_the_waiter_still_gets_in():
+    mutex = FifoMutex(10.0)
+    mutex.acquire()
+    entered: list[str] = []
+    barged = 0
+    for attempt in range(20):
+        waiter = _queue_waiter(mutex, entered, f"w{attempt}")
+        assert mutex.pass_on()
+        if mutex.acquire(False):
+            # We went ahead of the woken waiter; it must still be waiting, first in line, and get in after us.
+            barged += 1
+            assert f"w{attempt}" not in entered
+            mutex.release()
+        waiter.join(5)
+        assert not waiter.is_alive()
+        assert mutex.acquire(timeout=5)
+    assert entered == [f"w{attempt}" for attempt in range(20)]
+    # The waiter needs the GIL to run, and we hold it from pass_on() to acquire(): barging is the rule here.
+    assert barged >= 1
+
+
+def test_the_window_bounds_how_long_a_waiter_is_passed_over():
+    mutex = FifoMutex(0.2)
+    mutex.acquire()
+    entered: list[str] = []
+    waiter = _queue_waiter(mutex, entered, "waiter")
+    started = time.monotonic()
+    # Release and retake at once, then hold for a while. We keep the GIL from pass_on() to acquire(), so the woken
+    # waiter only runs while we hold the mutex: without the bound it would never get in.
+    while not entered and time.monotonic() - started < 5:
+        if mutex.pass_on():
+            assert mutex.acquire(timeout=5)
+        time.sleep(0.002)
+    assert entered == ["waiter"], "the waiter was passed over past the window"
+    assert time.monotonic() - started < 5
+    waiter.join(5)
+    mutex.release()
+
+
+def test_waiters_keep_arrival_order_under_barging():
+    mutex = FifoMutex(10.0)
+    mutex.acquire()
+    entered: list[str] = []
+    waiters = [_queue_waiter(mutex, entered, f"w{i}") for i in range(5)]
+    # Barge a few times, holding a while each time so that the woken waiter runs, finds the mutex taken and queues
+    # again (first in line); then leave for good: each waiter passes on to the next, and nobody comes back.
+    for _ in range(7):
+        assert mutex.pass_on()
+        assert mutex.acquire(False)
+        time.sleep(0.002)
+    assert mutex.pass_on()
+    for waiter in waiters:
+        waiter.join(5)
+    assert entered == [f"w{i}" for i in range(5)]
+    assert not mutex.locked()
+    assert mutex.waiting == 0
+
+
+def test_a_waiter_passed_over_still_times_out_on_time():
+    mutex = FifoMutex(30.0)
+    mutex.acquire()
+    results: list[bool] = []
+    waiter = threading.Thread(target=lambda: results.append(mutex.acquire(timeout=0.3)), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while mutex.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    started = time.monotonic()
+    while waiter.is_alive() and time.monotonic() - started < 5:
+        if mutex.pass_on():
+            assert mutex.acquire(timeout=5)
+        time.sleep(0)  # let the waiter look now and then
+    waiter.join(5)
+    # Either it got in during a gap (True) or it gave up at its timeout; never a hang.
+    assert len(results) == 1
+    assert time.monotonic() - started < 3
+    if not results[0]:
+        assert mutex.waiting == 0
+        assert mutex.locked()
+        mutex.release()
+    assert not mutex.locked()
+
+
+@pytest.mark.parametrize("window", [0.0, 0.001, 1.0])
+def test_exclusion_under_contention_with_pass_on(window):
+    mutex = FifoMutex(window)
+    inside = [0]
+    overlaps = [0]
+    count = [0]
+
+    def work() -> None:
+        for _ in range(500):
+            assert mutex.acquire(timeout=10)
+            inside[0] += 1
+            if inside[0] != 1:
+                overlaps[0] += 1
+            count[0] += 1
+            time.sleep(0)
+            inside[0] -= 1
+            if not mutex.pass_on():
+                mutex.release()
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert count[0] == 4000
+    assert overlaps[0] == 0
+    assert not mutex.locked()
+    assert mutex.waiting == 0

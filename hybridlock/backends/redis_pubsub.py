@@ -294,8 +294,9 @@ class _RedisWatch(ReleaseWatch):
             return self._subscriber._channel_epoch(self._channel)
 
     def contended(self) -> bool:
-        with self._subscriber._cond:
-            return self._subscriber._wanted.get(self._channel, self._wanted_seen) != self._wanted_seen
+        # Asked at every local hand-off, so no condition lock: one dict read is atomic, and a count that moved a
+        # moment ago is seen at the next release.
+        return self._subscriber._wanted.get(self._channel, self._wanted_seen) != self._wanted_seen
 
     def wait(self, timeout: float) -> bool:
         sub = self._subscriber
