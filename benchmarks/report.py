@@ -252,6 +252,7 @@ _SHORT = {
     "rlock": "RLock",
     "hybridlock-nohandoff": "hybridlock\nhand-off off",
     "hybridlock-fifo": "hybridlock\nstrict FIFO",
+    "hybridlock-retain": "hybridlock\nretain_for",
     "hybridlock-rw": "hybridlock\nread-write",
     "per-thread-holds": "per-thread\nread holds",
 }

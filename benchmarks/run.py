@@ -275,6 +275,8 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
     if name == "handoff-procs":
         return {"processes": s.processes, "threads each": s.threads_per_process, "seconds per round": s.local_s,
                 "rounds": s.rounds, "lease s": s.lease}
+    if name == "takeover":
+        return {"acquires per round": 2 * s.handoffs, "rounds": s.rounds, "lease s": s.lease}
     if name == "read-mostly":
         return {"processes": s.rw_processes, "threads each": s.rw_threads,
                 "writes": f"{s.rw_write_fraction:.0%}", "seconds per round": s.local_s, "rounds": s.rounds,

@@ -738,6 +738,48 @@ def handoff(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# 10. take-over: two owners taking turns on one key (what lease retention costs the other owner)
+
+TAKEOVER_METRICS = (
+    Metric("takeover_median_ms", "acquire by the other owner, median (ms)", "lower", 2),
+    Metric("takeover_p99_ms", "acquire by the other owner, p99 (ms)", "lower", 1),
+    Metric("round_trips_per_acquire", "round trips / acquire (both owners)", "lower", 1),
+)
+
+
+def takeover(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """Two owners (two sessions, each its own client and registry) take turns on one key with nobody waiting: an
+    owner's acquire comes right after the other owner's release, so a lease the other keeps idle (retain_for)
+    must be given back first. Timed: each acquire."""
+    owners = [make_session(contender_id, url, settings.lease) for _ in range(2)]
+    counter = Counter(url, f"bench-counter:takeover:{contender_id}")
+    try:
+        locks = [owner.lock("takeover") for owner in owners]
+        for lock in locks:  # warm-up: scripts loaded, subscriptions open
+            _cycle(lock, counter.increment)
+        cycles_run = 2
+        rounds = []
+        for _ in range(settings.rounds):
+            samples: list[float] = []
+            trips0 = round_trips_sent()
+            for turn in range(2 * settings.handoffs):
+                samples.append(_cycle(locks[turn % 2], counter.increment))
+            cycles_run += len(samples)
+            rounds.append(
+                {
+                    "takeover_median_ms": _ms(statistics.median(samples)),
+                    "takeover_p99_ms": _ms(percentile(samples, 0.99)),
+                    "round_trips_per_acquire": (round_trips_sent() - trips0) / len(samples),
+                }
+            )
+        return _row(rounds, TAKEOVER_METRICS, counter, cycles_run)
+    finally:
+        for owner in owners:
+            owner.close()
+        counter.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # 5. scale: one process holding many locks
 
 
@@ -1142,6 +1184,7 @@ WORKLOADS = (
         uncontended,
         UNCONTENDED_METRICS,
         in_process=True,
+        extra=("hybridlock-retain",),
     ),
     Workload(
         "threads",
@@ -1161,6 +1204,7 @@ WORKLOADS = (
         threads_many_processes,
         CONTENTION_METRICS,
         in_process=False,
+        extra=("hybridlock-retain",),
     ),
     Workload(
         "handoff",
@@ -1250,6 +1294,21 @@ WORKLOADS = (
         contenders=("hybridlock-rw", "hybridlock", "per-thread-holds"),
         baseline="hybridlock-rw",
         labels=(("hybridlock", "hybridlock plain lock"),),
+    ),
+    Workload(
+        "takeover",
+        "10. Take-over: two owners taking turns on one key",
+        "Two owners in one process (each its own client and registry, as two processes would be) take turns on one "
+        "key, each acquire right after the other owner's release, nobody waiting: the cost of lease retention to "
+        "the other owner. With retain_for the released lease is still kept, idle, so the acquire fails once, "
+        "announces itself, and waits for the keeper to give the lease back. Timed: each acquire() (median and "
+        "p99 of 2 x hand-offs per round). Round trips are both owners', per acquire.",
+        takeover,
+        TAKEOVER_METRICS,
+        in_process=True,
+        group="handoff",
+        contenders=("hybridlock-retain", "hybridlock", "redis-py"),
+        baseline="hybridlock-retain",
     ),
 )
 

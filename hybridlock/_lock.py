@@ -21,6 +21,7 @@ Failure modes
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -32,6 +33,7 @@ from ._lease import ServerLease
 from ._local import FifoMutex
 from .backends.base import ReleaseWatch
 from .errors import (
+    HybridLockError,
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from ._registry import LockRegistry
 
 __all__ = ["HybridLock", "JavaStyleLock", "LockStatistics", "validate_timeout"]
+
+logger = logging.getLogger("hybridlock")
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
@@ -57,7 +61,8 @@ class LockStatistics:
     holds_server_lease: bool
     fencing_token: int | None
     lost: bool
-    local_passes: int  # hand-offs between local threads in the current server tenancy
+    local_passes: int  # hand-offs between local threads (and re-takes after retention) in the current tenancy
+    retained: bool  # the lease is kept idle (retain_for) with no thread here holding the lock
 
 
 def validate_timeout(blocking: object, timeout: object) -> float | None:
@@ -130,10 +135,13 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._owner: int | None = None  # thread ident of the holder in this process
         self._count = 0
         # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
-        # kept and the local lock passed along, within a budget (see _may_pass_locally).
+        # kept and the local lock passed along, within a budget (see _may_keep_lease).
         self._contended = False  # another owner is known to want the lock during this tenancy
         self._passes = 0  # local hand-offs in this tenancy
         self._contention_watch: ReleaseWatch | None = None
+        # Lease retention (LockRegistry(retain_for=...), see _retention.py): while no thread here holds the lock,
+        # the lease is kept until this time.monotonic() deadline; None when not retained.
+        self._retained_until: float | None = None
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[int] = set()
@@ -154,9 +162,14 @@ class HybridLock(ServerLease, JavaStyleLock):
         return self._owner == threading.get_ident()
 
     def locked(self) -> bool:
-        """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one)."""
-        if self._owner is not None or self._in_server:
+        """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one).
+
+        A lease kept idle by ``retain_for`` does not count: any thread here would get the lock at once, and another
+        owner's attempt ends the retention."""
+        if self._owner is not None:
             return True
+        if self._in_server:
+            return self._retained_until is None or self._lost
         self._registry._check_open(self.key)
         return self._registry.backend.is_locked(self._names)
 
@@ -187,6 +200,7 @@ class HybridLock(ServerLease, JavaStyleLock):
             fencing_token=self._fencing_token if self._in_server else None,
             lost=self._lost,
             local_passes=self._passes if self._in_server else 0,
+            retained=self._retained_until is not None and self._owner is None,
         )
 
     def __repr__(self) -> str:
@@ -197,6 +211,8 @@ class HybridLock(ServerLease, JavaStyleLock):
             state = f"locked by thread {owner} (depth {self._count})"
             if self._lost:
                 state += ", LOST"
+        if owner is None and self._retained_until is not None:
+            state += ", lease retained"
         waiting = self._mutex.waiting
         if waiting:
             state += f", {waiting} waiting here"
@@ -249,7 +265,9 @@ class HybridLock(ServerLease, JavaStyleLock):
         if not got_local:
             return _TIMED_OUT
         if self._in_server:
-            # Passed to us by a thread of this process with the server lease still held: no round trip.
+            # Passed to us by a thread of this process with the server lease still held, or retained idle since
+            # the last release here: no round trip.
+            self._retained_until = None
             if not self._lost:
                 self._failed_restores.discard(me)
                 self._owner = me
@@ -269,6 +287,10 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._passes = 0
         self.last_used = start
         self._begin_lease(token, start)
+        if self._registry._retain_for and self._contention_watch is None:
+            # Listen for other owners' announcements from the start, so that one made while we hold the lock ends
+            # a retention at once instead of at its deadline.
+            self._contention_watch = self._registry._contention_watch(self._names)
 
     def _end_tenancy(self) -> None:
         if self._contention_watch is not None:
@@ -297,19 +319,19 @@ class HybridLock(ServerLease, JavaStyleLock):
             return
         self._release_fully()
 
-    def _may_pass_locally(self, now: float) -> bool:
-        """Whether the final release may keep the server lease and pass the local lock to a waiting thread.
+    def _may_keep_lease(self, now: float) -> bool:
+        """Whether the final release may keep the server lease, for a waiting thread here or (``retain_for``)
+        for whichever thread here asks next.
 
-        Only while the lease is sound, a thread of this process is queued, and the budget is not spent: at most
-        ``handoff_limit`` passes and ``handoff_window`` seconds per tenancy, and none once another owner is known
-        to want the lock (it failed to get it: the acquire script told us at the start of the tenancy, or its
-        announcement reached our subscription since)."""
+        Only while the lease is sound and the budget is not spent: at most ``handoff_limit`` passes and
+        ``handoff_window`` seconds per tenancy, and none once another owner is known to want the lock (it failed
+        to get it: the acquire script told us at the start of the tenancy, or its announcement reached our
+        subscription since)."""
         registry = self._registry
         if (
             self._lost
             or not self._in_server
             or self._contended
-            or self._mutex.waiting == 0
             or self._passes >= registry._handoff_limit
             or self._acquired_at is None
             or now - self._acquired_at >= registry._handoff_window
@@ -326,12 +348,19 @@ class HybridLock(ServerLease, JavaStyleLock):
 
     def _release_fully(self) -> None:
         self.last_used = now = time.monotonic()
-        if self._may_pass_locally(now):
+        registry = self._registry
+        if (self._mutex.waiting or registry._retain_for) and self._may_keep_lease(now):
             # Keep the server lease (its renewal and fencing token carry on) and hand the local lock over.
             self._owner = None
             self._count = 0
             self._passes += 1
-            if self._mutex.pass_on():
+            if self._mutex.waiting and self._mutex.pass_on():
+                return
+            if registry._retain_for and not registry._closed:
+                # Nobody here waits: keep the lease idle for whichever thread here asks next (see _retention.py).
+                self._retained_until = now + registry._retain_for
+                registry._retention.retain(self)
+                self._mutex.release()  # a thread that queued meanwhile is handed the lock, lease and all
                 return
             # The queued thread gave up (timed out) in the meantime: release in the server after all.
             self._passes -= 1
@@ -347,6 +376,46 @@ class HybridLock(ServerLease, JavaStyleLock):
             self._mutex.release()
         if was_lost or not released:
             raise self._lost_error()
+
+    # -- retention ------------------------------------------------------------------------------------------------
+
+    def _wanted_elsewhere(self) -> bool:
+        """Whether another owner is known to want the lock (for the retention reaper)."""
+        if self._contended:
+            return True
+        watch = self._contention_watch
+        return watch is not None and watch.contended()
+
+    def _end_retention(self) -> None:
+        """Give a retained idle lease back to the server (from the retention reaper, or at close).
+
+        The local mutex is taken without waiting first: if a thread here holds it, the lock is in use again and its
+        release decides what happens to the lease."""
+        if not self._mutex.acquire(False):
+            return
+        try:
+            if self._retained_until is None or self._owner is not None or not self._in_server:
+                return  # taken again and released meanwhile, or the lease already ended
+            self._retained_until = None
+            self._give_back_lease()
+            try:
+                self._registry._release_remote(self._names)
+            except HybridLockError as exc:
+                # Nobody holds the lock to be told; the key ends with its lease.
+                logger.warning("hybridlock: could not give back the retained lease of %r: %s", self.key, exc)
+            finally:
+                self._end_tenancy()
+        finally:
+            self._mutex.release()
+
+    def _mark_lost(self, tenancy: int) -> None:
+        if self._retained_until is not None and self._owner is None:
+            # An idle retained lease: no holder to tell, and nobody entered on it. The next acquire here sees
+            # `lost` and takes the lock afresh; the reaper gives the tenancy up.
+            if self._in_server and self._tenancy == tenancy:
+                self._lost = True
+            return
+        super()._mark_lost(tenancy)
 
     # -- leases -------------------------------------------------------------------------------------------------------
 
@@ -408,3 +477,4 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._contended = False
         self._passes = 0
         self._contention_watch = None  # the parent's subscription does not exist here
+        self._retained_until = None

@@ -31,6 +31,7 @@ from ._lease import LostCallback
 from ._lock import HybridLock
 from ._multi import MultiLock
 from ._renewal import HeldLease, LeaseRenewer
+from ._retention import RetentionReaper
 from ._rwlock import ReadWriteLock
 from ._waiting import WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
@@ -101,6 +102,12 @@ class LockRegistry:
     streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
     at most this long; then that thread is handed the lock. Threads that are waiting are always served in arrival
     order. 0 makes every local hand-off strictly first come, first served.
+
+    ``retain_for`` (seconds, default 0: off) keeps the server lease after the last local release, idle, so a thread
+    here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
+    retention at once (with ``lock_type="pubsub"``; with ``"spin"`` only the deadline does), and the hand-off
+    budget bounds it. While a lease is retained, another owner's non-blocking attempt fails. See
+    ``hybridlock._retention``.
     """
 
     def __init__(
@@ -115,6 +122,7 @@ class LockRegistry:
         handoff_limit: int = 64,
         handoff_window: float = 0.05,
         handoff_barge_window: float = 0.002,
+        retain_for: float = 0.0,
     ) -> None:
         self._registry_key = validate_registry_key(registry_key)
         lease = _validate_seconds("expire_after", expire_after)
@@ -140,6 +148,12 @@ class LockRegistry:
         self._handoff_barge_window = _validate_seconds(
             "handoff_barge_window", handoff_barge_window, allow_zero=True
         )
+        self._retain_for = _validate_seconds("retain_for", retain_for, allow_zero=True)
+        if self._retain_for and not self._handoff_limit:
+            raise InvalidArgumentError(
+                "retain_for needs local hand-off: a retained lease is handed to the next thread here, within the "
+                "hand-off budget (handoff_limit and handoff_window must be above 0)"
+            )
         self._backend = _make_backend(connection)
         self._init_state()
         self._closed = False
@@ -147,6 +161,9 @@ class LockRegistry:
         self._wait_policy = WaitPolicy()
         self._lost_callbacks: list[LostCallback] = []
         self._renewer = LeaseRenewer(self) if auto_renew else None
+        self._retention = RetentionReaper(self)
+        if self._retain_for and lock_type == "pubsub":
+            self._backend.on_wanted(self._retention.poke)
         _live_registries.add(self)
 
     def _init_state(self) -> None:
@@ -273,7 +290,12 @@ class LockRegistry:
         self._lost_callbacks.append(callback)
 
     def held_locks(self) -> list[HeldLease]:
-        """The locks some thread of this registry holds right now."""
+        """The locks some thread of this registry holds right now (not leases kept idle by ``retain_for``)."""
+        with self._mutex:
+            return [lease for lease in self._held.values() if getattr(lease, "_retained_until", None) is None]
+
+    def _server_leases(self) -> list[HeldLease]:
+        """Every lease this registry holds in the server, retained ones included (for the renewer)."""
         with self._mutex:
             return list(self._held.values())
 
@@ -294,6 +316,7 @@ class LockRegistry:
             return
         self._closed = True
         self._closed_event.set()
+        self._retention.stop()  # give retained leases back while the connection is still open
         if self._renewer is not None:
             self._renewer.stop()
         self._backend.close()
@@ -488,6 +511,7 @@ class LockRegistry:
             self._rw_locks[rw.key] = rw
         if self._renewer is not None:
             self._renewer.after_fork_in_child()
+        self._retention.after_fork_in_child()
         after_fork = getattr(self._backend, "after_fork_in_child", None)
         if after_fork is not None:
             after_fork()

@@ -91,7 +91,7 @@ class LeaseRenewer:
         now = time.monotonic()
         max_hold = registry._max_hold
         locks = []
-        for lock in registry.held_locks():
+        for lock in registry._server_leases():
             tenancy, acquired_at, valid_until = lock._tenancy, lock._acquired_at, lock._valid_until
             if lock.lost:
                 continue

@@ -16,7 +16,9 @@ import redis
 import hybridlock
 
 
-def count_under_lock(url: str, key: str, prefix: str, threads: int, iterations: int, expire_after: float) -> None:
+def count_under_lock(
+    url: str, key: str, prefix: str, threads: int, iterations: int, expire_after: float, **registry_options: object
+) -> None:
     """``threads`` threads each add 1 to ``<prefix>:counter`` ``iterations`` times, non-atomically, under the lock.
 
     On entry a thread claims ``<prefix>:marker`` with SET NX; if someone else is inside, that fails and the
@@ -28,7 +30,7 @@ def count_under_lock(url: str, key: str, prefix: str, threads: int, iterations: 
     violations, errors = f"{prefix}:violations", f"{prefix}:errors"
     failed = threading.Event()
 
-    with hybridlock.LockRegistry(url, expire_after=expire_after) as registry:
+    with hybridlock.LockRegistry(url, expire_after=expire_after, **registry_options) as registry:  # type: ignore[arg-type]
         lock = registry.obtain(key)
 
         def work(thread_no: int) -> None:

@@ -54,13 +54,19 @@ def start_holder(url: str, key: str, expire_after: float, auto_renew: bool = Tru
 
 
 @pytest.mark.slow
-def test_mutual_exclusion_across_4_processes_x_4_threads(server, redis_client):
+@pytest.mark.parametrize(
+    "registry_options",
+    [{}, {"retain_for": 0.05}, {"handoff_limit": 0}],
+    ids=["defaults", "lease-retention", "hand-off-off"],
+)
+def test_mutual_exclusion_across_4_processes_x_4_threads(server, redis_client, registry_options):
     processes, threads, iterations = 4, 4, 20
     prefix = "excl"
     workers = [
         CTX.Process(
             target=_workers.count_under_lock,
             args=(server.url, "shared", prefix, threads, iterations, 10.0),
+            kwargs=registry_options,
             daemon=True,
         )
         for _ in range(processes)

@@ -13,7 +13,7 @@ one atomic server operation per method. A backend:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .._keys import LockNames, ReadWriteNames
@@ -149,6 +149,12 @@ class LockBackend(abc.ABC):
         everyone), or None when this backend cannot notify (callers then back off and retry at the holder's lease
         end)."""
         return None
+
+    def on_wanted(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` whenever a watched lock is announced wanted by an owner that failed to get it, from
+        a background thread (so it must be quick and must not block). Returns False when this backend cannot
+        notify; holders then learn of contention only by polling ``ReleaseWatch.contended``."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends own nothing to close
         """Release what the backend owns (connections, threads). Idempotent."""

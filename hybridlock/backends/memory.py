@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._keys import LockNames, ReadWriteNames
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
@@ -47,6 +47,7 @@ class MemoryBackend(LockBackend):
         self._readers: dict[str, dict[str, float]] = {}
         self._writers_waiting: dict[str, dict[str, float]] = {}
         self._watchers: dict[str, int] = {}
+        self._wanted_listeners: list[Callable[[], None]] = []
 
     def _live_entry(self, name: str, now: float) -> _Entry | None:
         entry = self._entries.get(name)
@@ -79,7 +80,7 @@ class MemoryBackend(LockBackend):
             keep = (wait if wait != float("inf") else 0.0) + 2.0
             waiting = self._queue(names, now)
             waiting[owner] = max(waiting.get(owner, 0.0), now + max(keep, 3.0))
-            self._announce_wanted(names.channel)
+        self._announce_wanted(names.channel)
         return AcquireResult(False, None, None if wait == float("inf") else wait)
 
     def _take(self, names: LockNames, owner: str, lease_ms: int | None, now: float) -> AcquireResult:
@@ -147,6 +148,13 @@ class MemoryBackend(LockBackend):
     def _announce_wanted(self, channel: str) -> None:
         if channel in self._wanted_counts:
             self._wanted_counts[channel] += 1
+            for listener in self._wanted_listeners:
+                listener()
+
+    def on_wanted(self, callback: Callable[[], None]) -> bool:
+        with self._cond:
+            self._wanted_listeners.append(callback)
+        return True
 
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         now = time.monotonic()

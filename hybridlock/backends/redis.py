@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -239,6 +239,10 @@ class RedisBackend(LockBackend):
 
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         return self._subscriber.watch(names.channel, owner)
+
+    def on_wanted(self, callback: Callable[[], None]) -> bool:
+        self._subscriber.wanted_listeners.append(callback)
+        return True
 
     def close(self) -> None:
         self._subscriber.close()

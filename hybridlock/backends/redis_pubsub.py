@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 from .base import ReleaseWatch
@@ -63,6 +64,8 @@ class Subscriber:
         self._stopped = False
         #: Times the connection was re-established after a failure (for tests and statistics).
         self.failures = 0
+        #: Called (from the listener thread, without our lock) on every "wanted" for a watched channel.
+        self.wanted_listeners: list[Callable[[], None]] = []
 
     # -- used by watches -------------------------------------------------------------------------------------------
 
@@ -187,15 +190,19 @@ class Subscriber:
     def _handle(self, message: dict[str, Any]) -> None:
         kind = _text(message.get("type"))
         channel = _text(message.get("channel"))
+        if kind == "message" and _text(message.get("data")) == "wanted":
+            # Another owner failed to acquire: only a holder passing the lock around (or keeping it idle) cares;
+            # waiters are not woken. Listeners run outside our lock: they may take their own.
+            with self._cond:
+                if channel not in self._wanted:
+                    return
+                self._wanted[channel] += 1
+            for listener in self.wanted_listeners:
+                listener()
+            return
         with self._cond:
             if kind == "message":
                 data = _text(message.get("data"))
-                if data == "wanted":
-                    # Another owner failed to acquire: only a holder passing the lock around cares; waiters are
-                    # not woken.
-                    if channel in self._wanted:
-                        self._wanted[channel] += 1
-                    return
                 if channel not in self._released:
                     return
                 if data.startswith("released:"):

@@ -110,7 +110,9 @@ ACQUIRE = (
 -- returns  {1, token, queued}    acquired; token is the new fencing token; queued = 1 if other owners wait
 --          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry),
 --                                or free but promised to the queue's head (wait_ms = until its wish lapses).
---                                With ARGV[6] = "1" we are queued and announce "wanted" on the channel.
+--                                Either way we announce "wanted" on the channel (a holder passing the lock
+--                                among its threads, or keeping it idle, lets go at its next release); with
+--                                ARGV[6] = "1" we are also queued.
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout) or by a release that failed to reach the server.
@@ -123,8 +125,8 @@ local wait_ms = blocked_for(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now)
 if wait_ms then
   if ARGV[6] == '1' then
     enqueue(KEYS[3], KEYS[4], ARGV[1], now, keep_for(wait_ms))
-    announce(ARGV[5], ARGV[4], 'wanted')
   end
+  announce(ARGV[5], ARGV[4], 'wanted')
   return {0, wait_ms}
 end
 if ARGV[2] == '0' then
@@ -145,8 +147,8 @@ ACQUIRE_MANY = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
 -- ARGV[4]  "1": queue if refused ARGV[4+i]  lock i's channel
 -- returns  {1, token_1, queued_1, ..., token_n, queued_n}   all taken (as ACQUIRE would return for each)
---          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; with
---                                ARGV[4] = "1" we are queued for lock i and announce it on its channel
+--          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; we announce
+--                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it
 """
     + _QUEUE_LIB
     + """
@@ -159,8 +161,8 @@ for i = 1, n do
   if wait_ms then
     if ARGV[4] == '1' then
       enqueue(queue, expiries, ARGV[1], now, keep_for(wait_ms))
-      announce('publish', ARGV[4 + i], 'wanted')
     end
+    announce('publish', ARGV[4 + i], 'wanted')
     return {0, wait_ms, i}
   end
 end

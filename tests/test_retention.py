@@ -1,0 +1,217 @@
+"""Lease retention (``retain_for``): the server lease outlives the last local release, idle, until another owner
+wants the lock, the deadline passes, the budget is spent or the registry closes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+import hybridlock
+from hybridlock.backends.memory import MemoryBackend
+
+pytestmark = pytest.mark.server
+
+
+def _script_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def _wait_for(condition, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return bool(condition())
+
+
+def test_a_relocking_loop_costs_no_round_trip_while_retained(make_registry, redis_client):
+    registry = make_registry(retain_for=30.0, handoff_limit=1_000, handoff_window=30.0)
+    lock = registry.obtain("loop")
+    with lock:
+        token = lock.fencing_token
+    redis_client.config_resetstat()
+    for _ in range(200):
+        with lock:
+            assert lock.fencing_token == token  # one tenancy throughout
+    assert _script_calls(redis_client) == 0
+    assert lock.statistics().retained
+
+
+def test_the_hand_off_budget_bounds_a_retained_tenancy(make_registry, redis_client):
+    registry = make_registry(retain_for=30.0, handoff_limit=9, handoff_window=30.0)
+    lock = registry.obtain("budget")
+    redis_client.config_resetstat()
+    tokens = []
+    for _ in range(100):
+        with lock:
+            tokens.append(lock.fencing_token)
+    # 10 cycles per tenancy (the first plus 9 kept): 10 tenancies, each an acquire and a release script.
+    assert len(set(tokens)) == 10
+    assert all(tokens.count(token) == 10 for token in set(tokens))
+    assert _script_calls(redis_client) <= 2 * 10
+
+
+def test_a_retained_lock_is_not_held(make_registry):
+    registry = make_registry(retain_for=30.0)
+    lock = registry.obtain("idle")
+    with lock:
+        assert registry.held_locks() == [lock]
+    stats = lock.statistics()
+    assert stats.retained
+    assert stats.holds_server_lease
+    assert stats.owner_thread is None
+    assert not lock.locked()
+    assert registry.held_locks() == []
+    assert lock.fencing_token is None
+    assert "lease retained" in repr(lock)
+    # Any thread here gets it at once.
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(lock.acquire(blocking=False) and (lock.release() or True)))
+    thread.start()
+    thread.join(5)
+    assert got == [True]
+
+
+def test_another_owner_revokes_a_retention_within_seconds(make_registry, redis_client):
+    keeper = make_registry(retain_for=60.0)
+    other = make_registry()
+    kept, wanted = keeper.obtain("revoke"), other.obtain("revoke")
+    for _ in range(5):
+        with kept:
+            token = kept.fencing_token
+        assert kept.statistics().retained
+        started = time.monotonic()
+        assert wanted.acquire(timeout=10)
+        # Far sooner than the 60 s retention: the failed attempt's announcement ended it.
+        assert time.monotonic() - started < 5
+        assert wanted.fencing_token > token
+        assert not kept.statistics().holds_server_lease
+        wanted.release()
+
+
+def test_a_non_blocking_attempt_elsewhere_fails_but_ends_the_retention(make_registry, redis_client):
+    keeper = make_registry(retain_for=60.0)
+    other = make_registry()
+    kept, wanted = keeper.obtain("try"), other.obtain("try")
+    with kept:
+        pass
+    # A retained lease is a held key to other owners: a non-blocking try fails (documented), but it announces
+    # itself, so the keeper gives the lease back and a later try succeeds.
+    assert not wanted.acquire(blocking=False)
+    assert _wait_for(lambda: not kept.statistics().holds_server_lease)
+    assert wanted.acquire(blocking=False)
+    wanted.release()
+
+
+def test_retention_ends_at_its_deadline(make_registry, redis_client):
+    registry = make_registry(retain_for=0.3)
+    lock = registry.obtain("deadline")
+    with lock:
+        pass
+    released_at = time.monotonic()
+    assert redis_client.exists("hybridlock:{deadline}")
+    assert _wait_for(lambda: not redis_client.exists("hybridlock:{deadline}"))
+    assert time.monotonic() - released_at >= 0.25
+    assert not lock.statistics().retained
+
+
+def test_close_gives_retained_leases_back(make_registry, redis_client):
+    registry = make_registry(retain_for=60.0)
+    for key in ("a", "b", "c"):
+        with registry.obtain(key):
+            pass
+    assert redis_client.exists("hybridlock:{a}", "hybridlock:{b}", "hybridlock:{c}") == 3
+    registry.close()
+    assert redis_client.exists("hybridlock:{a}", "hybridlock:{b}", "hybridlock:{c}") == 0
+
+
+def test_a_lease_lost_while_retained_is_taken_afresh_without_callbacks(make_registry, redis_client):
+    registry = make_registry(retain_for=60.0)
+    lock = registry.obtain("lost")
+    calls: list[object] = []
+    lock.on_lost(calls.append)
+    registry.on_lost(calls.append)
+    with lock:
+        token = lock.fencing_token
+    redis_client.delete("hybridlock:{lost}")  # the idle lease ends behind our back
+    assert registry._renewer is not None
+    registry._renewer.renew_once()
+    assert lock.lost
+    assert calls == []  # nobody held it: nobody to tell
+    with lock:  # no LockLostError: nobody was inside on the lost lease
+        assert not lock.lost
+        assert lock.fencing_token > token
+        assert redis_client.get("hybridlock:{lost}") == registry.client_id.encode()
+
+
+def test_exclusion_holds_between_owners_with_retention(make_registry, redis_client):
+    """Three registries (three owners) x 2 threads with retention: a non-atomic Redis counter stays exact."""
+    registries = [make_registry(retain_for=0.05) for _ in range(3)]
+    redis_client.set("counter", 0)
+    inside = [0]
+    overlaps = [0]
+    errors: list[BaseException] = []
+    cycles = 40
+
+    def work(registry: hybridlock.LockRegistry) -> None:
+        client = redis.Redis.from_url(registry.server)
+        lock = registry.obtain("shared")
+        try:
+            for _ in range(cycles):
+                with lock:
+                    inside[0] += 1
+                    if inside[0] != 1:
+                        overlaps[0] += 1
+                    value = int(client.get("counter"))
+                    time.sleep(0.0005)
+                    client.set("counter", value + 1)
+                    inside[0] -= 1
+                if threading.get_ident() % 2:
+                    time.sleep(0.001)  # some threads leave gaps, so leases are retained idle between cycles
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=work, args=(registry,)) for registry in registries for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors
+    assert overlaps[0] == 0
+    assert int(redis_client.get("counter")) == len(threads) * cycles
+
+
+def test_retention_works_on_the_memory_backend_too():
+    backend = MemoryBackend()
+    keeper = hybridlock.LockRegistry(backend, retain_for=60.0)
+    other = hybridlock.LockRegistry(backend)
+    try:
+        kept, wanted = keeper.obtain("m"), other.obtain("m")
+        with kept:
+            pass
+        assert kept.statistics().retained
+        assert wanted.acquire(timeout=10)
+        assert not kept.statistics().holds_server_lease
+        wanted.release()
+    finally:
+        keeper.close()
+        other.close()
+
+
+@pytest.mark.parametrize("retain_for", [-1, float("nan"), float("inf"), True, "1"])
+def test_bad_retain_for_is_refused(retain_for):
+    with pytest.raises(hybridlock.InvalidArgumentError, match="retain_for"):
+        hybridlock.LockRegistry(MemoryBackend(), retain_for=retain_for)
+
+
+def test_retain_for_needs_hand_off():
+    with pytest.raises(hybridlock.InvalidArgumentError, match="hand-off"):
+        hybridlock.LockRegistry(MemoryBackend(), retain_for=1.0, handoff_limit=0)
