@@ -356,10 +356,8 @@ class HybridLock(ServerLease, JavaStyleLock):
             self._passes += 1
             if self._mutex.waiting and self._mutex.pass_on():
                 return
-            if registry._retain_for and not registry._closed:
-                # Nobody here waits: keep the lease idle for whichever thread here asks next (see _retention.py).
-                self._retained_until = now + registry._retain_for
-                registry._retention.retain(self)
+            if registry._retain_for and registry._retention.retain(self, now + registry._retain_for):
+                # Nobody here waits: the lease stays, idle, for whichever thread here asks next (_retention.py).
                 self._mutex.release()  # a thread that queued meanwhile is handed the lock, lease and all
                 return
             # The queued thread gave up (timed out) in the meantime: release in the server after all.

@@ -15,6 +15,7 @@ What the registry keeps:
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -550,8 +551,21 @@ def _make_backend(connection: Any) -> LockBackend:
     )
 
 
-# Every open registry, so a forked child can reset them all.
+# Every open registry, so a forked child can reset them all, and an exiting process give back retained leases.
 _live_registries: weakref.WeakSet[LockRegistry] = weakref.WeakSet()
+
+
+def _give_back_retained_leases_at_exit() -> None:
+    # A program that ends without close() would otherwise leave its idle retained leases to expire, keeping
+    # other owners out for up to a whole lease. (A crash still does; so does os._exit.)
+    for registry in list(_live_registries):
+        try:
+            registry._retention.stop()
+        except Exception:  # at exit there is nobody left to raise to
+            logger.debug("hybridlock: could not give back retained leases at exit", exc_info=True)
+
+
+atexit.register(_give_back_retained_leases_at_exit)
 
 
 def _reset_registries_in_child() -> None:

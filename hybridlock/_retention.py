@@ -38,11 +38,14 @@ class RetentionReaper:
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def retain(self, lock: HybridLock) -> None:
-        """``lock`` has just been left idle with its lease kept until ``lock._retained_until``."""
+    def retain(self, lock: HybridLock, until: float) -> bool:
+        """Keep ``lock``'s lease idle until ``until`` (``time.monotonic()``), its holder releasing it locally
+        right after; False (nothing changed) once the registry is closing: the holder must release in the
+        server."""
         with self._cond:
             if self._stopped:
-                return
+                return False
+            lock._retained_until = until
             self._retained[lock] = None
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -50,6 +53,7 @@ class RetentionReaper:
                 )
                 self._thread.start()
             self._cond.notify()
+        return True
 
     def poke(self) -> None:
         """Another owner announced it wants some lock: check the retained ones now (called by the backend)."""

@@ -262,3 +262,48 @@ def test_each_child_gets_its_own_client_id_and_excludes_the_others(make_registry
     for r in reports:
         assert r["got"] is True
         assert r["owner"] == r["client_id"] == r["still"], "another child took the lock from its holder"
+
+
+def test_a_retained_lease_stays_the_parents_and_a_child_can_take_the_lock(make_registry, redis_client):
+    registry = make_registry(retain_for=60.0)
+    lock = registry.obtain("kept")
+    with lock:
+        pass
+    assert lock.statistics().retained
+    parent_id = registry.client_id
+
+    def child(report, wait_for_parent):
+        stats = lock.statistics()
+        facts: dict = {"client_id": registry.client_id, "retained": stats.retained, "holds": stats.holds_server_lease}
+        # The parent keeps the lease idle; the child's refused attempt makes the parent's reaper give it back.
+        facts["acquired"] = lock.acquire(timeout=10)
+        facts["owner"] = stored_owner(redis_client, registry.registry_key, "kept")
+        lock.release()
+        facts["retained_after"] = lock.statistics().retained  # the child's own retention, by its own reaper
+        registry.close()  # gives the child's retained lease back
+        facts["owner_after_close"] = stored_owner(redis_client, registry.registry_key, "kept")
+        report(facts)
+
+    forked = Child(child)
+    try:
+        facts = forked.next_report()
+        child_id = facts.pop("client_id")
+        assert child_id != parent_id
+        assert facts == {
+            "retained": False,
+            "holds": False,
+            "acquired": True,
+            "owner": child_id,
+            "retained_after": True,
+            "owner_after_close": None,
+        }
+        assert forked.wait() == 0
+    finally:
+        forked.close()
+    deadline = time.monotonic() + 5
+    while lock.statistics().holds_server_lease and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not lock.statistics().holds_server_lease  # the parent gave its idle lease up for the child
+    assert lock.acquire(timeout=5)
+    assert stored_owner(redis_client, registry.registry_key, "kept") == parent_id
+    lock.release()
