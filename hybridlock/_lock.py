@@ -384,16 +384,19 @@ class HybridLock(ServerLease, JavaStyleLock):
         watch = self._contention_watch
         return watch is not None and watch.contended()
 
-    def _end_retention(self) -> None:
-        """Give a retained idle lease back to the server (from the retention reaper, or at close).
+    def _end_retention(self) -> bool:
+        """Give a retained idle lease back to the server (from the retention reaper, or at close). Returns False
+        when it must be tried again in a moment.
 
         The local mutex is taken without waiting first: if a thread here holds it, the lock is in use again and its
-        release decides what happens to the lease."""
+        release decides what happens to the lease. The one exception is the instant between a release deciding to
+        retain and its letting go of the mutex (or an acquire taking the mutex and clearing the retention): the
+        retention is still on, so the caller retries."""
         if not self._mutex.acquire(False):
-            return
+            return self._retained_until is None
         try:
             if self._retained_until is None or self._owner is not None or not self._in_server:
-                return  # taken again and released meanwhile, or the lease already ended
+                return True  # taken again and released meanwhile, or the lease already ended
             self._retained_until = None
             self._give_back_lease()
             try:
@@ -405,6 +408,7 @@ class HybridLock(ServerLease, JavaStyleLock):
                 self._end_tenancy()
         finally:
             self._mutex.release()
+        return True
 
     def _mark_lost(self, tenancy: int) -> None:
         if self._retained_until is not None and self._owner is None:

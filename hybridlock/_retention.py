@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RetentionReaper"]
 
+_BUSY_RETRY = 0.001  # seconds
+
 
 class RetentionReaper:
     def __init__(self, registry: LockRegistry) -> None:
@@ -73,8 +75,14 @@ class RetentionReaper:
                     due = self._take_due_locked()
                 if self._stopped and not due:
                     return
-            for lock in due:
-                lock._end_retention()
+            busy = [lock for lock in due if not lock._end_retention()]
+            if busy:
+                # Caught mid-release or mid-acquire (see HybridLock._end_retention): look again in a moment.
+                time.sleep(_BUSY_RETRY)
+                with self._cond:
+                    for lock in busy:
+                        self._retained[lock] = None
+                    self._poked = True
 
     def _take_due_locked(self) -> list[HybridLock]:
         """Retained locks whose retention must end now, removed from the set; also drops those picked up again."""
@@ -103,7 +111,10 @@ class RetentionReaper:
             thread = self._thread
             self._cond.notify()
         for lock in due:
-            lock._end_retention()
+            for _ in range(1000):  # a busy lock settles within microseconds; give up after a second
+                if lock._end_retention():
+                    break
+                time.sleep(_BUSY_RETRY)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
 

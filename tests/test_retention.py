@@ -232,3 +232,23 @@ def test_a_program_that_exits_without_close_gives_retained_leases_back(server, r
     assert done.returncode == 0, done.stderr.decode()
     # Retained for ten minutes, yet gone: the exit hook released it (a crash would leave it to its lease).
     assert not redis_client.exists("hybridlock:{exit}")
+
+
+def test_a_retention_caught_mid_release_is_still_ended(make_registry, redis_client):
+    registry = make_registry(retain_for=60.0)
+    lock = registry.obtain("race")
+    wanted = make_registry().obtain("race")
+    with lock:
+        pass
+    # Freeze the instant between a release deciding to retain and its letting go of the local mutex.
+    assert lock._mutex.acquire(False)
+    try:
+        assert not wanted.acquire(blocking=False)  # announced: the reaper tries, and finds the mutex busy
+        time.sleep(0.1)
+        assert lock.statistics().retained
+    finally:
+        lock._mutex.release()
+    # The reaper kept trying: the lease goes back long before its 60 s.
+    assert _wait_for(lambda: not redis_client.exists("hybridlock:{race}"))
+    assert wanted.acquire(timeout=5)
+    wanted.release()
