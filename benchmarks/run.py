@@ -11,6 +11,7 @@ failed or a workload raised, 2 when no server could be started.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -28,6 +29,7 @@ import redis
 
 from benchmarks import report
 from benchmarks.contenders import CONTENDERS, contender_available
+from benchmarks.measure import median_of_rounds
 from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings
 from hybridlock._server import EmbeddedServer, ServerNotFoundError
 
@@ -192,18 +194,28 @@ def main(argv: list[str] | None = None) -> int:
                 "notes": [],
             }
             results["workloads"][workload.name] = entry
+            # Either every contender runs all its rounds in one go, or (interleave) one round at a time, in turn.
+            passes = [(ids, settings)]
+            if workload.interleave and settings.rounds > 1:
+                passes = [(ids, dataclasses.replace(settings, rounds=1))] * settings.rounds
+            for pass_ids, pass_settings in passes:
+                for cid in pass_ids:
+                    admin.flushall()
+                    _log(f"[{workload.name}] {cid} ...")
+                    t0 = time.monotonic()
+                    try:
+                        row = workload.run(cid, url, pass_settings)
+                    except Exception:
+                        row = {"rounds": [], "median": {}, "errors": [traceback.format_exc(limit=8)],
+                               "count_ok": True}
+                    row["seconds"] = round(time.monotonic() - t0, 1)
+                    if cid in entry["rows"]:
+                        row = _merge_rows(entry["rows"][cid], row, workload.metrics)
+                    entry["rows"][cid] = row
+                    _log(f"[{workload.name}] {cid} done in {row['seconds']} s: "
+                         + ", ".join(f"{k}={_short(v)}" for k, v in row.get("median", {}).items()))
             for cid in ids:
-                admin.flushall()
-                _log(f"[{workload.name}] {cid} ...")
-                t0 = time.monotonic()
-                try:
-                    row = workload.run(cid, url, settings)
-                except Exception:
-                    row = {"rounds": [], "median": {}, "errors": [traceback.format_exc(limit=8)], "count_ok": True}
-                row["seconds"] = round(time.monotonic() - t0, 1)
-                entry["rows"][cid] = row
-                _log(f"[{workload.name}] {cid} done in {row['seconds']} s: "
-                     + ", ".join(f"{k}={_short(v)}" for k, v in row.get("median", {}).items()))
+                row = entry["rows"][cid]
                 if not row.get("count_ok", True):
                     failures.append(f"{workload.name} / {cid}: counter ended at {row['count_final']}, expected "
                                     f"{row['count_expected']} (two holders overlapped, or a cycle was lost)")
@@ -251,6 +263,23 @@ def _update_readme(path: Path, text: str) -> None:
     body = "\n".join("##" + line if line.startswith("#") else line for line in text.splitlines()[1:]).strip()
     path.write_text(readme[: start + len(README_START)] + "\n\n" + body + "\n\n" + readme[end:])
     _log(f"updated {path}")
+
+
+def _merge_rows(earlier: dict[str, Any], later: dict[str, Any], metrics: Any) -> dict[str, Any]:
+    """One contender's row from two runs of a workload (interleaved rounds): rounds joined, medians retaken,
+    counter checks and errors combined."""
+    rounds = earlier.get("rounds", []) + later.get("rounds", [])
+    merged = {
+        "rounds": rounds,
+        "median": median_of_rounds(rounds, metrics),
+        "errors": earlier.get("errors", []) + later.get("errors", []),
+        "count_ok": earlier.get("count_ok", True) and later.get("count_ok", True),
+        "seconds": round(earlier.get("seconds", 0) + later.get("seconds", 0), 1),
+    }
+    for key in ("count_expected", "count_final"):
+        if key in earlier or key in later:
+            merged[key] = earlier.get(key, 0) + later.get(key, 0)
+    return merged
 
 
 def _short(value: Any) -> str:

@@ -1167,6 +1167,9 @@ class Workload:
     baseline: str = "hybridlock"
     #: Row names that differ from the contender's title in this workload.
     labels: tuple[tuple[str, str], ...] = ()
+    #: Run the contenders' rounds in turn (A B C, A B C, ...) instead of all of A's first: for workloads whose
+    #: point is a ratio between rows, so that a slow drift of the machine does not land on one row.
+    interleave: bool = False
 
 
 # The local hand-off workloads (issue 4) compare hybridlock with hand-off on (by default with a 2 ms barge window;
@@ -1248,6 +1251,7 @@ WORKLOADS = (
         group="handoff",
         contenders=(*_HANDOFF_CONTENDERS, "rlock"),
         labels=_HANDOFF_LABELS,
+        interleave=True,
     ),
     Workload(
         "handoff-redis",
@@ -1260,6 +1264,7 @@ WORKLOADS = (
         group="handoff",
         contenders=(*_HANDOFF_CONTENDERS, "rlock"),
         labels=_HANDOFF_LABELS,
+        interleave=True,
     ),
     Workload(
         "handoff-procs",
@@ -1275,6 +1280,7 @@ WORKLOADS = (
         group="handoff",
         contenders=_HANDOFF_CONTENDERS,
         labels=_HANDOFF_LABELS,
+        interleave=True,
     ),
     Workload(
         "read-mostly",
