@@ -256,12 +256,20 @@ class HybridLock(ServerLease, JavaStyleLock):
         if self._owner == me:
             self._count += 1
             return _HELD
-        if deadline is None:
-            got_local = self._mutex.acquire()
-        elif blocking:
-            got_local = self._mutex.acquire(True, max(0.0, deadline - time.monotonic()))
-        else:
-            got_local = self._mutex.acquire(False)
+        try:
+            if deadline is None:
+                got_local = self._mutex.acquire()
+            elif blocking:
+                got_local = self._mutex.acquire(True, max(0.0, deadline - time.monotonic()))
+            else:
+                got_local = self._mutex.acquire(False)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, say) as the lock was handed to us with the server lease: the mutex
+            # passed it on, and if nobody was left to take it, the lease would stay held with no holder. The
+            # retention reaper gives such a lease back (it checks again under the mutex).
+            if self._in_server and self._owner is None and not self._mutex.locked():
+                self._registry._retention.retain(self, time.monotonic())
+            raise
         if not got_local:
             return _TIMED_OUT
         if self._in_server:

@@ -286,3 +286,57 @@ def test_expire_unused_never_drops_a_lock_in_a_streak(make_registry):
         for worker in workers:
             worker.join(10)
     assert len(seen_ids) == 1  # one lock object for the key throughout: the streak's lock was never dropped
+
+
+def test_a_thread_interrupted_as_the_lock_reaches_it_strands_no_lease(make_registry, redis_client, monkeypatch):
+    from hybridlock import _local
+
+    class InterruptedWakeup:
+        """Waits like the real wake-up lock, then is interrupted (as by KeyboardInterrupt) once woken."""
+
+        def __init__(self) -> None:
+            self._lock = threading.Lock()
+            self._lock.acquire()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if self._lock.acquire(blocking, timeout):
+                raise KeyboardInterrupt
+            return False
+
+        def release(self) -> None:
+            self._lock.release()
+
+    class InterruptedTicket(_local._Ticket):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wakeup = InterruptedWakeup()  # type: ignore[assignment]
+
+    registry = make_registry(handoff_limit=1000, handoff_window=30.0)
+    lock = registry.obtain("interrupted")
+    assert lock.acquire(timeout=5)
+    monkeypatch.setattr(_local, "_Ticket", InterruptedTicket)
+    interrupted: list[BaseException] = []
+
+    def wait_for_it() -> None:
+        try:
+            lock.acquire()
+        except KeyboardInterrupt as exc:
+            interrupted.append(exc)
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while lock._mutex.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    lock.release()  # a thread waits here: the lease is kept for it, and it is interrupted as it wakes
+    waiter.join(5)
+    assert len(interrupted) == 1
+    # Nobody holds the lock; its lease must not outlive that (it would be renewed forever).
+    deadline = time.monotonic() + 5
+    while redis_client.exists("hybridlock:{interrupted}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not redis_client.exists("hybridlock:{interrupted}")
+    assert not lock.statistics().holds_server_lease
+    monkeypatch.undo()
+    assert lock.acquire(timeout=5)
+    lock.release()
