@@ -103,8 +103,10 @@ class FifoMutex:
                     owned = False
                     if self._woken is ticket:
                         self._woken = None
-                    else:
+                    elif ticket in self._waiters:
                         self._waiters.remove(ticket)
+                    # Otherwise we had already left the queue (timed out, or found the mutex taken after a wake-up
+                    # and not yet queued again): nothing of ours to undo.
             if owned:
                 self.release()
             raise

@@ -265,10 +265,8 @@ class HybridLock(ServerLease, JavaStyleLock):
                 got_local = self._mutex.acquire(False)
         except BaseException:
             # Interrupted (KeyboardInterrupt, say) as the lock was handed to us with the server lease: the mutex
-            # passed it on, and if nobody was left to take it, the lease would stay held with no holder. The
-            # retention reaper gives such a lease back (it checks again under the mutex).
-            if self._in_server and self._owner is None and not self._mutex.locked():
-                self._registry._retention.retain(self, time.monotonic())
+            # passed it on, and if nobody was left to take it, the lease would stay held with no holder.
+            self._give_back_orphaned_lease()
             raise
         if not got_local:
             return _TIMED_OUT
@@ -288,6 +286,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         return _NEEDS_SERVER
 
     def _start_tenancy(self, me: int, token: int | None, contended: bool, start: float) -> None:
+        self._retained_until = None
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
@@ -403,28 +402,48 @@ class HybridLock(ServerLease, JavaStyleLock):
         if not self._mutex.acquire(False):
             return self._retained_until is None
         try:
-            if self._retained_until is None or self._owner is not None or not self._in_server:
-                return True  # taken again and released meanwhile, or the lease already ended
+            if self._retained_until is not None and self._owner is None and self._in_server:
+                self._give_back_idle_lease()
             self._retained_until = None
-            self._give_back_lease()
-            try:
-                self._registry._release_remote(self._names)
-            except HybridLockError as exc:
-                # Nobody holds the lock to be told; the key ends with its lease.
-                logger.warning("hybridlock: could not give back the retained lease of %r: %s", self.key, exc)
-            finally:
-                self._end_tenancy()
         finally:
             self._mutex.release()
         return True
 
+    def _give_back_orphaned_lease(self) -> None:
+        """If the lease is held but no thread here holds or waits for the lock, give it back to the server."""
+        if not self._in_server or self._owner is not None or not self._mutex.acquire(False):
+            return  # nothing held, or a thread holds the mutex: its release decides
+        try:
+            if self._in_server and self._owner is None and not self._mutex.waiting:
+                self._give_back_idle_lease()
+        finally:
+            self._mutex.release()  # to a thread that queued meanwhile, if any: it takes the lock afresh
+
+    def _give_back_idle_lease(self) -> None:
+        """Release the server lease of a lock no thread here holds. Call with the local mutex held."""
+        self._retained_until = None
+        self._give_back_lease()
+        try:
+            self._registry._release_remote(self._names)
+        except HybridLockError as exc:
+            # Nobody holds the lock to be told; the key ends with its lease.
+            logger.warning("hybridlock: could not give back the idle lease of %r: %s", self.key, exc)
+        finally:
+            self._end_tenancy()
+
     def _mark_lost(self, tenancy: int) -> None:
-        if self._retained_until is not None and self._owner is None:
-            # An idle retained lease: no holder to tell, and nobody entered on it. The next acquire here sees
-            # `lost` and takes the lock afresh; the reaper gives the tenancy up.
-            if self._in_server and self._tenancy == tenancy:
-                self._lost = True
-            return
+        if self._retained_until is not None and self._owner is None and self._mutex.acquire(False):
+            # Perhaps an idle retained lease: with the mutex held, no thread can enter on it while we look.
+            try:
+                if self._retained_until is not None and self._owner is None:
+                    # No holder to tell, and nobody entered on it: the next acquire here sees `lost` and takes the
+                    # lock afresh; the reaper gives the tenancy up.
+                    if self._in_server and self._tenancy == tenancy and not self._lost:
+                        self._lost = True
+                        self._valid_until = None
+                    return
+            finally:
+                self._mutex.release()
         super()._mark_lost(tenancy)
 
     # -- leases -------------------------------------------------------------------------------------------------------

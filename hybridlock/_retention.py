@@ -18,6 +18,7 @@ lock's local mutex without blocking, and only then gives the lease back (see ``H
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -28,15 +29,22 @@ if TYPE_CHECKING:
 
 __all__ = ["RetentionReaper"]
 
-_BUSY_RETRY = 0.001  # seconds
+_BUSY_RETRY = 0.001  # seconds between attempts on a lock caught mid-release or mid-acquire
+_IDLE_EXIT = 30.0  # seconds with nothing retained after which the thread ends (retain() starts a new one)
+
+logger = logging.getLogger("hybridlock")
 
 
 class RetentionReaper:
+    # Lock order: the reaper's condition is never held while calling into a lock or the backend (the backend calls
+    # poke() with its own lock held), except for _wanted_elsewhere(), which takes no lock.
+
     def __init__(self, registry: LockRegistry) -> None:
         self._registry = registry
         self._cond = threading.Condition(threading.Lock())
         self._retained: dict[HybridLock, None] = {}  # an ordered set
-        self._poked = False
+        self._poked = False  # an announcement arrived: check the retained locks' watches
+        self._changed = False  # retain() or poke() since the reaper last looked
         self._stopped = False
         self._thread: threading.Thread | None = None
 
@@ -49,7 +57,12 @@ class RetentionReaper:
                 return False
             lock._retained_until = until
             self._retained[lock] = None
-            if self._thread is None:
+            if lock._wanted_elsewhere():
+                # Announced after the releasing thread looked, and poked before the lock was in our set: the count
+                # is raised before the poke, so looking again here misses nothing.
+                self._poked = True
+            self._changed = True
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name=f"hybridlock-retention-{self._registry.registry_key}", daemon=True
                 )
@@ -58,49 +71,70 @@ class RetentionReaper:
         return True
 
     def poke(self) -> None:
-        """Another owner announced it wants some lock: check the retained ones now (called by the backend)."""
+        """Another owner announced it wants some lock: check the retained ones now (called by the backend, maybe
+        with the backend's lock held: take nothing but our own condition)."""
         with self._cond:
             if self._retained:
-                self._poked = True
+                self._poked = self._changed = True
                 self._cond.notify()
 
     def _run(self) -> None:
+        idle_since = time.monotonic()
         while True:
             with self._cond:
-                due = self._take_due_locked()
-                while not due and not self._stopped:
-                    deadlines = [until for lock in self._retained if (until := lock._retained_until) is not None]
-                    timeout = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
-                    self._cond.wait(timeout)
-                    due = self._take_due_locked()
-                if self._stopped and not due:
+                if self._stopped:
                     return
-            busy = [lock for lock in due if not lock._end_retention()]
-            if busy:
-                # Caught mid-release or mid-acquire (see HybridLock._end_retention): look again in a moment.
-                time.sleep(_BUSY_RETRY)
-                with self._cond:
-                    for lock in busy:
-                        self._retained[lock] = None
+                poked, self._poked, self._changed = self._poked, False, False
+                candidates = list(self._retained)
+            now = time.monotonic()
+            due, done, deadlines = [], [], []
+            for lock in candidates:
+                until = lock._retained_until
+                if until is None:
+                    done.append(lock)  # a thread of this process took it again
+                elif until <= now or (poked and lock._wanted_elsewhere()):
+                    due.append(lock)
+                else:
+                    deadlines.append(until)
+            with self._cond:
+                for lock in done:
+                    if lock._retained_until is None:  # not retained again meanwhile
+                        self._retained.pop(lock, None)
+                for lock in due:
+                    self._retained.pop(lock, None)
+            busy = [lock for lock in due if not self._end(lock)]
+            with self._cond:
+                for lock in busy:
+                    # Caught mid-release or mid-acquire (see HybridLock._end_retention): look again in a moment.
+                    self._retained[lock] = None
                     self._poked = True
+                if self._stopped:
+                    return
+                if busy:
+                    timeout: float | None = _BUSY_RETRY
+                elif deadlines:
+                    timeout = max(0.0, min(deadlines) - time.monotonic())
+                elif self._retained:
+                    timeout = None
+                else:
+                    # Nothing retained: end the thread after a while, so an unused registry is not kept alive by it.
+                    if time.monotonic() - idle_since >= _IDLE_EXIT:
+                        self._thread = None
+                        return
+                    timeout = _IDLE_EXIT
+                if not self._changed:
+                    self._cond.wait(timeout)
+                if self._retained:
+                    idle_since = time.monotonic()
 
-    def _take_due_locked(self) -> list[HybridLock]:
-        """Retained locks whose retention must end now, removed from the set; also drops those picked up again."""
-        if self._stopped:
-            due = list(self._retained)
-            self._retained.clear()
-            return due
-        poked, self._poked = self._poked, False
-        now = time.monotonic()
-        due = []
-        for lock in list(self._retained):
-            until = lock._retained_until
-            if until is None:
-                del self._retained[lock]  # a thread of this process took it again
-            elif until <= now or (poked and lock._wanted_elsewhere()):
-                del self._retained[lock]
-                due.append(lock)
-        return due
+    def _end(self, lock: HybridLock) -> bool:
+        try:
+            return lock._end_retention()
+        except Exception:
+            # Never let one lock stop the thread: every other retained lease would then be kept (and renewed) for
+            # good.
+            logger.exception("hybridlock: ending the retention of %r failed", lock.key)
+            return True
 
     def stop(self) -> None:
         """Give every retained lease back (the registry is closing) and end the thread."""
@@ -112,7 +146,7 @@ class RetentionReaper:
             self._cond.notify()
         for lock in due:
             for _ in range(1000):  # a busy lock settles within microseconds; give up after a second
-                if lock._end_retention():
+                if self._end(lock):
                     break
                 time.sleep(_BUSY_RETRY)
         if thread is not None and thread is not threading.current_thread():
@@ -122,5 +156,5 @@ class RetentionReaper:
         # The child holds none of its parent's leases, and the parent's thread does not exist here.
         self._cond = threading.Condition(threading.Lock())
         self._retained = {}
-        self._poked = False
+        self._poked = self._changed = False
         self._thread = None

@@ -252,3 +252,63 @@ def test_a_retention_caught_mid_release_is_still_ended(make_registry, redis_clie
     assert _wait_for(lambda: not redis_client.exists("hybridlock:{race}"))
     assert wanted.acquire(timeout=5)
     wanted.release()
+
+
+def test_retention_on_the_memory_backend_survives_a_storm_of_refused_attempts():
+    """The backend pokes the reaper with its own lock held; the reaper must never wait for that lock meanwhile."""
+    backend = MemoryBackend()
+    keeper = hybridlock.LockRegistry(backend, retain_for=60.0)
+    other = hybridlock.LockRegistry(backend)
+    kept, wanted = keeper.obtain("storm"), other.obtain("storm")
+    stop = time.monotonic() + 2.0
+    errors: list[BaseException] = []
+
+    def keep() -> None:
+        try:
+            while time.monotonic() < stop:
+                if kept.acquire(timeout=5):
+                    kept.release()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def want() -> None:
+        try:
+            while time.monotonic() < stop:
+                if wanted.acquire(blocking=False):
+                    wanted.release()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=keep, daemon=True), threading.Thread(target=want, daemon=True)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        assert not any(thread.is_alive() for thread in threads), "deadlocked"
+        assert not errors, errors
+    finally:
+        keeper.close()
+        other.close()
+
+
+def test_one_failing_lock_does_not_stop_the_reaper(make_registry, redis_client, caplog):
+    registry = make_registry(retain_for=0.2)
+    broken, fine = registry.obtain("broken"), registry.obtain("fine")
+
+    def fail() -> bool:
+        raise RuntimeError("simulated failure")
+
+    broken._end_retention = fail  # type: ignore[method-assign]
+    with broken:
+        pass
+    with fine:
+        pass
+    assert _wait_for(lambda: not redis_client.exists("hybridlock:{fine}"))
+    assert "simulated failure" in caplog.text
+    # Still at work afterwards.
+    with fine:
+        pass
+    assert redis_client.exists("hybridlock:{fine}")
+    assert _wait_for(lambda: not redis_client.exists("hybridlock:{fine}"))
+    del broken._end_retention

@@ -285,8 +285,10 @@ class _MemoryWatch(ReleaseWatch):
         return 0  # an in-process notification cannot be lost
 
     def contended(self) -> bool:
-        with self._backend._cond:
-            return self._backend._wanted_counts[self._channel] != self._wanted_seen
+        # No lock: asked at every local hand-off and by the retention reaper, which must never wait for the
+        # backend's lock (the backend calls the reaper's poke() while holding it). One dict read is atomic; a
+        # channel dropped by close() reads as unchanged.
+        return self._backend._wanted_counts.get(self._channel, self._wanted_seen) != self._wanted_seen
 
     def wait(self, timeout: float) -> bool:
         with self._backend._cond:
