@@ -229,9 +229,11 @@ def test_lease_lost_during_a_streak_is_not_passed_on(make_registry, redis_client
     assert min(tokens_after) > token_before  # the others entered on a fresh tenancy
 
 
-def test_remote_exclusion_holds_with_hand_off(make_registry, redis_client):
-    """Two registries (two owners) x 4 threads: a non-atomic counter in Redis stays exact."""
-    registries = [make_registry(), make_registry()]
+@pytest.mark.parametrize("options", [{}, {"retain_for": 0.05}], ids=["hand-off", "hand-off-and-retention"])
+def test_remote_exclusion_holds_with_hand_off(make_registry, redis_client, options):
+    """Two registries (two owners) x 4 threads: a non-atomic counter in Redis stays exact. Threads pause after
+    every third cycle, so that with retention some leases are also kept idle between cycles."""
+    registries = [make_registry(**options), make_registry(**options)]
     redis_client.set("counter", 0)
     inside = [0]
     errors: list[BaseException] = []
@@ -240,13 +242,15 @@ def test_remote_exclusion_holds_with_hand_off(make_registry, redis_client):
         lock = registry.obtain("counted")
         client = redis.Redis.from_url(registry.server)
         try:
-            for _ in range(60):
+            for cycle in range(60):
                 with lock:
                     inside[0] += 1
                     assert inside[0] == 1
                     value = int(client.get("counter"))
                     client.set("counter", value + 1)
                     inside[0] -= 1
+                if cycle % 3 == 2:
+                    time.sleep(0.001)
         except BaseException as exc:
             errors.append(exc)
         finally:

@@ -54,31 +54,6 @@ def test_non_blocking_and_release_of_unlocked():
         mutex.release()
 
 
-def test_exclusion_under_contention():
-    mutex = FifoMutex()
-    inside = [0]
-    overlaps = [0]
-    count = [0]
-
-    def work() -> None:
-        for _ in range(500):
-            assert mutex.acquire(timeout=10)
-            inside[0] += 1
-            if inside[0] != 1:
-                overlaps[0] += 1
-            count[0] += 1
-            inside[0] -= 1
-            mutex.release()
-
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert count[0] == 4000
-    assert overlaps[0] == 0
-
-
 # -- pass_on() and the barge window ------------------------------------------------------------------------------------
 
 
@@ -209,8 +184,12 @@ def test_a_waiter_passed_over_still_times_out_on_time():
     assert not mutex.locked()
 
 
-@pytest.mark.parametrize("window", [0.0, 0.001, 1.0])
-def test_exclusion_under_contention_with_pass_on(window):
+@pytest.mark.parametrize(
+    ("window", "pass_on"),
+    [(0.0, False), (0.0, True), (0.001, True), (1.0, True)],
+    ids=["release", "pass_on-strict", "pass_on-1ms", "pass_on-1s"],
+)
+def test_exclusion_under_contention(window, pass_on):
     mutex = FifoMutex(window)
     inside = [0]
     overlaps = [0]
@@ -225,7 +204,7 @@ def test_exclusion_under_contention_with_pass_on(window):
             count[0] += 1
             time.sleep(0)
             inside[0] -= 1
-            if not mutex.pass_on():
+            if not (pass_on and mutex.pass_on()):
                 mutex.release()
 
     threads = [threading.Thread(target=work) for _ in range(8)]
