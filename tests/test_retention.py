@@ -272,3 +272,20 @@ def test_one_failing_lock_does_not_stop_the_reaper(make_registry, redis_client, 
     assert redis_client.exists("hybridlock:{fine}")
     assert _wait_for(lambda: not redis_client.exists("hybridlock:{fine}"))
     del broken._end_retention
+
+
+def test_an_announcement_just_before_retaining_is_not_missed(make_registry, redis_client):
+    registry = make_registry(retain_for=60.0)
+    lock = registry.obtain("late")
+    wanted = make_registry().obtain("late")
+    assert lock.acquire(timeout=5)
+    assert wanted.acquire(blocking=False) is False  # announced while we hold it; the reaper has nothing retained
+    assert _wait_for(lambda: lock._wanted_elsewhere())
+    # The race: the releasing thread looked just before the announcement arrived, so it decides to retain.
+    lock._may_keep_lease = lambda now: True  # type: ignore[method-assign]
+    try:
+        lock.release()
+    finally:
+        del lock._may_keep_lease
+    # retain() looks again: the retention ends at once, not in 60 s.
+    assert _wait_for(lambda: not redis_client.exists("hybridlock:{late}"))
