@@ -6,7 +6,11 @@ Acquiring takes the key's local mutex first, then the server lock; releasing doe
   thread at the head of that queue talks to the server;
 * a reentrant acquire or release by the owning thread only counts, locally;
 * the final release deletes the server key only if it still holds this registry's ``client_id`` and releases
-  the local mutex whatever the server said.
+  the local mutex whatever the server said;
+* except when the server lease is kept for this process: passed to a thread queued here (local hand-off, within
+  the budget, never once another owner is known to want the lock), or, with ``retain_for``, kept idle for the
+  next thread here that asks (``_retention.py``). A thread that takes the lock with the lease already held pays no
+  round trip; the lease (and its fencing token) is one tenancy across all of them.
 
 Failure modes
 -------------
