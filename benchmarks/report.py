@@ -140,9 +140,20 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"{_number(ratio('handoff-redis', 'cycles_per_s', 'hybridlock-nohandoff'), 2)})",
         None if floor is None else floor >= 0.9)
     on_off = ratio("handoff-procs", "cycles_per_s", "hybridlock-nohandoff")
+    # The rounds are interleaved (on, off, on, off, ...), so round i of each was measured under the same load.
+    paired = [
+        a["cycles_per_s"] / b["cycles_per_s"]
+        for a, b in zip(
+            w.get("handoff-procs", {}).get("rows", {}).get(BASELINE, {}).get("rounds", []),
+            w.get("handoff-procs", {}).get("rows", {}).get("hybridlock-nohandoff", {}).get("rounds", []),
+            strict=False,
+        )
+        if a.get("cycles_per_s") and b.get("cycles_per_s")
+    ]
+    spread = (f"; round by round on ÷ off: {', '.join(_number(x, 2) for x in paired)}" if paired else "")
     add("4 processes x 2 threads: cycles/s with hand-off on ≥ off; longest wait of any process and Jain's index "
         "reported",
-        f"on ÷ off = {_number(on_off, 2)} ({_number(med('handoff-procs', BASELINE, 'cycles_per_s'), 0)} vs "
+        f"on ÷ off = {_number(on_off, 2)}{spread} ({_number(med('handoff-procs', BASELINE, 'cycles_per_s'), 0)} vs "
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'cycles_per_s'), 0)} cycles/s); longest wait of "
         f"any process {_number(med('handoff-procs', BASELINE, 'wait_max_ms'), 0)} ms on, "
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'wait_max_ms'), 0)} ms off; Jain "
