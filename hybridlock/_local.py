@@ -58,16 +58,20 @@ class FifoMutex:
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         guard = self._guard
-        with guard:
-            if not self._locked:
-                self._locked = True
-                return True
-            if not blocking:
-                return False
-            ticket = _Ticket()
-            self._waiters.append(ticket)
-        deadline = None if timeout < 0 else time.monotonic() + timeout
+        # `took` is set in the same statement that locks the mutex for us (no call in between, so no signal handler
+        # can run there): an interruption at any later point, the guard's exit included, knows to pass it on.
+        took = False
+        ticket: _Ticket | None = None
         try:
+            with guard:
+                if not self._locked:
+                    self._locked = took = True
+                    return True
+                if not blocking:
+                    return False
+                ticket = _Ticket()
+                self._waiters.append(ticket)
+            deadline = None if timeout < 0 else time.monotonic() + timeout
             while True:
                 woke = ticket.wakeup.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic()))
                 with guard:
@@ -79,7 +83,7 @@ class FifoMutex:
                         # thread counted on someone taking it.
                         self._woken = None
                         if not self._locked:
-                            self._locked = True
+                            self._locked = took = True
                             self._head_passed_over_since = None
                             return True
                         # A running thread took it first; wait again, still first in line. (Our wake-up consumed
@@ -94,19 +98,20 @@ class FifoMutex:
         except BaseException:
             # Interrupted (KeyboardInterrupt, say): leave the queue, or pass on what was handed to us.
             with guard:
-                if ticket.granted or (self._woken is ticket and not self._locked):
+                owned = took
+                if ticket is None or owned:
+                    pass
+                elif ticket.granted or (self._woken is ticket and not self._locked):
                     if self._woken is ticket:
                         self._woken = None
                     self._locked = True
                     owned = True
-                else:
-                    owned = False
-                    if self._woken is ticket:
-                        self._woken = None
-                    elif ticket in self._waiters:
-                        self._waiters.remove(ticket)
-                    # Otherwise we had already left the queue (timed out, or found the mutex taken after a wake-up
-                    # and not yet queued again): nothing of ours to undo.
+                elif self._woken is ticket:
+                    self._woken = None
+                elif ticket in self._waiters:
+                    self._waiters.remove(ticket)
+                # Otherwise we had already left the queue (timed out, or found the mutex taken after a wake-up and
+                # not yet queued again): nothing of ours to undo.
             if owned:
                 self.release()
             raise

@@ -274,20 +274,29 @@ class HybridLock(ServerLease, JavaStyleLock):
             raise
         if not got_local:
             return _TIMED_OUT
-        if self._in_server:
-            # Passed to us by a thread of this process with the server lease still held, or retained idle since
-            # the last release here: no round trip.
-            self._retained_until = None
-            if not self._lost:
-                self._failed_restores.discard(me)
-                self._owner = me
-                self._count = 1
-                self.last_used = time.monotonic()
-                return _HELD
-            # NOTE: the lease ended during the streak. Nobody enters on a lost lease: end that tenancy (its last
-            # holder has been or will be told by LockLostError) and take the lock afresh.
-            self._end_tenancy()
-        return _NEEDS_SERVER
+        try:
+            if self._in_server:
+                # Passed to us by a thread of this process with the server lease still held, or retained idle
+                # since the last release here: no round trip.
+                self._retained_until = None
+                if not self._lost:
+                    self._failed_restores.discard(me)
+                    self._owner = me
+                    self._count = 1
+                    self.last_used = time.monotonic()
+                    return _HELD
+                # NOTE: the lease ended during the streak. Nobody enters on a lost lease: end that tenancy (its
+                # last holder has been or will be told by LockLostError) and take the lock afresh.
+                self._end_tenancy()
+            return _NEEDS_SERVER
+        except BaseException:
+            # Interrupted before acquire() could return: we hold nothing, so pass the mutex on, and the lease with
+            # it if nobody is left to take it.
+            self._owner = None
+            self._count = 0
+            self._mutex.release()
+            self._give_back_orphaned_lease()
+            raise
 
     def _start_tenancy(self, me: int, token: int | None, contended: bool, start: float) -> None:
         self._retained_until = None
@@ -304,10 +313,12 @@ class HybridLock(ServerLease, JavaStyleLock):
             self._contention_watch = self._registry._contention_watch(self._names)
 
     def _end_tenancy(self) -> None:
-        if self._contention_watch is not None:
-            self._contention_watch.close()
-            self._contention_watch = None
-        self._end_lease()
+        watch, self._contention_watch = self._contention_watch, None
+        try:
+            if watch is not None:
+                watch.close()
+        finally:
+            self._end_lease()
 
     # -- releasing --------------------------------------------------------------------------------------------------
 

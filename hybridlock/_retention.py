@@ -140,17 +140,19 @@ class RetentionReaper:
         """Give every retained lease back (the registry is closing) and end the thread."""
         with self._cond:
             self._stopped = True
-            due = list(self._retained)
-            self._retained.clear()
             thread = self._thread
             self._cond.notify()
+        # The thread first: a round of its own may be under way and put a busy lock back in the set.
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+        with self._cond:
+            due = list(self._retained)
+            self._retained.clear()
         for lock in due:
             for _ in range(1000):  # a busy lock settles within microseconds; give up after a second
                 if self._end(lock):
                     break
                 time.sleep(_BUSY_RETRY)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5.0)
 
     def after_fork_in_child(self) -> None:
         # The child holds none of its parent's leases, and the parent's thread does not exist here.

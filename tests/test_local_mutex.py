@@ -216,3 +216,58 @@ def test_exclusion_under_contention(window, pass_on):
     assert overlaps[0] == 0
     assert not mutex.locked()
     assert mutex.waiting == 0
+
+
+def test_an_interrupt_inside_acquire_never_leaves_the_mutex_locked():
+    """KeyboardInterrupt can land at any bytecode boundary of the main thread, the guard's exit included."""
+    import _thread
+    import signal
+
+    armed = [False]
+
+    def interrupt(signum, frame):  # type: ignore[no-untyped-def]
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    stop = threading.Event()
+
+    def pester() -> None:
+        while not stop.is_set():
+            _thread.interrupt_main()
+            time.sleep(0.00001)
+
+    mutex = FifoMutex()
+    pesterer = threading.Thread(target=pester, daemon=True)
+    interrupted = leaked = 0
+    try:
+        pesterer.start()
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            try:
+                armed[0] = True
+                mutex.acquire()
+                armed[0] = False
+            except KeyboardInterrupt as exc:
+                armed[0] = False
+                tb = exc.__traceback__
+                inside = False
+                while tb is not None:
+                    inside = inside or tb.tb_frame.f_code.co_filename.endswith("_local.py")
+                    tb = tb.tb_next
+                if inside:
+                    interrupted += 1
+                    if mutex.locked():
+                        leaked += 1
+                        mutex.release()
+                elif mutex.locked():
+                    mutex.release()  # interrupted after acquire() returned: ours to give back
+                continue
+            mutex.release()
+    finally:
+        armed[0] = False
+        stop.set()
+        pesterer.join(5)
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted > 0, "no interruption landed inside acquire(); the test proved nothing"
+    assert leaked == 0

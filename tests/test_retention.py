@@ -289,3 +289,29 @@ def test_an_announcement_just_before_retaining_is_not_missed(make_registry, redi
         del lock._may_keep_lease
     # retain() looks again: the retention ends at once, not in 60 s.
     assert _wait_for(lambda: not redis_client.exists("hybridlock:{late}"))
+
+
+def test_close_during_a_busy_retry_still_gives_the_lease_back():
+    backend = MemoryBackend()
+    registry = hybridlock.LockRegistry(backend, retain_for=0.05)
+    lock = registry.obtain("busy")
+    with lock:
+        pass
+    reaper = registry._retention
+    real_end = lock._end_retention
+    calls: list[str] = []
+
+    def busy_once() -> bool:
+        # Stands in for a release caught between retain() and letting go of the mutex, while close() runs.
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            assert _wait_for(lambda: reaper._stopped)
+            time.sleep(0.02)
+            return False
+        return real_end()
+
+    lock._end_retention = busy_once  # type: ignore[method-assign]
+    assert _wait_for(lambda: bool(calls))
+    registry.close()
+    assert not backend.is_locked(lock._names)
+    assert not lock.statistics().holds_server_lease
