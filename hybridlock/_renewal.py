@@ -80,6 +80,9 @@ class LeaseRenewer:
         # The parent's thread does not exist in the child; start a new one when the child first holds a lock.
         self._thread = None
         self._start_lock = threading.Lock()
+        # And the parent's Event may have been mid-use by another thread at fork time. (Only open registries are
+        # reset after a fork, so a fresh, unset Event is right.)
+        self._stop = threading.Event()
 
     def _run(self) -> None:
         while not self._stop.wait(self._period):

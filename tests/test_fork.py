@@ -307,3 +307,35 @@ def test_a_retained_lease_stays_the_parents_and_a_child_can_take_the_lock(make_r
     assert lock.acquire(timeout=5)
     assert stored_owner(redis_client, registry.registry_key, "kept") == parent_id
     lock.release()
+
+
+def test_a_child_works_even_if_a_parent_thread_was_inside_the_memory_backend_at_fork():
+    registry = hybridlock.LocalLockRegistry()
+    lock = registry.obtain("in-memory")
+    backend = registry.backend
+    inside, leave = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        with backend._cond:  # type: ignore[attr-defined]
+            inside.set()
+            leave.wait(30)
+
+    occupant = threading.Thread(target=occupy, daemon=True)
+    occupant.start()
+    assert inside.wait(5)
+
+    def child(report, wait_for_parent):
+        facts = {"acquired": lock.acquire(timeout=5)}
+        if facts["acquired"]:
+            lock.release()
+        report(facts)
+
+    forked = Child(child)
+    try:
+        leave.set()
+        assert forked.next_report(timeout=15) == {"acquired": True}
+        assert forked.wait() == 0
+    finally:
+        forked.close()
+        occupant.join(5)
+        registry.close()

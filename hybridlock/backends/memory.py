@@ -151,6 +151,11 @@ class MemoryBackend(LockBackend):
             for listener in self._wanted_listeners:
                 listener()
 
+    def after_fork_in_child(self) -> None:
+        # Another thread of the parent may have held the condition's lock at fork time; the child starts with its
+        # own (a copy of the store that only this process sees from now on).
+        self._cond = threading.Condition(threading.RLock())
+
     def on_wanted(self, callback: Callable[[], None]) -> bool:
         with self._cond:
             self._wanted_listeners.append(callback)
