@@ -57,6 +57,11 @@ end
 local function head(queue)
   return redis.call('ZRANGE', queue, 0, 0)[1]
 end
+-- A lock just became free: wake only the queue's head ("released:<owner>"), or everyone when nobody queues.
+local function wake_head(mode, channel, queue)
+  local first = head(queue)
+  announce(mode, channel, first and ('released:' .. first) or 'released')
+end
 local function enqueue(queue, expiries, owner, now, keep_ms)
   redis.call('ZADD', queue, 'NX', now, owner)
   redis.call('ZADD', expiries, now + keep_ms, owner)
@@ -198,8 +203,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[1])
 prune(KEYS[2], KEYS[3], (now_ms()))
-local first = head(KEYS[2])
-announce(ARGV[3], ARGV[2], first and ('released:' .. first) or 'released')
+wake_head(ARGV[3], ARGV[2], KEYS[2])
 return 1
 """
 )
@@ -219,8 +223,7 @@ if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local first = head(KEYS[2])
-  announce(ARGV[3], ARGV[2], first and ('released:' .. first) or 'released')
+  wake_head(ARGV[3], ARGV[2], KEYS[2])
 end
 return 1
 """
