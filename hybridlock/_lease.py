@@ -33,6 +33,9 @@ class ServerLease:
         self._fencing_token: int | None = None
         self._lost = False
         self._callbacks: list[LostCallback] = []
+        # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
+        # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
+        self._retained_until: float | None = None
 
     @property
     def key(self) -> str:
@@ -54,6 +57,7 @@ class ServerLease:
         """A fresh tenancy in the server began at ``start`` (``time.monotonic()``, taken before the request)."""
         self._tenancy += 1
         self._in_server = True
+        self._retained_until = None
         self._lost = False
         self._fencing_token = token
         self._acquired_at = start
@@ -71,6 +75,7 @@ class ServerLease:
     def _end_lease(self) -> None:
         """The tenancy is over (released, or found lost)."""
         self._in_server = False
+        self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
         self._registry._untrack_held(self)
@@ -78,6 +83,7 @@ class ServerLease:
     def _forget_lease_after_fork(self) -> None:
         # The child holds none of its parent's leases.
         self._in_server = False
+        self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
         self._lost = False

@@ -143,9 +143,6 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._contended = False  # another owner is known to want the lock during this tenancy
         self._passes = 0  # local hand-offs in this tenancy
         self._contention_watch: ReleaseWatch | None = None
-        # Lease retention (LockRegistry(retain_for=...), see _retention.py): while no thread here holds the lock,
-        # the lease is kept until this time.monotonic() deadline; None when not retained.
-        self._retained_until: float | None = None
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[int] = set()
@@ -299,7 +296,6 @@ class HybridLock(ServerLease, JavaStyleLock):
             raise
 
     def _start_tenancy(self, me: int, token: int | None, contended: bool, start: float) -> None:
-        self._retained_until = None
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
@@ -376,7 +372,7 @@ class HybridLock(ServerLease, JavaStyleLock):
             self._owner = None
             self._count = 0
             self._passes += 1
-            if self._mutex.waiting and self._mutex.pass_on():
+            if self._mutex.waiting and self._mutex.pass_on():  # (a cheap look first: retention's hot path)
                 return
             if registry._retain_for and registry._retention.retain(self, now + registry._retain_for):
                 # Nobody here waits: the lease stays, idle, for whichever thread here asks next (_retention.py).
@@ -435,8 +431,8 @@ class HybridLock(ServerLease, JavaStyleLock):
             self._mutex.release()  # to a thread that queued meanwhile, if any: it takes the lock afresh
 
     def _give_back_idle_lease(self) -> None:
-        """Release the server lease of a lock no thread here holds. Call with the local mutex held."""
-        self._retained_until = None
+        """Release the server lease of a lock no thread here holds (its tenancy's end clears any retention). Call
+        with the local mutex held."""
         self._give_back_lease()
         try:
             self._registry._release_remote(self._names)
@@ -521,4 +517,3 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._contended = False
         self._passes = 0
         self._contention_watch = None  # the parent's subscription does not exist here
-        self._retained_until = None

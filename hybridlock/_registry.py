@@ -293,7 +293,7 @@ class LockRegistry:
     def held_locks(self) -> list[HeldLease]:
         """The locks some thread of this registry holds right now (not leases kept idle by ``retain_for``)."""
         with self._mutex:
-            return [lease for lease in self._held.values() if getattr(lease, "_retained_until", None) is None]
+            return [lease for lease in self._held.values() if lease._retained_until is None]
 
     def _server_leases(self) -> list[HeldLease]:
         """Every lease this registry holds in the server, retained ones included (for the renewer)."""

@@ -37,6 +37,7 @@ class HeldLease(Protocol):
     _tenancy: int  # counts server tenancies; results for an earlier one are ignored
     _acquired_at: float | None
     _valid_until: float | None
+    _retained_until: float | None  # set while the lease is kept idle (retain_for)
 
     @property
     def key(self) -> str: ...
