@@ -449,7 +449,7 @@ class HybridLock(ServerLease, JavaStyleLock):
                 if self._retained_until is not None and self._owner is None:
                     # No holder to tell, and nobody entered on it: the next acquire here sees `lost` and takes the
                     # lock afresh; the reaper gives the tenancy up.
-                    if self._in_server and self._tenancy == tenancy and not self._lost:
+                    if self._is_current(tenancy) and not self._lost:
                         self._lost = True
                         self._valid_until = None
                     return

@@ -229,3 +229,33 @@ def test_a_renewal_reply_racing_a_release_is_not_a_loss(any_registry_factory):
     lock.release()  # must not raise LockLostError
     assert called == []
     assert not lock.lost
+
+
+@pytest.mark.parametrize("kind", ["plain", "write", "read"])
+def test_a_renewal_round_that_starts_during_the_release_is_not_a_loss(make_registry, kind):
+    """A round that looks at the lease while its final release is under way (the tenancy already being given back,
+    the lease not yet forgotten) and sends RENEW after RELEASE finds the key gone: no loss either."""
+    registry = make_registry(expire_after=30)
+    backend = registry.backend
+    if kind == "plain":
+        lock = registry.obtain("race")
+        method = "release"
+    else:
+        rw = registry.obtain_read_write("race")
+        lock = rw.write_lock() if kind == "write" else rw.read_lock()
+        method = "release_write" if kind == "write" else "release_read"
+    called = []
+    lock.on_lost(called.append)
+    registry.on_lost(called.append)
+    real_release = getattr(backend, method)
+
+    def release_then_renewal_round(*args, **kwargs):  # type: ignore[no-untyped-def]
+        released = real_release(*args, **kwargs)
+        registry._renewer.renew_once()  # a full round, snapshot and RENEW, landing after our RELEASE
+        return released
+
+    setattr(backend, method, release_then_renewal_round)
+    lock.acquire()
+    lock.release()  # must not raise LockLostError
+    assert called == []
+    assert not lock.lost
