@@ -114,6 +114,14 @@ class ServerLease:
         self._valid_until = None
         self._registry._report_lost(self, list(self._callbacks))
 
+    def _reentry_error(self, what: str = "lock") -> LockLostError:
+        return LockLostError(
+            f"the {what}'s lease has ended (lost) while this thread held it: a reentrant acquire cannot succeed; "
+            "release it (which raises LockLostError too) and take it afresh",
+            key=self.key,
+            server=self._registry.server,
+        )
+
     def _lost_error(self, what: str = "lock") -> LockLostError:
         self._lost = True
         return LockLostError(

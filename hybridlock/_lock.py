@@ -229,7 +229,8 @@ class HybridLock(ServerLease, JavaStyleLock):
         The timeout covers the local wait and the remote wait together.
 
         Raises ``BackendUnavailableError`` (the local lock is then released again), ``RegistryClosedError``,
-        ``InvalidArgumentError`` for bad arguments.
+        ``InvalidArgumentError`` for bad arguments, and ``LockLostError`` for a reentrant acquire of a lock whose
+        lease is known lost (the hold is unchanged: release it, which raises ``LockLostError`` too).
         """
         wait = validate_timeout(blocking, timeout)
         me = threading.get_ident()
@@ -255,6 +256,9 @@ class HybridLock(ServerLease, JavaStyleLock):
         ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken)."""
         self._registry._check_open(self.key)
         if self._owner == me:
+            if self._lost:
+                # Counting would tell the caller it holds a lock another owner may hold now.
+                raise self._reentry_error()
             self._count += 1
             return _HELD
         try:

@@ -259,3 +259,57 @@ def test_a_renewal_round_that_starts_during_the_release_is_not_a_loss(make_regis
     lock.release()  # must not raise LockLostError
     assert called == []
     assert not lock.lost
+
+
+@pytest.mark.parametrize("kind", ["plain", "write", "read", "multi"])
+def test_a_reentrant_acquire_of_a_lock_known_lost_raises(make_registry, redis_client, kind):
+    """Counting locally would tell the caller it holds a lock another owner may hold by now."""
+    registry = make_registry(expire_after=30)
+    if kind in ("plain", "multi"):
+        part = registry.obtain("gone")
+        lock = registry.obtain_many(["gone", "other"]) if kind == "multi" else part
+        server_key = "hybridlock:{gone}"
+    else:
+        rw = registry.obtain_read_write("gone")
+        part = lock = rw.write_lock() if kind == "write" else rw.read_lock()
+        server_key = "hybridlock:{gone}:" + ("writer" if kind == "write" else "readers")
+    lock.acquire()
+    redis_client.delete(server_key)  # an operator, an eviction or a FLUSHALL
+    registry._renewer.renew_once()
+    assert part.lost
+    with pytest.raises(hybridlock.LockLostError) as raised:
+        lock.acquire()
+    assert raised.value.key == "gone"
+    with pytest.raises(hybridlock.LockLostError):
+        lock.acquire(blocking=False)
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()  # the one real hold ends, with the loss reported
+    assert not lock.is_held_by_current_thread()
+    assert lock.acquire(timeout=5)  # afresh
+    lock.release()
+
+
+def test_a_new_reader_thread_does_not_join_a_lost_read_hold(make_registry, redis_client):
+    registry = make_registry(expire_after=30)
+    read = registry.obtain_read_write("gone").read_lock()
+    read.acquire()
+    redis_client.delete("hybridlock:{gone}:readers")
+    registry._renewer.renew_once()
+    assert read.lost
+    joined = []
+    late = threading.Thread(target=lambda: joined.append(read.acquire(timeout=0.3)))
+    late.start()
+    late.join(5)
+    assert joined == [False]  # it waited for the lost hold to drain instead of sharing it
+    got = []
+
+    def reader_after_drain() -> None:
+        got.append(read.acquire(timeout=5))
+        read.release()
+
+    later = threading.Thread(target=reader_after_drain)
+    later.start()
+    with pytest.raises(hybridlock.LockLostError):
+        read.release()
+    later.join(10)
+    assert got == [True]  # a fresh read hold once the lost one was given back
