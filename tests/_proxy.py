@@ -74,7 +74,7 @@ class FaultProxy:
         while not self._stopped.is_set():
             try:
                 client, _ = self._listener.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
