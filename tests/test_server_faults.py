@@ -41,7 +41,8 @@ def test_flushall_under_a_held_lock(own_server):
         assert told.wait(3.0)
         assert lock.lost
         # The counter was flushed too: it is re-seeded from the server clock, above every earlier token.
-        assert rival.fencing_token is not None and rival.fencing_token > old_token
+        assert rival.fencing_token is not None
+        assert rival.fencing_token > old_token
         with pytest.raises(hybridlock.LockLostError):
             lock.release()
         rival.release()
@@ -61,7 +62,8 @@ def test_restart_without_persistence_under_a_held_lock(own_server):
         assert rival.acquire(timeout=10)
         assert told.wait(5.0), "the holder was never told the restart took its lease"
         assert lock.lost
-        assert rival.fencing_token is not None and rival.fencing_token > old_token
+        assert rival.fencing_token is not None
+        assert rival.fencing_token > old_token
         with pytest.raises((hybridlock.LockLostError, hybridlock.BackendUnavailableError)):
             lock.release()
         rival.release()
@@ -77,7 +79,8 @@ def test_a_pause_shorter_than_the_lease_costs_nothing(own_server):
         redis.Redis.from_url(own_server.url).client_pause(1000)  # every client stalls for one second
         assert not rival_registry.obtain("paused").acquire(timeout=1.5)  # waits through the pause, still held
         time.sleep(1.0)  # a renewal period passes after the pause
-        assert not lock.lost and not told.is_set()
+        assert not lock.lost
+        assert not told.is_set()
         lock.release()
         assert rival_registry.obtain("paused").acquire(timeout=5)
         rival_registry.obtain("paused").release()
