@@ -470,6 +470,9 @@ class LockRegistry:
         with self._mutex:
             if self._held.get(lock._names.lock) is lock:
                 del self._held[lock._names.lock]
+            nothing_held = not self._held
+        if nothing_held and self._renewer is not None:
+            self._renewer.nothing_held()  # so that its thread can end soon instead of sleeping a whole period
 
     def _renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
         lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)

@@ -229,3 +229,72 @@ def test_a_renewal_reply_racing_a_release_is_not_a_loss(any_registry_factory):
     lock.release()  # must not raise LockLostError
     assert called == []
     assert not lock.lost
+
+
+# -- the renewer never dies ---------------------------------------------------------------------------------------
+
+
+class _FaultyRenewal:
+    """Wraps a backend's ``renew``: while ``error`` is set, every call raises it (an error nobody translated)."""
+
+    def __init__(self, registry: hybridlock.LockRegistry) -> None:
+        self._renew = registry.backend.renew
+        self.error: BaseException | None = None
+        self.calls = 0
+        registry.backend.renew = self  # type: ignore[method-assign]
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self._renew(*args, **kwargs)
+
+
+@pytest.mark.parametrize("error", [TypeError("not a bytes-like object"), RuntimeError("a bug"), OverflowError()])
+def test_a_renewal_that_raises_anything_reports_the_loss_and_the_renewer_carries_on(
+    make_registry, redis_client, caplog, error
+):
+    registry = make_registry(expire_after=0.6)  # renewal period 0.2 s
+    fault = _FaultyRenewal(registry)
+    lock, other = registry.obtain("victim"), registry.obtain("other")
+    lost: list[object] = []
+    lock.on_lost(lost.append)
+    assert lock.acquire(timeout=5)
+    renewer = registry._renewer
+    assert renewer is not None
+    thread = renewer._thread
+    assert thread is not None
+
+    with caplog.at_level("WARNING", logger="hybridlock"):
+        fault.error = error
+        assert _wait_until(lambda: lock.lost, 3.0), "a renewer that raised left the lease to lapse unreported"
+        assert lost == [lock]
+        assert fault.calls >= 2, "a failed round must be retried before the lease ends"
+        failures = [r for r in caplog.records if "renewing the leases" in r.getMessage()]
+        assert len(failures) == 1, [r.getMessage() for r in failures]
+
+        fault.error = None
+        assert other.acquire(timeout=5)  # keeps the renewer busy: the same thread must serve it
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
+        assert not lock.is_held_by_current_thread()
+        rounds = renewer.rounds
+        time.sleep(1.5)  # two and a half leases: only renewal keeps "other"
+        assert renewer._thread is thread
+        assert thread.is_alive()
+        assert renewer.rounds >= rounds + 3
+        assert not other.lost
+        assert redis_client.get("hybridlock:{other}") == registry.client_id.encode()
+        assert any("works again" in r.getMessage() for r in caplog.records)
+    other.release()
+
+
+def test_a_huge_lease_does_not_overflow_the_renewers_wait(make_registry):
+    registry = make_registry(expire_after=1e12)  # a period far above threading.TIMEOUT_MAX
+    lock = registry.obtain("forever")
+    with lock:
+        time.sleep(0.1)
+        renewer = registry._renewer
+        assert renewer is not None
+        assert renewer._thread is not None
+        assert renewer._thread.is_alive()
