@@ -298,3 +298,26 @@ def test_a_huge_lease_does_not_overflow_the_renewers_wait(make_registry):
         assert renewer is not None
         assert renewer._thread is not None
         assert renewer._thread.is_alive()
+
+
+def _hybridlock_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("hybridlock-")]
+
+
+def test_background_threads_end_when_idle_and_come_back_on_demand(make_registry):
+    registry, rival = make_registry(expire_after=2.0), make_registry(expire_after=2.0)
+    for _ in range(2):  # the second round: threads that ended start again
+        lock, theirs = registry.obtain("idle"), rival.obtain("idle")
+        assert lock.acquire(timeout=5)
+        waiter = threading.Thread(target=lambda t=theirs: t.acquire(timeout=5) and t.release())
+        waiter.start()
+        assert _wait_until(lambda: "hybridlock-pubsub-listener" in _hybridlock_threads(), 5)
+        assert "hybridlock-renewer-hybridlock" in _hybridlock_threads()
+        lock.release()
+        waiter.join(5)
+        assert _wait_until(lambda: _hybridlock_threads() == [], 1.0), _hybridlock_threads()
+    # Renewal still works after a restart.
+    lock = registry.obtain("idle")
+    with lock:
+        time.sleep(2.5)
+        assert not lock.lost
