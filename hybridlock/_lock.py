@@ -41,6 +41,7 @@ from .errors import (
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
+    TimeoutOverflowError,
 )
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
         return None
     if timeout < 0:
         raise InvalidArgumentError("timeout value must be a non-negative number or -1")
+    if timeout > threading.TIMEOUT_MAX:
+        raise TimeoutOverflowError(f"timeout value is too large (above threading.TIMEOUT_MAX, {threading.TIMEOUT_MAX})")
     return float(timeout)
 
 
@@ -159,6 +162,10 @@ class HybridLock(ServerLease, JavaStyleLock):
         """The current thread's reentrancy depth (0 when it does not hold the lock)."""
         return self._count if self._owner == threading.get_ident() else 0
 
+    def _recursion_count(self) -> int:
+        """``threading.RLock``'s name (3.11+) for ``hold_count``: the current thread's depth, 0 if not the owner."""
+        return self.hold_count
+
     def is_held_by_current_thread(self) -> bool:
         return self._owner == threading.get_ident()
 
@@ -205,19 +212,24 @@ class HybridLock(ServerLease, JavaStyleLock):
         )
 
     def __repr__(self) -> str:
+        # threading.RLock's format (``<locked _thread.RLock object owner=... count=... at 0x...>``), which tools
+        # and CPython's own tests match, with what is ours added before "at". "locked" means held by a thread of
+        # this process: finding out about other owners would cost a round trip.
         owner = self._owner
-        if owner is None:
-            state = "unlocked here"
-        else:
-            state = f"locked by thread {owner} (depth {self._count})"
-            if self._lost:
-                state += ", LOST"
+        state = "unlocked" if owner is None else "locked"
+        extra = ""
+        if owner is not None and self._lost:
+            extra += " lost"
         if owner is None and self._retained_until is not None:
-            state += ", lease retained"
+            extra += " retained"
         waiting = self._mutex.waiting
         if waiting:
-            state += f", {waiting} waiting here"
-        return f"<hybridlock.HybridLock {self.key!r} {state} at {id(self):#x}>"
+            extra += f" waiting={waiting}"
+        count = self._count if owner is not None else 0
+        return (
+            f"<{state} hybridlock.HybridLock object key={self.key!r} owner={owner or 0} count={count}{extra} "
+            f"at {id(self):#x}>"
+        )
 
     # -- acquiring --------------------------------------------------------------------------------------------------
 

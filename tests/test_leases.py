@@ -313,3 +313,95 @@ def test_a_new_reader_thread_does_not_join_a_lost_read_hold(make_registry, redis
         read.release()
     later.join(10)
     assert got == [True]  # a fresh read hold once the lost one was given back
+
+
+# -- the renewer never dies ---------------------------------------------------------------------------------------
+
+
+class _FaultyRenewal:
+    """Wraps a backend's ``renew``: while ``error`` is set, every call raises it (an error nobody translated)."""
+
+    def __init__(self, registry: hybridlock.LockRegistry) -> None:
+        self._renew = registry.backend.renew
+        self.error: BaseException | None = None
+        self.calls = 0
+        registry.backend.renew = self  # type: ignore[method-assign]
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self._renew(*args, **kwargs)
+
+
+@pytest.mark.parametrize("error", [TypeError("not a bytes-like object"), RuntimeError("a bug"), OverflowError()])
+def test_a_renewal_that_raises_anything_reports_the_loss_and_the_renewer_carries_on(
+    make_registry, redis_client, caplog, error
+):
+    registry = make_registry(expire_after=0.6)  # renewal period 0.2 s
+    fault = _FaultyRenewal(registry)
+    lock, other = registry.obtain("victim"), registry.obtain("other")
+    lost: list[object] = []
+    lock.on_lost(lost.append)
+    assert lock.acquire(timeout=5)
+    renewer = registry._renewer
+    assert renewer is not None
+    thread = renewer._thread
+    assert thread is not None
+
+    with caplog.at_level("WARNING", logger="hybridlock"):
+        fault.error = error
+        assert _wait_until(lambda: lock.lost, 3.0), "a renewer that raised left the lease to lapse unreported"
+        assert lost == [lock]
+        assert fault.calls >= 2, "a failed round must be retried before the lease ends"
+        failures = [r for r in caplog.records if "renewing the leases" in r.getMessage()]
+        assert len(failures) == 1, [r.getMessage() for r in failures]
+
+        fault.error = None
+        assert other.acquire(timeout=5)  # keeps the renewer busy: the same thread must serve it
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
+        assert not lock.is_held_by_current_thread()
+        rounds = renewer.rounds
+        time.sleep(1.5)  # two and a half leases: only renewal keeps "other"
+        assert renewer._thread is thread
+        assert thread.is_alive()
+        assert renewer.rounds >= rounds + 3
+        assert not other.lost
+        assert redis_client.get("hybridlock:{other}") == registry.client_id.encode()
+        assert any("works again" in r.getMessage() for r in caplog.records)
+    other.release()
+
+
+def test_a_huge_lease_does_not_overflow_the_renewers_wait(make_registry):
+    registry = make_registry(expire_after=1e12)  # a period far above threading.TIMEOUT_MAX
+    lock = registry.obtain("forever")
+    with lock:
+        time.sleep(0.1)
+        renewer = registry._renewer
+        assert renewer is not None
+        assert renewer._thread is not None
+        assert renewer._thread.is_alive()
+
+
+def _hybridlock_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("hybridlock-")]
+
+
+def test_background_threads_end_when_idle_and_come_back_on_demand(make_registry):
+    registry, rival = make_registry(expire_after=2.0), make_registry(expire_after=2.0)
+    for _ in range(2):  # the second round: threads that ended start again
+        lock, theirs = registry.obtain("idle"), rival.obtain("idle")
+        assert lock.acquire(timeout=5)
+        waiter = threading.Thread(target=lambda t=theirs: t.acquire(timeout=5) and t.release())
+        waiter.start()
+        assert _wait_until(lambda: "hybridlock-pubsub-listener" in _hybridlock_threads(), 5)
+        assert "hybridlock-renewer-hybridlock" in _hybridlock_threads()
+        lock.release()
+        waiter.join(5)
+        assert _wait_until(lambda: _hybridlock_threads() == [], 1.0), _hybridlock_threads()
+    # Renewal still works after a restart.
+    lock = registry.obtain("idle")
+    with lock:
+        time.sleep(2.5)
+        assert not lock.lost
