@@ -102,9 +102,14 @@ class JavaStyleLock:
         raise NotImplementedError
 
     def try_lock(self, timeout: float | None = None) -> bool:
-        """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
-        ``timeout`` seconds. Returns whether the lock is now held."""
-        if timeout is None or timeout == 0:
+        """Java's ``tryLock``: with ``timeout`` None, 0 or below take the lock only if it is free now (as Java does
+        for a wait <= 0), else wait up to ``timeout`` seconds. Returns whether the lock is now held. A timeout that
+        is NaN or not a number raises ``InvalidArgumentError``."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+            raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+        if timeout is not None and math.isnan(timeout):
+            raise InvalidArgumentError("timeout must not be NaN")
+        if timeout is None or timeout <= 0:
             return self.acquire(blocking=False)
         return self.acquire(blocking=True, timeout=timeout)
 

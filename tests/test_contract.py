@@ -7,6 +7,7 @@ as two processes are. Every concurrency test uses real threads, checks an invari
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 import weakref
@@ -910,3 +911,34 @@ def test_every_script_touches_one_cluster_slot():
         client.close()
     finally:
         srv.stop()
+
+
+# -- try_lock(timeout <= 0) --------------------------------------------------------------------------------------------
+
+
+def _lock_kinds(registry: hybridlock.LockRegistry) -> dict[str, hybridlock.HybridLock]:
+    # One of each lock kind over the same key; anything in "k" held by another owner keeps each of them out.
+    rw = registry.obtain_read_write("k")
+    return {
+        "plain": registry.obtain("k"),
+        "read": rw.read_lock(),  # type: ignore[dict-item]
+        "write": rw.write_lock(),  # type: ignore[dict-item]
+        "multi": registry.obtain_many(["k", "other"]),  # type: ignore[dict-item]
+    }
+
+
+@over_backends
+@pytest.mark.parametrize("kind", ["plain", "read", "write", "multi"])
+@pytest.mark.parametrize("timeout", [-1, -0.5, -1e9, -math.inf, -0.0])
+def test_try_lock_with_a_timeout_at_or_below_zero_does_not_wait(any_registry_factory, kind, timeout):
+    # As Java's tryLock(time, unit): a wait <= 0 is "take it only if it is free now".
+    registry, other = any_registry_factory(), any_registry_factory()
+    lock = _lock_kinds(registry)[kind]
+    theirs = _lock_kinds(other)["write" if kind == "read" else kind]
+    with Holder(theirs):  # type: ignore[arg-type]
+        start = time.monotonic()
+        assert lock.try_lock(timeout) is False
+        assert time.monotonic() - start < 1.0, "try_lock(timeout <= 0) must not wait"
+        assert not lock.is_held_by_current_thread()
+    assert lock.try_lock(timeout) is True
+    lock.release()
