@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ._keys import LockNames
 from ._lease import ServerLease
 from ._local import FifoMutex
+from ._waiting import MAX_SECONDS
 from .backends.base import ReleaseWatch
 from .errors import (
     HybridLockError,
@@ -85,6 +86,10 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
         return None
     if timeout < 0:
         raise InvalidArgumentError("timeout value must be a non-negative number or -1")
+    if timeout > MAX_SECONDS:
+        raise InvalidArgumentError(
+            f"timeout must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX) or -1, not {timeout!r}"
+        )
     return float(timeout)
 
 

@@ -34,7 +34,7 @@ from ._multi import MultiLock
 from ._renewal import HeldLease, LeaseRenewer
 from ._retention import RetentionReaper
 from ._rwlock import ReadWriteLock
-from ._waiting import WaitPolicy
+from ._waiting import MAX_SECONDS, WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
 from .errors import (
@@ -64,14 +64,19 @@ def _lease_drift(lease: float) -> float:
     return lease * 0.01 + 0.002
 
 
+#: The shortest lease ``expire_after`` accepts. A lease is renewed every third of itself, so a shorter one would
+#: be lost whenever a renewal round trip is a few milliseconds late.
+MIN_LEASE = 0.1
+
+
 @overload
-def _validate_seconds(name: str, value: object, *, allow_zero: bool = ...) -> float: ...
+def _validate_seconds(name: str, value: object, *, allow_zero: bool = ..., minimum: float = ...) -> float: ...
 @overload
 def _validate_seconds(
-    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ...
+    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ..., minimum: float = ...
 ) -> float | None: ...
 def _validate_seconds(
-    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False
+    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False, minimum: float = 0.0
 ) -> float | None:
     if value is None and allow_none:
         return None
@@ -80,6 +85,12 @@ def _validate_seconds(
     if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
         kind = "non-negative" if allow_zero else "positive"
         raise InvalidArgumentError(f"{name} must be a {kind}, finite number of seconds, not {value!r}")
+    if value > MAX_SECONDS:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX), not {value!r}"
+        )
+    if value < minimum and not (allow_zero and value == 0):
+        raise InvalidArgumentError(f"{name} must be at least {minimum:g} seconds, not {value!r}")
     return float(value)
 
 
@@ -88,7 +99,13 @@ class LockRegistry:
 
     ``connection`` is a ``redis.Redis`` client, a ``redis://`` / ``rediss://`` / ``unix://`` URL, or a
     :class:`~hybridlock.backends.LockBackend`. ``registry_key`` prefixes every server key (it must not contain
-    ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision).
+    ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE``
+    (0.1 s: it is renewed every third of itself, so a shorter one is lost whenever a renewal is a little late).
+
+    Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
+    is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
+    longest wait Python's threads accept; anything larger raises ``InvalidArgumentError`` (a timeout of -1 or
+    ``math.inf`` waits forever). Keys and ``registry_key`` must be encodable as UTF-8.
 
     ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
     ``auto_renew`` keeps the leases of held locks alive from one background thread; ``max_hold`` (seconds) stops
@@ -126,7 +143,7 @@ class LockRegistry:
         retain_for: float = 0.0,
     ) -> None:
         self._registry_key = validate_registry_key(registry_key)
-        lease = _validate_seconds("expire_after", expire_after)
+        lease = _validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
         self._expire_after = lease
         self._lease_ms = max(1, round(lease * 1000))
         if lock_type not in ("pubsub", "spin"):
@@ -135,17 +152,9 @@ class LockRegistry:
         self._max_hold = _validate_seconds("max_hold", max_hold, allow_none=True)
         if isinstance(handoff_limit, bool) or not isinstance(handoff_limit, int) or handoff_limit < 0:
             raise InvalidArgumentError(f"handoff_limit must be a non-negative int, not {handoff_limit!r}")
-        if (
-            isinstance(handoff_window, bool)
-            or not isinstance(handoff_window, (int, float))
-            or not 0 <= handoff_window < float("inf")
-        ):
-            raise InvalidArgumentError(
-                f"handoff_window must be a non-negative number of seconds, not {handoff_window!r}"
-            )
+        self._handoff_window = _validate_seconds("handoff_window", handoff_window, allow_zero=True)
         # Either bound at 0 switches local hand-off off.
-        self._handoff_limit = handoff_limit if handoff_window > 0 else 0
-        self._handoff_window = float(handoff_window)
+        self._handoff_limit = handoff_limit if self._handoff_window > 0 else 0
         self._handoff_barge_window = _validate_seconds(
             "handoff_barge_window", handoff_barge_window, allow_zero=True
         )
@@ -472,7 +481,11 @@ class LockRegistry:
                 del self._held[lock._names.lock]
 
     def _renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
-        lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)
+        lease = (
+            self._expire_after
+            if expire_after is None
+            else _validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
+        )
         assert lease is not None
         if lock._owner is None:
             raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=lock.key, server=self.server)

@@ -13,9 +13,15 @@ server nothing.
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 
-__all__ = ["WaitPolicy"]
+__all__ = ["MAX_SECONDS", "WaitPolicy"]
+
+#: The longest duration any option or timeout may have: the longest wait Python's threading accepts (about 292
+#: years on Linux and macOS, 49 days on Windows). Leases, renewal periods and deadlines are all waited on by
+#: threads, and the server takes this many milliseconds (and twice as many) without overflow.
+MAX_SECONDS = threading.TIMEOUT_MAX
 
 # How long to wait past a reported lease end before re-trying: the server expires the key when its clock passes
 # the deadline, so arriving a hair late saves one useless round trip.
