@@ -493,6 +493,11 @@ class LockRegistry:
             raise LockLostError("the lock's lease has already ended", key=lock.key, server=self.server)
         start = time.monotonic()
         tenancy = lock._tenancy
+        if self._lease_ms is None:
+            # A registry without expiry (LocalLockRegistry): its leases never end, and renewing must not give them
+            # an end either.
+            lock._renewed(tenancy, start)
+            return
         (renewed,) = self._backend.renew([lock._names], self._client_id, max(1, round(lease * 1000)))
         if not renewed:
             lock._mark_lost(tenancy)
@@ -532,7 +537,8 @@ class LockRegistry:
 
 
 class LocalLockRegistry(LockRegistry):
-    """The same API in one process, with no server: locks never expire (like ``threading.RLock``).
+    """The same API in one process, with no server: locks never expire (like ``threading.RLock``), and
+    ``renew()`` leaves them so.
 
     Spring's ``DefaultLockRegistry``. Useful where a program runs as one process, and as a test double."""
 

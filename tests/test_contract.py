@@ -818,6 +818,48 @@ def test_local_lock_registry_leases_never_expire():
         # Releasing after a while is clean: no lease ran out.
 
 
+def test_renewing_on_a_local_lock_registry_keeps_the_lease_without_expiry():
+    # renew() used to give the lock a lease of the registry's default expire_after (or the one passed), after which
+    # release() raised LockLostError while valid_until still said inf.
+    with hybridlock.LocalLockRegistry() as registry:
+        lock = registry.obtain("k")
+        with lock:
+            lock.renew()
+            registry.renew_lock("k", 0.1)
+            lock.renew(0.1)
+            time.sleep(0.3)
+            assert lock.valid_until == float("inf")
+            assert not lock.lost
+        # Released without LockLostError: the lease had not ended.
+        assert not lock.locked()
+
+
+def test_read_write_locks_on_a_local_lock_registry():
+    # They used to fail with a TypeError: the in-memory backend was given no lease for a read or write hold.
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        with rw.read_lock():
+            assert rw.read_lock().valid_until == float("inf")
+            assert run_in_thread(lambda: rw.write_lock().acquire(timeout=0.1)) is False
+        with rw.write_lock():
+            assert run_in_thread(lambda: rw.read_lock().acquire(timeout=0.1)) is False
+            time.sleep(0.2)
+        assert run_in_thread(lambda: _take_and_give_back(rw.read_lock())) is True
+
+
+def _take_and_give_back(lock: object) -> bool:
+    got = lock.acquire(timeout=5)  # type: ignore[attr-defined]
+    if got:
+        lock.release()  # type: ignore[attr-defined]
+    return bool(got)
+
+
+def run_in_thread(function: Callable[[], object]) -> object:
+    result: list[object] = []
+    run_threads([lambda: result.append(function())])
+    return result[0]
+
+
 def test_local_lock_registries_are_separate():
     with hybridlock.LocalLockRegistry() as one, hybridlock.LocalLockRegistry() as two, one.obtain("k"):
         assert two.obtain("k").acquire(blocking=False)
