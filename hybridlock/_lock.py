@@ -341,7 +341,9 @@ class HybridLock(ServerLease, JavaStyleLock):
             if me in self._failed_restores:
                 self._failed_restores.discard(me)
                 return
-            raise LockNotOwnedError("cannot release a lock this thread does not hold", key=self.key)
+            raise LockNotOwnedError(
+                "cannot release a lock this thread does not hold", key=self.key, server=self._registry.server
+            )
         if self._count > 1:
             self._count -= 1
             return
@@ -486,7 +488,9 @@ class HybridLock(ServerLease, JavaStyleLock):
 
     def _release_save(self) -> tuple[int, bool]:
         if self._owner != threading.get_ident():
-            raise LockNotOwnedError("cannot wait on a condition without holding its lock", key=self.key)
+            raise LockNotOwnedError(
+                "cannot wait on a condition without holding its lock", key=self.key, server=self._registry.server
+            )
         count = self._count
         try:
             self._release_fully()

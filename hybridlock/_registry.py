@@ -488,7 +488,9 @@ class LockRegistry:
         )
         assert lease is not None
         if lock._owner is None:
-            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=lock.key, server=self.server)
+            raise LockNotOwnedError(
+                "cannot renew a lock this registry does not hold", key=lock.key, server=self.server
+            )
         if lock.lost:
             raise LockLostError("the lock's lease has already ended", key=lock.key, server=self.server)
         start = time.monotonic()
@@ -553,6 +555,7 @@ class LocalLockRegistry(LockRegistry):
 def _make_backend(connection: Any) -> LockBackend:
     if isinstance(connection, LockBackend):
         return connection
+    from .backends.clients import redacted, redacted_url
     from .backends.redis import RedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
@@ -561,7 +564,8 @@ def _make_backend(connection: Any) -> LockBackend:
         try:
             client = redis_client_from_url(connection)
         except ValueError as exc:
-            raise InvalidArgumentError(f"not a valid server URL: {connection!r} ({exc})") from exc
+            shown, detail = redacted_url(connection), redacted(str(exc), connection)
+            raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
         return RedisBackend(client, owns_client=True)
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         return RedisBackend(connection)

@@ -1,0 +1,149 @@
+"""The clients hybridlock accepts, how it names their server, and that no message ever shows a password.
+
+Clients here are built but mostly never connected: naming and refusing happen at construction. The tests that
+do talk to a server use real ones the suite starts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import hybridlock
+from hybridlock._demo import run_demo
+from hybridlock._server import _free_port
+
+SECRET = "hunter22-s3cret"
+
+
+def quiet_redis(**kwargs: object) -> redis.Redis:
+    """A redis.Redis with the settings that keep hybridlock's timeout promise (so it draws no warning)."""
+    return redis.Redis(socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1), **kwargs)
+
+
+# -- no password in messages -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://:{SECRET}@127.0.0.1:notaport/0",
+        f"redis://alice:{SECRET}@127.0.0.1:notaport/0",
+        f"redis://:{SECRET}/x@127.0.0.1:6379/0",  # an unescaped "/" in the password: the parser quotes a piece
+        f"http://:{SECRET}@127.0.0.1:6379/0",
+        f"redis://127.0.0.1:notaport/0?password={SECRET}",
+        f"redis://:{SECRET}@127.0.0.1:6379/0?db=notadb",
+    ],
+)
+def test_a_malformed_url_is_refused_without_showing_its_password(url):
+    with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+        hybridlock.LockRegistry(url)
+    message = str(excinfo.value)
+    assert "not a valid server URL" in message
+    assert SECRET not in message
+    assert "s3cret" not in message
+    assert "***" in message or "notaport" not in url
+
+
+def test_redacted_url_hides_the_password_and_nothing_else():
+    from hybridlock.backends.clients import redacted_url
+
+    assert redacted_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redacted_url(f"redis://:{SECRET}@h:1/0") == "redis://:***@h:1/0"
+    assert redacted_url(f"rediss://alice:{SECRET}@h:1/2") == "rediss://alice:***@h:1/2"
+    assert redacted_url(f"redis://{SECRET}@h") == "redis://***@h"
+    assert redacted_url(f"redis://h/0?db=1&password={SECRET}") == "redis://h/0?db=1&password=***"
+    assert redacted_url(f"unix://:{SECRET}@/tmp/redis.sock?db=1") == "unix://:***@/tmp/redis.sock?db=1"
+
+
+@pytest.mark.server
+def test_errors_from_a_password_url_never_show_it(own_server):
+    setup = redis.Redis.from_url(own_server.url)
+    setup.config_set("requirepass", SECRET)
+    setup.close()
+    port = own_server.port
+    with hybridlock.LockRegistry(f"redis://:{SECRET}@127.0.0.1:{port}/0") as registry:
+        assert SECRET not in registry.server
+        assert SECRET not in repr(registry)
+        lock = registry.obtain("k")
+        with pytest.raises(hybridlock.LockNotOwnedError) as not_owned:
+            lock.release()
+        assert not_owned.value.server == f"redis://127.0.0.1:{port}/0"
+        with lock:
+            pass
+    with (
+        hybridlock.LockRegistry(f"redis://alice:wrong-{SECRET}@127.0.0.1:{port}/0") as registry,
+        pytest.raises(hybridlock.HybridLockError) as excinfo,
+    ):
+        registry.obtain("k").acquire(timeout=2)
+    assert SECRET not in str(excinfo.value)
+    assert SECRET not in excinfo.value.server
+
+
+@pytest.mark.server
+def test_the_demo_never_prints_the_password(capsys):
+    port = _free_port()  # nothing listens there
+    status = run_demo(f"redis://:{SECRET}@127.0.0.1:{port}/0", 1, 1, "k", cycles=1)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "cannot use the server at redis://:***@127.0.0.1" in err
+    assert SECRET not in err
+    status = run_demo(f"redis://:{SECRET}@127.0.0.1:notaport/0", 1, 1, "k", cycles=1)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert SECRET not in err
+
+
+# -- the server as the user knows it -----------------------------------------------------------------------------------
+
+
+def test_a_tls_client_is_named_rediss():
+    client = quiet_redis(host="127.0.0.1", port=6390, ssl=True, password=SECRET)  # never connected
+    with hybridlock.LockRegistry(client) as registry:
+        assert registry.server == "rediss://127.0.0.1:6390/0"
+    with hybridlock.LockRegistry(f"rediss://:{SECRET}@127.0.0.1:6390/2") as registry:
+        assert registry.server == "rediss://127.0.0.1:6390/2"
+
+
+def test_a_unix_socket_client_is_named_by_its_path():
+    with hybridlock.LockRegistry(f"unix://:{SECRET}@/tmp/no-such-redis.sock?db=1") as registry:
+        assert registry.server == "unix:///tmp/no-such-redis.sock"
+
+
+def test_a_sentinel_managed_master_is_named_by_its_service():
+    sentinel = redis.sentinel.Sentinel([("127.0.0.1", _free_port())], socket_timeout=1)  # never connected
+    master = sentinel.master_for(
+        "orders-primary", password=SECRET, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1)
+    )
+    with hybridlock.LockRegistry(master) as registry:
+        assert registry.server == "sentinel://orders-primary/0"
+        with pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
+            registry.obtain("k").release()
+        assert excinfo.value.server == "sentinel://orders-primary/0"
+
+
+# -- LockNotOwnedError names the server --------------------------------------------------------------------------------
+
+
+def test_lock_not_owned_carries_the_server_for_every_lock_kind():
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        kinds = [registry.obtain("k"), rw.read_lock(), rw.write_lock(), registry.obtain_many(["a", "b"])]
+        for lock in kinds:
+            with pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
+                lock.release()
+            assert excinfo.value.server == registry.server, lock
+        with pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
+            registry.renew_lock("k")
+        assert excinfo.value.server == registry.server
+
+
+def test_lock_upgrade_error_carries_the_server():
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        with rw.read_lock(), pytest.raises(hybridlock.LockUpgradeError) as excinfo:
+            rw.write_lock().acquire()
+        assert excinfo.value.server == registry.server
