@@ -97,10 +97,12 @@ def _validate_seconds(
 class LockRegistry:
     """Hands out one :class:`HybridLock` per key, all sharing this registry's server connection and identity.
 
-    ``connection`` is a ``redis.Redis`` client, a ``redis://`` / ``rediss://`` / ``unix://`` URL, or a
-    :class:`~hybridlock.backends.LockBackend`. ``registry_key`` prefixes every server key (it must not contain
-    ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE``
-    (0.1 s: it is renewed every third of itself, so a shorter one is lost whenever a renewal is a little late).
+    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client, a ``redis://`` / ``rediss://`` / ``unix://``
+    URL, or a :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
+    (``InvalidArgumentError``): an asyncio API is planned, and so is cluster support. ``registry_key`` prefixes
+    every server key (it must not contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond
+    precision), at least ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost
+    whenever a renewal is a little late).
 
     Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
     is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
@@ -555,7 +557,7 @@ class LocalLockRegistry(LockRegistry):
 def _make_backend(connection: Any) -> LockBackend:
     if isinstance(connection, LockBackend):
         return connection
-    from .backends.clients import redacted, redacted_url
+    from .backends.clients import client_family, redacted, redacted_url
     from .backends.redis import RedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
@@ -567,10 +569,12 @@ def _make_backend(connection: Any) -> LockBackend:
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
         return RedisBackend(client, owns_client=True)
+    client_family(connection)  # an asyncio or cluster client is refused here, with the reason
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         return RedisBackend(connection)
     raise InvalidArgumentError(
-        f"connection must be a redis.Redis client, a redis:// URL or a LockBackend, not {type(connection).__name__}"
+        "connection must be a redis.Redis or valkey.Valkey client, a redis:// URL or a LockBackend, not "
+        f"{type(connection).__name__}"
     )
 
 

@@ -6,15 +6,22 @@ do talk to a server use real ones the suite starts.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import redis
 import redis.sentinel
+import valkey
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from valkey.backoff import NoBackoff as ValkeyNoBackoff
+from valkey.retry import Retry as ValkeyRetry
 
 import hybridlock
 from hybridlock._demo import run_demo
 from hybridlock._server import _free_port
+from hybridlock.backends.redis import ScriptRunner
 
 SECRET = "hunter22-s3cret"
 
@@ -147,3 +154,113 @@ def test_lock_upgrade_error_carries_the_server():
         with rw.read_lock(), pytest.raises(hybridlock.LockUpgradeError) as excinfo:
             rw.write_lock().acquire()
         assert excinfo.value.server == registry.server
+
+
+# -- which clients work ------------------------------------------------------------------------------------------------
+
+
+def test_an_asyncio_client_is_refused_at_construction():
+    import redis.asyncio
+    import valkey.asyncio
+
+    for client in (redis.asyncio.Redis(), valkey.asyncio.Valkey()):  # never connected
+        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+            hybridlock.LockRegistry(client)
+        message = str(excinfo.value)
+        assert "an asyncio client" in message
+        assert "AsyncLockRegistry" in message
+        assert "planned" in message
+
+
+def test_a_cluster_client_is_refused_at_construction():
+    import redis.asyncio.cluster
+    import redis.cluster
+    import valkey.cluster
+
+    # A cluster client connects as it is built; a subclass that skips __init__ is one by type, with no server.
+    for cluster_class in (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster, valkey.cluster.ValkeyCluster):
+        stub = type("StubCluster", (cluster_class,), {"__init__": lambda self: None})()
+        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+            hybridlock.LockRegistry(stub)
+        assert "cluster client" in str(excinfo.value)
+
+
+def quiet_valkey(url: str) -> valkey.Valkey:
+    retry = ValkeyRetry(ValkeyNoBackoff(), 1)
+    return valkey.Valkey.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry=retry)
+
+
+@pytest.mark.server
+def test_a_valkey_client_runs_every_lock_kind(server, redis_client):
+    client = quiet_valkey(server.url)
+    try:
+        with hybridlock.LockRegistry(client, expire_after=1.0) as registry, hybridlock.LockRegistry(
+            server.url
+        ) as other:
+            assert registry.server == server.url
+            rw = registry.obtain_read_write("v")
+            for lock, theirs in (
+                (registry.obtain("v"), other.obtain("v")),
+                (rw.write_lock(), other.obtain_read_write("v").read_lock()),
+                (registry.obtain_many(["v", "w"]), other.obtain("w")),
+            ):
+                with lock:
+                    assert not theirs.acquire(blocking=False)
+                assert theirs.acquire(timeout=5)  # a contended wait in the other direction
+                done = threading.Event()
+
+                def take(lock=lock, done=done):
+                    assert lock.acquire(timeout=5)
+                    lock.release()
+                    done.set()
+
+                waiter = threading.Thread(target=take)
+                waiter.start()
+                time.sleep(0.1)
+                theirs.release()
+                waiter.join(10)
+                assert done.is_set(), "the valkey-client registry was never woken by the release"
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_a_valkey_client_survives_a_cold_script_cache(server, redis_client):
+    client = quiet_valkey(server.url)
+    try:
+        with hybridlock.LockRegistry(client, expire_after=0.3) as registry:
+            lock = registry.obtain("cold")
+            with lock:
+                redis_client.script_flush()
+                time.sleep(0.6)  # two lease periods: only renewals (EVALSHA -> NOSCRIPT -> EVAL) kept it
+                assert not lock.lost, "the renewer died on valkey's NoScriptError"
+            redis_client.script_flush()
+            with lock:  # the acquire script too
+                pass
+            with registry.obtain_many(["a", "b"]) as both:
+                redis_client.script_flush()
+                registry._renewer.renew_once()
+                assert not any(part.lost for part in both.locks)
+        # The pipelined form (many scripts in one round trip, as a renewal of thousands of locks sends).
+        runner = ScriptRunner(client)
+        redis_client.script_flush()
+        assert runner.run_many("return ARGV[1]", [((), ("x",)), ((), ("y",))]) == [b"x", b"y"]
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_a_valkey_client_reports_a_dead_server_as_unavailable(own_server):
+    client = quiet_valkey(own_server.url)
+    try:
+        with hybridlock.LockRegistry(client) as registry:
+            with registry.obtain("k"):
+                pass
+            own_server.kill()
+            with pytest.raises(hybridlock.BackendUnavailableError) as excinfo:
+                registry.obtain("k").acquire(timeout=1)
+            assert excinfo.value.key == "k"
+            assert excinfo.value.server == own_server.url
+            assert isinstance(excinfo.value, ConnectionError)
+    finally:
+        client.close()
