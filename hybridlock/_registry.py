@@ -557,7 +557,7 @@ class LocalLockRegistry(LockRegistry):
 def _make_backend(connection: Any) -> LockBackend:
     if isinstance(connection, LockBackend):
         return connection
-    from .backends.clients import client_family, redacted, redacted_url
+    from .backends.clients import check_client_settings, client_family, redacted, redacted_url
     from .backends.redis import RedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
@@ -571,7 +571,9 @@ def _make_backend(connection: Any) -> LockBackend:
         return RedisBackend(client, owns_client=True)
     client_family(connection)  # an asyncio or cluster client is refused here, with the reason
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
-        return RedisBackend(connection)
+        backend = RedisBackend(connection)
+        check_client_settings(connection, backend.address)
+        return backend
     raise InvalidArgumentError(
         "connection must be a redis.Redis or valkey.Valkey client, a redis:// URL or a LockBackend, not "
         f"{type(connection).__name__}"

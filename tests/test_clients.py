@@ -28,7 +28,8 @@ SECRET = "hunter22-s3cret"
 
 def quiet_redis(**kwargs: object) -> redis.Redis:
     """A redis.Redis with the settings that keep hybridlock's timeout promise (so it draws no warning)."""
-    return redis.Redis(socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1), **kwargs)
+    settings: dict[str, object] = {"socket_timeout": 5, "socket_connect_timeout": 5, "retry": Retry(NoBackoff(), 1)}
+    return redis.Redis(**{**settings, **kwargs})  # type: ignore[arg-type]
 
 
 # -- no password in messages -------------------------------------------------------------------------------------------
@@ -264,3 +265,61 @@ def test_a_valkey_client_reports_a_dead_server_as_unavailable(own_server):
             assert isinstance(excinfo.value, ConnectionError)
     finally:
         client.close()
+
+
+# -- the timeout promise with a passed-in client -----------------------------------------------------------------------
+
+
+def test_a_client_that_cannot_keep_the_timeout_promise_draws_a_warning():
+    cases = {
+        "retry policy of 10 retries": redis.Redis(),  # redis-py 8's defaults: 5 s timeouts, 10 retries with backoff
+        "no socket_timeout": valkey.Valkey(),  # valkey-py's defaults: no timeouts at all
+        "no socket_connect_timeout": redis.Redis(socket_connect_timeout=None, retry=Retry(NoBackoff(), 1)),
+        "retry policy of 3 retries": quiet_redis(retry=Retry(NoBackoff(), 3)),
+    }
+    for expected, client in cases.items():  # never connected
+        with pytest.warns(hybridlock.ClientSettingsWarning, match=expected) as record:
+            hybridlock.LockRegistry(client).close()
+        assert record[0].filename == __file__, "the warning must point at the caller's line"
+        assert "Retry(NoBackoff(), 1)" in str(record[0].message)
+
+
+def test_a_client_with_the_recommended_settings_draws_no_warning():
+    # The suite turns warnings into errors: constructing these must stay silent.
+    hybridlock.LockRegistry(quiet_redis()).close()
+    hybridlock.LockRegistry(quiet_redis(retry=Retry(NoBackoff(), 0))).close()
+    hybridlock.LockRegistry(quiet_valkey("redis://127.0.0.1:6390/0")).close()
+    hybridlock.LockRegistry("redis://127.0.0.1:6390/0").close()
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("how", ["url", "recommended client"])
+def test_acquire_on_a_hung_server_keeps_the_documented_bound(own_server, how):
+    # A server frozen with SIGSTOP accepts connections (the kernel does) but never answers. From a URL the bound
+    # is the timeout plus one socket timeout (5 s); a client with socket_timeout=1 and one retry: plus 2 x 1 s.
+    if how == "url":
+        connection: object = own_server.url
+        bound = 0.5 + 5.0
+    else:
+        connection = redis.Redis.from_url(
+            own_server.url, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 1)
+        )
+        bound = 0.5 + 2 * 1.0
+    with hybridlock.LockRegistry(connection) as registry:
+        lock = registry.obtain("hung")
+        with lock:  # connected, scripts loaded
+            pass
+        own_server.pause()
+        try:
+            start = time.monotonic()
+            outcome: object
+            try:
+                outcome = lock.acquire(timeout=0.5)
+            except hybridlock.BackendUnavailableError as exc:
+                outcome = exc
+            elapsed = time.monotonic() - start
+        finally:
+            own_server.resume()
+        assert outcome is False or isinstance(outcome, hybridlock.BackendUnavailableError)
+        assert getattr(outcome, "key", "hung") == "hung"
+        assert elapsed < bound + 3.0, f"acquire(timeout=0.5) took {elapsed:.1f} s on a hung server"

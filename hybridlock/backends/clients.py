@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import importlib
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from ..errors import InvalidArgumentError
+from ..errors import ClientSettingsWarning, InvalidArgumentError
 
-__all__ = ["ClientFamily", "client_family", "redacted", "redacted_url", "server_name"]
+__all__ = ["ClientFamily", "check_client_settings", "client_family", "redacted", "redacted_url", "server_name"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +163,54 @@ def redacted(text: str, url: str) -> str:
     for secret in sorted({*secrets, *pieces}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
+
+
+# More retries than this make one command's worst case several socket timeouts (and backoffs) long.
+_MAX_RETRIES = 1
+
+
+def check_client_settings(client: Any, server: str) -> None:
+    """Warn (``ClientSettingsWarning``) when a passed-in client cannot keep ``acquire``'s timeout promise: a
+    command to a server that does not answer must fail within one socket timeout, so the client needs a
+    ``socket_timeout`` and a ``socket_connect_timeout``, and at most one retry. Settings it cannot read (a
+    stand-in client) draw no warning."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return
+    untimed = [name for name in ("socket_timeout", "socket_connect_timeout") if kwargs.get(name, 0) is None]
+    retries = _retries(client, kwargs)
+    too_many = retries is not None and retries > _MAX_RETRIES
+    if not untimed and not too_many:
+        return
+    problems = [f"no {name}" for name in untimed] + ([f"a retry policy of {retries} retries"] if too_many else [])
+    cost = (
+        "for ever, on a hung server"
+        if untimed
+        else f"up to {retries} + 1 socket timeouts and the backoffs between them"
+    )
+    warnings.warn(
+        f"the client for {server} has {' and '.join(problems)}: a lock call may wait far past its timeout "
+        f"({cost}). Pass socket_timeout=..., socket_connect_timeout=... and retry=Retry(NoBackoff(), 1) "
+        "(from redis.retry and redis.backoff), or give hybridlock a URL",
+        ClientSettingsWarning,
+        stacklevel=4,
+    )
+
+
+def _retries(client: Any, kwargs: dict[str, Any]) -> int | None:
+    # redis-py 5 and later keep the policy on the client (get_retry()) and in the pool's connection kwargs.
+    retry = None
+    get_retry = getattr(client, "get_retry", None)
+    if callable(get_retry):
+        try:
+            retry = get_retry()
+        except Exception:  # a stand-in without one
+            retry = None
+    if retry is None:
+        retry = kwargs.get("retry")
+    if retry is None:
+        return None
+    count = getattr(retry, "_retries", None)
+    if count is None and callable(getattr(retry, "get_retries", None)):
+        count = retry.get_retries()
+    return count if isinstance(count, int) and count >= 0 else None
