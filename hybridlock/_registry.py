@@ -419,6 +419,8 @@ class LockRegistry:
         watch: ReleaseWatch | None = None
         watching: str | None = None  # the channel ``watch`` listens on
         tries = 0
+        notified_wakeup = False  # the last wait ended on a notification
+        spurious = 0  # notified wake-ups in a row whose retry was refused
         try:
             while True:
                 epoch_before = None if watch is None else watch.epoch()
@@ -427,6 +429,8 @@ class LockRegistry:
                     return result
                 if not blocking:
                     return None
+                spurious = spurious + 1 if notified_wakeup else 0
+                notified_wakeup = False
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     return None
@@ -448,8 +452,14 @@ class LockRegistry:
                 if deadline is not None:
                     delay = min(delay, deadline - now)
                 if watch is not None:
-                    # Also returns early when the subscription's state changes.
-                    watch.wait(delay)
+                    # Spurious wake-ups (faked announcements, or another owner got in first) back off as polling
+                    # does before the next notification is acted on: a flood costs at most the spin rate.
+                    pause = min(self._wait_policy.pause_after_spurious(spurious, result.holder_ttl), delay)
+                    if pause > 0 and self._closed_event.wait(pause):
+                        self._check_open(names.key)
+                    # Also returns early when the subscription's state changes, or at once for a notification that
+                    # arrived during the pause.
+                    notified_wakeup = watch.wait(delay - pause)
                 else:
                     self._closed_event.wait(delay)
                 self._check_open(names.key)

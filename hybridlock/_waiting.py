@@ -41,6 +41,17 @@ class WaitPolicy:
     backoff_cap: float = 0.1
     notified_cap: float = 5.0
 
+    def pause_after_spurious(self, wakeups: int, holder_ttl: float | None) -> float:
+        """Seconds to sleep, deaf to notifications, after ``wakeups`` notified wake-ups in a row whose retry was
+        refused (0 for none): the spin mode's backoff, never past the holder's lease end.
+
+        A notification is a hint anyone who can publish on the channel can fake, so a flood of them must cost no
+        more round trips than polling would. One refused retry after a genuine release (another owner got in first)
+        costs a couple of milliseconds."""
+        if wakeups <= 0:
+            return 0.0
+        return self.delay(wakeups - 1, holder_ttl, notified=False)
+
     def delay(self, attempt: int, holder_ttl: float | None, notified: bool) -> float:
         """Seconds to wait before attempt ``attempt + 1``, never past the holder's lease end."""
         if notified:
