@@ -48,6 +48,12 @@ def acl_server(own_server: EmbeddedServer) -> Iterator[tuple[redis.Redis, str]]:
     admin.close()
 
 
+def _refused(admin: redis.Redis) -> set[str]:
+    """The commands the server refused to the lock user. redis-py names each new connection with CLIENT SETINFO
+    and shrugs off a refusal; servers that know the command (Redis 7.2+, Valkey) log it, so it is left out."""
+    return {entry["object"] for entry in admin.acl_log()} - {"client|setinfo"}
+
+
 class Waiter:
     """Takes ``lock`` in a thread of its own (it is busy: a contended wait), then releases it."""
 
@@ -125,7 +131,7 @@ def test_the_documented_acl_runs_every_lock_kind(acl_server, monkeypatch):
             assert time.monotonic() < deadline, "idle channels were never unsubscribed"
             time.sleep(0.05)
         assert sub.failures == 0, "the subscription was refused or broke"
-    assert admin.acl_log() == [], "the server refused some command to the lock user"
+    assert _refused(admin) == set(), "the server refused some command to the lock user"
 
 
 def test_a_renewal_the_acl_refuses_is_reported_as_a_lost_lock(acl_server):
@@ -144,5 +150,4 @@ def test_a_renewal_the_acl_refuses_is_reported_as_a_lost_lock(acl_server):
         assert time.monotonic() >= valid_until
         with pytest.raises(hybridlock.LockLostError):
             lock.release()
-    refused = {entry["object"] for entry in admin.acl_log()}
-    assert refused == {"type"}
+    assert _refused(admin) == {"type"}
