@@ -380,3 +380,9 @@ def test_a_registry_key_that_is_not_utf8_encodable_is_refused(registry_key):
     with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
         hybridlock.LockRegistry(MemoryBackend(), registry_key=registry_key)
     assert_invalid(excinfo)
+
+
+@pytest.mark.parametrize("timeout", [*TOO_LONG, math.nan])
+def test_synchronized_refuses_a_bad_timeout_when_decorating(registry, timeout):
+    with pytest.raises(hybridlock.InvalidArgumentError):
+        registry.synchronized("k", timeout=timeout)
