@@ -323,3 +323,21 @@ def test_acquire_on_a_hung_server_keeps_the_documented_bound(own_server, how):
         assert outcome is False or isinstance(outcome, hybridlock.BackendUnavailableError)
         assert getattr(outcome, "key", "hung") == "hung"
         assert elapsed < bound + 3.0, f"acquire(timeout=0.5) took {elapsed:.1f} s on a hung server"
+
+
+@pytest.mark.server
+def test_fenced_set_with_a_valkey_client(own_server):
+    from hybridlock.fencing import fenced_set
+
+    client = quiet_valkey(own_server.url)
+    try:
+        client.script_flush()
+        assert fenced_set(client, "{doc}", "a", 5)
+        assert not fenced_set(client, "{doc}", "b", 4)
+        own_server.kill()
+        with pytest.raises(hybridlock.BackendUnavailableError) as excinfo:
+            fenced_set(client, "{doc}", "c", 6)
+        assert excinfo.value.key == "{doc}"
+        assert excinfo.value.server == own_server.url
+    finally:
+        client.close()

@@ -11,6 +11,7 @@ URL): neither ever shows a password.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import warnings
@@ -20,7 +21,15 @@ from urllib.parse import parse_qsl, urlencode
 
 from ..errors import ClientSettingsWarning, InvalidArgumentError
 
-__all__ = ["ClientFamily", "check_client_settings", "client_family", "redacted", "redacted_url", "server_name"]
+__all__ = [
+    "ClientFamily",
+    "check_client_settings",
+    "client_family",
+    "library_family",
+    "redacted",
+    "redacted_url",
+    "server_name",
+]
 
 
 @dataclass(frozen=True)
@@ -40,16 +49,19 @@ class ClientFamily:
     cluster_clients: tuple[type, ...]
 
 
-def _load_family(library: str, client_name: str) -> ClientFamily | None:
-    try:
-        lib = importlib.import_module(library)
-        exceptions = importlib.import_module(f"{library}.exceptions")
-        connection = importlib.import_module(f"{library}.connection")
-        asyncio_lib = importlib.import_module(f"{library}.asyncio")
-        cluster = importlib.import_module(f"{library}.cluster")
-    except ImportError:
-        return None
-    asyncio_cluster = getattr(asyncio_lib, "RedisCluster" if library == "redis" else "ValkeyCluster", None)
+# Each library's names for what differs between them: its client, its cluster client, its root exception.
+_LIBRARIES = {"redis": ("Redis", "RedisCluster", "RedisError"), "valkey": ("Valkey", "ValkeyCluster", "ValkeyError")}
+
+
+@functools.cache
+def library_family(library: str) -> ClientFamily:
+    """The family of ``library`` ("redis" or "valkey"), imported at first use (valkey-py is optional)."""
+    client_name, cluster_name, root_error = _LIBRARIES[library]
+    lib = importlib.import_module(library)
+    exceptions = importlib.import_module(f"{library}.exceptions")
+    connection = importlib.import_module(f"{library}.connection")
+    asyncio_lib = importlib.import_module(f"{library}.asyncio")
+    cluster = importlib.import_module(f"{library}.cluster")
     return ClientFamily(
         library=library,
         client=getattr(lib, client_name),
@@ -58,43 +70,33 @@ def _load_family(library: str, client_name: str) -> ClientFamily | None:
         read_only=exceptions.ReadOnlyError,
         no_script=exceptions.NoScriptError,
         response_error=exceptions.ResponseError,
-        any_error=getattr(exceptions, "RedisError" if library == "redis" else "ValkeyError"),
+        any_error=getattr(exceptions, root_error),
         ssl_connection=connection.SSLConnection,
         asyncio_clients=(getattr(asyncio_lib, client_name),),
-        cluster_clients=tuple(
-            c for c in (getattr(cluster, "RedisCluster" if library == "redis" else "ValkeyCluster"), asyncio_cluster)
-            if c is not None
-        ),
+        cluster_clients=(getattr(cluster, cluster_name), getattr(asyncio_lib, cluster_name)),
     )
-
-
-# Loaded once, at import; valkey-py is optional.
-_FAMILIES: tuple[ClientFamily, ...] = tuple(
-    family
-    for family in (_load_family("redis", "Redis"), _load_family("valkey", "Valkey"))
-    if family is not None
-)
-REDIS_FAMILY = _FAMILIES[0]
 
 
 def client_family(client: Any) -> ClientFamily:
     """The library ``client`` belongs to; raises ``InvalidArgumentError`` for a client hybridlock cannot use (an
-    asyncio client, a cluster client). A duck-typed stand-in (fakeredis, a proxy) is taken as redis-py's."""
-    for family in _FAMILIES:
+    asyncio client, a cluster client). A duck-typed stand-in (a proxy, a mock) is taken as redis-py's."""
+    # A class of one of the libraries, or a subclass of one (fakeredis.FakeRedis is a redis.Redis).
+    libraries = {cls.__module__.partition(".")[0] for cls in type(client).__mro__}.intersection(_LIBRARIES)
+    for library in sorted(libraries):
+        family = library_family(library)
         if isinstance(client, family.asyncio_clients):
             raise InvalidArgumentError(
                 f"{type(client).__module__}.{type(client).__name__} is an asyncio client; hybridlock's asyncio API "
-                f"(AsyncLockRegistry) is planned; use a {family.library}.{family.client.__name__} here"
+                f"(AsyncLockRegistry) is planned; use a {library}.{family.client.__name__} here"
             )
         if isinstance(client, family.cluster_clients):
             raise InvalidArgumentError(
                 f"{type(client).__module__}.{type(client).__name__} is a cluster client, which hybridlock does not "
-                f"support yet; use a {family.library}.{family.client.__name__} connected to one server"
+                f"support yet; use a {library}.{family.client.__name__} connected to one server"
             )
-    for family in _FAMILIES:
         if isinstance(client, family.client):
             return family
-    return REDIS_FAMILY
+    return library_family("redis")
 
 
 def server_name(client: Any, family: ClientFamily) -> str:

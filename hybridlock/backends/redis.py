@@ -26,7 +26,7 @@ from .._keys import LockNames, ReadWriteNames
 from ..errors import BackendUnavailableError, HybridLockError
 from . import scripts
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
-from .clients import REDIS_FAMILY, ClientFamily, client_family, server_name
+from .clients import ClientFamily, client_family, library_family, server_name
 from .redis_pubsub import Subscriber
 
 __all__ = ["RedisBackend", "ScriptRunner", "client_address", "translated_errors"]
@@ -38,8 +38,10 @@ def client_address(client: Any) -> str:
 
 
 @contextlib.contextmanager
-def translated_errors(key: str | None, server: str, family: ClientFamily = REDIS_FAMILY) -> Iterator[None]:
-    """The one place where the client library's exceptions become hybridlock's, naming the key and the server."""
+def translated_errors(key: str | None, server: str, family: ClientFamily | None = None) -> Iterator[None]:
+    """The one place where the client library's exceptions become hybridlock's, naming the key and the server.
+    ``family``: the client's library (``clients.client_family``; default redis-py's)."""
+    family = family or library_family("redis")
     try:
         yield
     except family.unavailable as exc:
