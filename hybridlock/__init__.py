@@ -19,6 +19,7 @@ from ._registry import LocalLockRegistry, LockRegistry
 from ._rwlock import ReadLock, ReadWriteLock, WriteLock
 from .errors import (
     BackendUnavailableError,
+    ClientSettingsWarning,
     HybridLockError,
     InvalidArgumentError,
     LockLostError,
@@ -36,6 +37,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
 
 __all__ = [
     "BackendUnavailableError",
+    "ClientSettingsWarning",
     "HybridLock",
     "HybridLockError",
     "InvalidArgumentError",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import wrapt
 
+from ._lock import validate_timeout
 from .errors import InvalidArgumentError, LockTimeoutError
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ def synchronized(registry: LockRegistry, template: str, *, timeout: float | None
         raise InvalidArgumentError("the lock key template must be a non-empty str")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
         raise InvalidArgumentError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+    if timeout is not None:
+        validate_timeout(True, timeout)  # NaN, and the upper bound: at decoration, not at the first call
     roots = _placeholder_roots(template)
 
     def decorate(function: F) -> F:

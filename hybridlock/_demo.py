@@ -29,6 +29,7 @@ import redis
 
 from ._registry import LockRegistry
 from ._server import EmbeddedServer, ServerNotFoundError
+from .backends.clients import redacted, redacted_url
 
 __all__ = ["add_parser", "run_demo"]
 
@@ -163,7 +164,10 @@ def run_demo(
         client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         client.set(settings.counter_key, 0)
     except (ValueError, redis.RedisError) as exc:
-        print(f"hybridlock demo: cannot use the server at {url}: {exc}", file=sys.stderr)
+        print(
+            f"hybridlock demo: cannot use the server at {redacted_url(url)}: {redacted(str(exc), url)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         print(

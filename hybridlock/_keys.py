@@ -70,11 +70,21 @@ class ReadWriteNames:
         return LockNames(self.key, self.readers, self.fence, self.channel, self.writers_waiting, self.writers_waiting)
 
 
+def _check_encodable(what: str, value: str) -> None:
+    # Names go to the server as UTF-8; a lone surrogate ("\ud800") has no UTF-8 form and would otherwise fail
+    # only at the first acquire, as a raw UnicodeEncodeError.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(f"{what} {value!r} cannot be encoded as UTF-8 ({exc.reason})") from None
+
+
 def validate_registry_key(registry_key: object) -> str:
     if not isinstance(registry_key, str):
         raise InvalidArgumentError(f"registry_key must be a str, not {type(registry_key).__name__}")
     if not registry_key:
         raise InvalidArgumentError("registry_key must not be empty")
+    _check_encodable("registry_key", registry_key)
     if "{" in registry_key or "}" in registry_key:
         raise InvalidArgumentError(
             f"registry_key {registry_key!r} must not contain '{{' or '}}': they delimit the lock key's hash tag"
@@ -91,6 +101,7 @@ def validate_key(key: object) -> str:
         # "R:{}..." has an empty hash tag: Redis Cluster would hash each name whole and scatter one lock's names
         # over several slots.
         raise InvalidArgumentError(f"lock key {key!r} must not start with '}}' (it would empty the hash tag)")
+    _check_encodable("lock key", key)
     return key
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ._keys import LockNames
 from ._lease import ServerLease
 from ._local import FifoMutex
+from ._waiting import MAX_SECONDS
 from .backends.base import ReleaseWatch
 from .errors import (
     HybridLockError,
@@ -86,8 +87,11 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
         return None
     if timeout < 0:
         raise InvalidArgumentError("timeout value must be a non-negative number or -1")
-    if timeout > threading.TIMEOUT_MAX:
-        raise TimeoutOverflowError(f"timeout value is too large (above threading.TIMEOUT_MAX, {threading.TIMEOUT_MAX})")
+    if timeout > MAX_SECONDS:
+        # An OverflowError too, as threading.Lock.acquire raises for the same timeout.
+        raise TimeoutOverflowError(
+            f"timeout must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX) or -1, not {timeout!r}"
+        )
     return float(timeout)
 
 
@@ -105,9 +109,14 @@ class JavaStyleLock:
         raise NotImplementedError
 
     def try_lock(self, timeout: float | None = None) -> bool:
-        """Java's ``tryLock``: with ``timeout`` None or 0 take the lock only if it is free now, else wait up to
-        ``timeout`` seconds. Returns whether the lock is now held."""
-        if timeout is None or timeout == 0:
+        """Java's ``tryLock``: with ``timeout`` None, 0 or below take the lock only if it is free now (as Java does
+        for a wait <= 0), else wait up to ``timeout`` seconds. Returns whether the lock is now held. A timeout that
+        is NaN or not a number raises ``InvalidArgumentError``."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+            raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+        if timeout is not None and math.isnan(timeout):
+            raise InvalidArgumentError("timeout must not be NaN")
+        if timeout is None or timeout <= 0:
             return self.acquire(blocking=False)
         return self.acquire(blocking=True, timeout=timeout)
 
@@ -347,7 +356,9 @@ class HybridLock(ServerLease, JavaStyleLock):
             if me in self._failed_restores:
                 self._failed_restores.discard(me)
                 return
-            raise LockNotOwnedError("cannot release a lock this thread does not hold", key=self.key)
+            raise LockNotOwnedError(
+                "cannot release a lock this thread does not hold", key=self.key, server=self._registry.server
+            )
         if self._count > 1:
             self._count -= 1
             return
@@ -492,7 +503,9 @@ class HybridLock(ServerLease, JavaStyleLock):
 
     def _release_save(self) -> tuple[int, bool]:
         if self._owner != threading.get_ident():
-            raise LockNotOwnedError("cannot wait on a condition without holding its lock", key=self.key)
+            raise LockNotOwnedError(
+                "cannot wait on a condition without holding its lock", key=self.key, server=self._registry.server
+            )
         count = self._count
         try:
             self._release_fully()

@@ -147,7 +147,9 @@ class MultiLock(JavaStyleLock):
     def release(self) -> None:
         """Release every key (newest first). Raises the first error met after releasing all of them."""
         if not all(lock.is_held_by_current_thread() for lock in self._locks):
-            raise LockNotOwnedError(f"cannot release keys this thread does not hold: {self.keys}")
+            raise LockNotOwnedError(
+                f"cannot release keys this thread does not hold: {self.keys}", server=self._registry.server
+            )
         first_error: BaseException | None = None
         for lock in reversed(self._locks):
             try:

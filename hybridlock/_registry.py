@@ -37,7 +37,7 @@ from ._multi import MultiLock
 from ._renewal import HeldLease, LeaseRenewer
 from ._retention import RetentionReaper
 from ._rwlock import ReadWriteLock
-from ._waiting import WaitPolicy
+from ._waiting import MAX_SECONDS, WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
 from .errors import (
@@ -63,14 +63,19 @@ def _lease_drift(lease: float) -> float:
     return lease * 0.01 + 0.002
 
 
+#: The shortest lease ``expire_after`` accepts. A lease is renewed every third of itself, so a shorter one would
+#: be lost whenever a renewal round trip is a few milliseconds late.
+MIN_LEASE = 0.1
+
+
 @overload
-def _validate_seconds(name: str, value: object, *, allow_zero: bool = ...) -> float: ...
+def _validate_seconds(name: str, value: object, *, allow_zero: bool = ..., minimum: float = ...) -> float: ...
 @overload
 def _validate_seconds(
-    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ...
+    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ..., minimum: float = ...
 ) -> float | None: ...
 def _validate_seconds(
-    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False
+    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False, minimum: float = 0.0
 ) -> float | None:
     if value is None and allow_none:
         return None
@@ -79,15 +84,29 @@ def _validate_seconds(
     if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
         kind = "non-negative" if allow_zero else "positive"
         raise InvalidArgumentError(f"{name} must be a {kind}, finite number of seconds, not {value!r}")
+    if value > MAX_SECONDS:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX), not {value!r}"
+        )
+    if value < minimum and not (allow_zero and value == 0):
+        raise InvalidArgumentError(f"{name} must be at least {minimum:g} seconds, not {value!r}")
     return float(value)
 
 
 class LockRegistry:
     """Hands out one :class:`HybridLock` per key, all sharing this registry's server connection and identity.
 
-    ``connection`` is a ``redis.Redis`` client, a ``redis://`` / ``rediss://`` / ``unix://`` URL, or a
-    :class:`~hybridlock.backends.LockBackend`. ``registry_key`` prefixes every server key (it must not contain
-    ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision).
+    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client, a ``redis://`` / ``rediss://`` / ``unix://``
+    URL, or a :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
+    (``InvalidArgumentError``): an asyncio API is planned, and so is cluster support. ``registry_key`` prefixes
+    every server key (it must not contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond
+    precision), at least ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost
+    whenever a renewal is a little late).
+
+    Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
+    is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
+    longest wait Python's threads accept; anything larger raises ``InvalidArgumentError`` (a timeout of -1 or
+    ``math.inf`` waits forever). Keys and ``registry_key`` must be encodable as UTF-8.
 
     ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
     ``auto_renew`` keeps the leases of held locks alive from one background thread; ``max_hold`` (seconds) stops
@@ -125,7 +144,7 @@ class LockRegistry:
         retain_for: float = 0.0,
     ) -> None:
         self._registry_key = validate_registry_key(registry_key)
-        lease = _validate_seconds("expire_after", expire_after)
+        lease = _validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
         self._expire_after = lease
         self._lease_ms = max(1, round(lease * 1000))
         if lock_type not in ("pubsub", "spin"):
@@ -134,17 +153,9 @@ class LockRegistry:
         self._max_hold = _validate_seconds("max_hold", max_hold, allow_none=True)
         if isinstance(handoff_limit, bool) or not isinstance(handoff_limit, int) or handoff_limit < 0:
             raise InvalidArgumentError(f"handoff_limit must be a non-negative int, not {handoff_limit!r}")
-        if (
-            isinstance(handoff_window, bool)
-            or not isinstance(handoff_window, (int, float))
-            or not 0 <= handoff_window < float("inf")
-        ):
-            raise InvalidArgumentError(
-                f"handoff_window must be a non-negative number of seconds, not {handoff_window!r}"
-            )
+        self._handoff_window = _validate_seconds("handoff_window", handoff_window, allow_zero=True)
         # Either bound at 0 switches local hand-off off.
-        self._handoff_limit = handoff_limit if handoff_window > 0 else 0
-        self._handoff_window = float(handoff_window)
+        self._handoff_limit = handoff_limit if self._handoff_window > 0 else 0
         self._handoff_barge_window = _validate_seconds(
             "handoff_barge_window", handoff_barge_window, allow_zero=True
         )
@@ -393,6 +404,8 @@ class LockRegistry:
         watch: ReleaseWatch | None = None
         watching: str | None = None  # the channel ``watch`` listens on
         tries = 0
+        notified_wakeup = False  # the last wait ended on a notification
+        spurious = 0  # notified wake-ups in a row whose retry was refused
         try:
             while True:
                 epoch_before = None if watch is None else watch.epoch()
@@ -401,6 +414,8 @@ class LockRegistry:
                     return result
                 if not blocking:
                     return None
+                spurious = spurious + 1 if notified_wakeup else 0
+                notified_wakeup = False
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     return None
@@ -422,8 +437,14 @@ class LockRegistry:
                 if deadline is not None:
                     delay = min(delay, deadline - now)
                 if watch is not None:
-                    # Also returns early when the subscription's state changes.
-                    watch.wait(delay)
+                    # Spurious wake-ups (faked announcements, or another owner got in first) back off as polling
+                    # does before the next notification is acted on: a flood costs at most the spin rate.
+                    pause = min(self._wait_policy.pause_after_spurious(spurious, result.holder_ttl), delay)
+                    if pause > 0 and self._closed_event.wait(pause):
+                        self._check_open(names.key)
+                    # Also returns early when the subscription's state changes, or at once for a notification that
+                    # arrived during the pause.
+                    notified_wakeup = watch.wait(delay - pause)
                 else:
                     self._closed_event.wait(delay)
                 self._check_open(names.key)
@@ -458,14 +479,25 @@ class LockRegistry:
             self._renewer.nothing_held()  # so that its thread can end soon instead of sleeping a whole period
 
     def _renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
-        lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)
+        lease = (
+            self._expire_after
+            if expire_after is None
+            else _validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
+        )
         assert lease is not None
         if lock._owner is None:
-            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=lock.key, server=self.server)
+            raise LockNotOwnedError(
+                "cannot renew a lock this registry does not hold", key=lock.key, server=self.server
+            )
         if lock.lost:
             raise LockLostError("the lock's lease has already ended", key=lock.key, server=self.server)
         start = time.monotonic()
         tenancy = lock._tenancy
+        if self._lease_ms is None:
+            # A registry without expiry (LocalLockRegistry): its leases never end, and renewing must not give them
+            # an end either.
+            lock._renewed(tenancy, start)
+            return
         (renewed,) = self._backend.renew([lock._names], self._client_id, max(1, round(lease * 1000)))
         if not renewed:
             lock._mark_lost(tenancy)
@@ -505,7 +537,8 @@ class LockRegistry:
 
 
 class LocalLockRegistry(LockRegistry):
-    """The same API in one process, with no server: locks never expire (like ``threading.RLock``).
+    """The same API in one process, with no server: locks never expire (like ``threading.RLock``), and
+    ``renew()`` leaves them so.
 
     Spring's ``DefaultLockRegistry``. Useful where a program runs as one process, and as a test double."""
 
@@ -520,6 +553,7 @@ class LocalLockRegistry(LockRegistry):
 def _make_backend(connection: Any) -> LockBackend:
     if isinstance(connection, LockBackend):
         return connection
+    from .backends.clients import check_client_settings, client_family, redacted, redacted_url
     from .backends.redis import RedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
@@ -528,12 +562,17 @@ def _make_backend(connection: Any) -> LockBackend:
         try:
             client = redis_client_from_url(connection)
         except ValueError as exc:
-            raise InvalidArgumentError(f"not a valid server URL: {connection!r} ({exc})") from exc
+            shown, detail = redacted_url(connection), redacted(str(exc), connection)
+            raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
         return RedisBackend(client, owns_client=True)
+    client_family(connection)  # an asyncio or cluster client is refused here, with the reason
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
-        return RedisBackend(connection)
+        backend = RedisBackend(connection)
+        check_client_settings(connection, backend.address)
+        return backend
     raise InvalidArgumentError(
-        f"connection must be a redis.Redis client, a redis:// URL or a LockBackend, not {type(connection).__name__}"
+        "connection must be a redis.Redis or valkey.Valkey client, a redis:// URL or a LockBackend, not "
+        f"{type(connection).__name__}"
     )
 
 

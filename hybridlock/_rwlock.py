@@ -178,7 +178,9 @@ class ReadLock(_Half):
         with rw._cond:
             depth = rw._readers.get(me, 0)
             if not depth:
-                raise LockNotOwnedError("cannot release a read lock this thread does not hold", key=self.key)
+                raise LockNotOwnedError(
+                    "cannot release a read lock this thread does not hold", key=self.key, server=self._registry.server
+                )
             if depth > 1:
                 rw._readers[me] = depth - 1
                 return
@@ -241,6 +243,7 @@ class WriteLock(_Half):
                     "this thread holds the read lock: release it before taking the write lock (upgrading could "
                     "deadlock with another upgrading reader)",
                     key=self.key,
+                    server=self._registry.server,
                 )
 
             def may_enter() -> bool:
@@ -276,7 +279,9 @@ class WriteLock(_Half):
         rw = self._parent
         with rw._cond:
             if rw._writer != me:
-                raise LockNotOwnedError("cannot release a write lock this thread does not hold", key=self.key)
+                raise LockNotOwnedError(
+                    "cannot release a write lock this thread does not hold", key=self.key, server=self._registry.server
+                )
             if rw._write_count > 1:
                 rw._write_count -= 1
                 return

@@ -13,9 +13,15 @@ server nothing.
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 
-__all__ = ["WaitPolicy"]
+__all__ = ["MAX_SECONDS", "WaitPolicy"]
+
+#: The longest duration any option or timeout may have: the longest wait Python's threading accepts (about 292
+#: years on Linux and macOS, 49 days on Windows). Leases, renewal periods and deadlines are all waited on by
+#: threads, and the server takes this many milliseconds (and twice as many) without overflow.
+MAX_SECONDS = threading.TIMEOUT_MAX
 
 # How long to wait past a reported lease end before re-trying: the server expires the key when its clock passes
 # the deadline, so arriving a hair late saves one useless round trip.
@@ -34,6 +40,17 @@ class WaitPolicy:
     backoff_initial: float = 0.002
     backoff_cap: float = 0.1
     notified_cap: float = 5.0
+
+    def pause_after_spurious(self, wakeups: int, holder_ttl: float | None) -> float:
+        """Seconds to sleep, deaf to notifications, after ``wakeups`` notified wake-ups in a row whose retry was
+        refused (0 for none): the spin mode's backoff, never past the holder's lease end.
+
+        A notification is a hint anyone who can publish on the channel can fake, so a flood of them must cost no
+        more round trips than polling would. One refused retry after a genuine release (another owner got in first)
+        costs a couple of milliseconds."""
+        if wakeups <= 0:
+            return 0.0
+        return self.delay(wakeups - 1, holder_ttl, notified=False)
 
     def delay(self, attempt: int, holder_ttl: float | None, notified: bool) -> float:
         """Seconds to wait before attempt ``attempt + 1``, never past the holder's lease end."""

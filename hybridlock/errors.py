@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "BackendUnavailableError",
+    "ClientSettingsWarning",
     "HybridLockError",
     "InvalidArgumentError",
     "LockLostError",
@@ -104,3 +105,10 @@ class BackendUnavailableError(HybridLockError, ConnectionError):
 
 class RegistryClosedError(HybridLockError, RuntimeError):
     """The registry (or a lock obtained from it) was used after ``close()``."""
+
+
+class ClientSettingsWarning(UserWarning):
+    """A client passed to ``LockRegistry`` cannot keep ``acquire``'s timeout promise: it has no
+    ``socket_timeout`` or ``socket_connect_timeout`` (a hung server then blocks a call for ever), or it retries a
+    failed command several times (each retry adds up to a socket timeout and a backoff). Not an error: the locks
+    work, but a call may wait far past its timeout. A client made from a URL never draws it."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends.redis import ScriptRunner, client_address, translated_errors
+from .backends.clients import client_family, server_name
+from .backends.redis import ScriptRunner, translated_errors
 from .backends.scripts import FENCED_SET
 from .errors import InvalidArgumentError
 
@@ -54,6 +55,8 @@ def fenced_set(
         if isinstance(expire_after, bool) or not isinstance(expire_after, (int, float)) or not expire_after > 0:
             raise InvalidArgumentError(f"expire_after must be a positive number of seconds, not {expire_after!r}")
         ttl_ms = max(1, round(expire_after * 1000))
-    with translated_errors(key, client_address(client)):
-        written = ScriptRunner(client).run(FENCED_SET, (key, fence_key or f"{key}:fence"), (token, value, ttl_ms))
+    family = client_family(client)
+    with translated_errors(key, server_name(client, family), family):
+        runner = ScriptRunner(client, family)
+        written = runner.run(FENCED_SET, (key, fence_key or f"{key}:fence"), (token, value, ttl_ms))
     return bool(written)

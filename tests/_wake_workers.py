@@ -103,3 +103,20 @@ def read_and_die(url: str, key: str, ready) -> None:  # type: ignore[no-untyped-
     registry.obtain_read_write(key).read_lock().acquire()
     ready.set()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def flood(url: str, channel: str, message: str, seconds: float, sent) -> None:  # type: ignore[no-untyped-def]
+    """Publish ``message`` on ``channel`` as fast as pipelines allow for ``seconds``; count them in ``sent``."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + seconds
+    count = 0
+    while time.monotonic() < deadline:
+        pipe = client.pipeline(transaction=False)
+        for _ in range(500):
+            pipe.publish(channel, message)
+        pipe.execute()
+        count += 500
+    sent.value = count
+    client.close()

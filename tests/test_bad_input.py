@@ -174,7 +174,7 @@ def test_bad_timeout_is_rejected_even_on_a_reentrant_acquire(registry):
     assert not lock.locked()
 
 
-@pytest.mark.parametrize("timeout", [-2, -0.5, "1", math.nan])
+@pytest.mark.parametrize("timeout", ["1", math.nan, -math.nan, True, [1], b"1"])
 def test_try_lock_rejects_a_bad_timeout(registry, timeout):
     lock = registry.obtain("k")
     with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
@@ -232,7 +232,11 @@ def test_release_of_an_unheld_lock_is_a_runtime_error(registry):
 
 
 # Every error class the library defines, so that one added later is covered without editing these tests.
-ALL_ERRORS = [getattr(hybridlock.errors, name) for name in hybridlock.errors.__all__]
+ALL_ERRORS = [
+    cls
+    for cls in (getattr(hybridlock.errors, name) for name in hybridlock.errors.__all__)
+    if not issubclass(cls, Warning)
+]
 
 
 @pytest.mark.parametrize("cls", ALL_ERRORS)
@@ -279,3 +283,106 @@ def test_error_classes_derive_from_the_stdlib_types_callers_catch():
     assert issubclass(hybridlock.LockUpgradeError, RuntimeError)
     for cls in ALL_ERRORS:
         assert issubclass(cls, hybridlock.HybridLockError)
+
+
+# -- bounds on durations and keys --------------------------------------------------------------------------------------
+
+TOO_LONG = [threading.TIMEOUT_MAX * 2, 2**70, 1e300]
+
+
+@pytest.mark.parametrize("value", [*TOO_LONG, 1e-4, 0.05, 0.0999])
+def test_expire_after_is_bounded(value):
+    # Too long: the server or a thread's wait would refuse it at every acquire or renewal. Too short: the lease is
+    # lost before a renewal can reach the server.
+    with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+        hybridlock.LockRegistry(MemoryBackend(), expire_after=value)
+    assert_invalid(excinfo)
+    assert "expire_after" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("option", ["max_hold", "handoff_window", "handoff_barge_window", "retain_for"])
+@pytest.mark.parametrize("value", TOO_LONG)
+def test_durations_are_bounded(option, value):
+    with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+        hybridlock.LockRegistry(MemoryBackend(), **{option: value})
+    assert_invalid(excinfo)
+    assert option in str(excinfo.value)
+
+
+@pytest.mark.parametrize("value", TOO_LONG)
+def test_timeouts_are_bounded(registry, value):
+    lock = registry.obtain("k")
+    rw = registry.obtain_read_write("k")
+    for kind in (lock, rw.read_lock(), rw.write_lock(), registry.obtain_many(["a", "b"])):
+        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+            kind.acquire(timeout=value)
+        assert_invalid(excinfo)
+        with pytest.raises(hybridlock.InvalidArgumentError):
+            kind.try_lock(value)
+        assert not kind.is_held_by_current_thread()
+
+
+def test_renew_by_hand_is_bounded(registry):
+    with registry.obtain("k") as lock:
+        for value in (*TOO_LONG, 1e-4):
+            with pytest.raises(hybridlock.InvalidArgumentError):
+                lock.renew(value)
+            with pytest.raises(hybridlock.InvalidArgumentError):
+                registry.renew_lock("k", value)
+
+
+def test_the_bounds_themselves_are_accepted(registry):
+    with hybridlock.LockRegistry(
+        MemoryBackend(), expire_after=0.1, max_hold=threading.TIMEOUT_MAX, retain_for=threading.TIMEOUT_MAX
+    ) as reg:
+        assert reg.expire_after == 0.1
+    lock = registry.obtain("k")
+    assert lock.acquire(timeout=threading.TIMEOUT_MAX)
+    assert lock.acquire(timeout=math.inf)  # forever, as threading.RLock reads it
+    lock.release()
+    lock.release()
+
+
+@pytest.mark.server
+def test_the_longest_lease_works_on_a_real_server(server):
+    # The longest lease must survive the whole round: SET PX, renewal (PEXPIRE), the queue's expiry arithmetic.
+    with hybridlock.LockRegistry(server.url, expire_after=threading.TIMEOUT_MAX) as reg:
+        other = hybridlock.LockRegistry(server.url, expire_after=threading.TIMEOUT_MAX)
+        try:
+            pairs = [
+                (reg.obtain("long"), other.obtain("long")),
+                (reg.obtain_read_write("long").write_lock(), other.obtain_read_write("long").read_lock()),
+                (reg.obtain_read_write("long").read_lock(), other.obtain_read_write("long").write_lock()),
+            ]
+            for lock, theirs in pairs:
+                assert lock.acquire(timeout=5)
+                assert reg.backend.renew([lock._names], reg.client_id, reg._lease_ms) == [True]
+                assert not theirs.acquire(timeout=0.2)  # queued as a waiter with that lease, then gave up
+                lock.release()
+                assert theirs.acquire(timeout=5)
+                theirs.release()
+        finally:
+            other.close()
+
+
+@pytest.mark.parametrize("key", ["\ud800", "a\udfffb", "orders:\ud83d"])
+def test_a_key_that_is_not_utf8_encodable_is_refused_at_obtain(registry, key):
+    for obtain in (registry.obtain, registry.obtain_read_write, lambda k: registry.obtain_many([k, "x"])):
+        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+            obtain(key)
+        assert_invalid(excinfo)
+        assert "UTF-8" in str(excinfo.value)
+    assert len(registry) == 0
+
+
+@pytest.mark.parametrize("registry_key", ["\ud800", "locks\udcff"])
+def test_a_registry_key_that_is_not_utf8_encodable_is_refused(registry_key):
+    with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+        hybridlock.LockRegistry(MemoryBackend(), registry_key=registry_key)
+    assert_invalid(excinfo)
+
+
+@pytest.mark.parametrize("timeout", [*TOO_LONG, math.nan])
+def test_synchronized_refuses_a_bad_timeout_when_decorating(registry, timeout):
+    with pytest.raises(hybridlock.InvalidArgumentError):
+        registry.synchronized("k", timeout=timeout)

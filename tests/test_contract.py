@@ -7,6 +7,7 @@ as two processes are. Every concurrency test uses real threads, checks an invari
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 import weakref
@@ -811,6 +812,48 @@ def test_local_lock_registry_leases_never_expire():
         # Releasing after a while is clean: no lease ran out.
 
 
+def test_renewing_on_a_local_lock_registry_keeps_the_lease_without_expiry():
+    # renew() used to give the lock a lease of the registry's default expire_after (or the one passed), after which
+    # release() raised LockLostError while valid_until still said inf.
+    with hybridlock.LocalLockRegistry() as registry:
+        lock = registry.obtain("k")
+        with lock:
+            lock.renew()
+            registry.renew_lock("k", 0.1)
+            lock.renew(0.1)
+            time.sleep(0.3)
+            assert lock.valid_until == float("inf")
+            assert not lock.lost
+        # Released without LockLostError: the lease had not ended.
+        assert not lock.locked()
+
+
+def test_read_write_locks_on_a_local_lock_registry():
+    # They used to fail with a TypeError: the in-memory backend was given no lease for a read or write hold.
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        with rw.read_lock():
+            assert rw.read_lock().valid_until == float("inf")
+            assert run_in_thread(lambda: rw.write_lock().acquire(timeout=0.1)) is False
+        with rw.write_lock():
+            assert run_in_thread(lambda: rw.read_lock().acquire(timeout=0.1)) is False
+            time.sleep(0.2)
+        assert run_in_thread(lambda: _take_and_give_back(rw.read_lock())) is True
+
+
+def _take_and_give_back(lock: object) -> bool:
+    got = lock.acquire(timeout=5)  # type: ignore[attr-defined]
+    if got:
+        lock.release()  # type: ignore[attr-defined]
+    return bool(got)
+
+
+def run_in_thread(function: Callable[[], object]) -> object:
+    result: list[object] = []
+    run_threads([lambda: result.append(function())])
+    return result[0]
+
+
 def test_local_lock_registries_are_separate():
     with hybridlock.LocalLockRegistry() as one, hybridlock.LocalLockRegistry() as two, one.obtain("k"):
         assert two.obtain("k").acquire(blocking=False)
@@ -904,3 +947,34 @@ def test_every_script_touches_one_cluster_slot():
         client.close()
     finally:
         srv.stop()
+
+
+# -- try_lock(timeout <= 0) --------------------------------------------------------------------------------------------
+
+
+def _lock_kinds(registry: hybridlock.LockRegistry) -> dict[str, hybridlock.HybridLock]:
+    # One of each lock kind over the same key; anything in "k" held by another owner keeps each of them out.
+    rw = registry.obtain_read_write("k")
+    return {
+        "plain": registry.obtain("k"),
+        "read": rw.read_lock(),  # type: ignore[dict-item]
+        "write": rw.write_lock(),  # type: ignore[dict-item]
+        "multi": registry.obtain_many(["k", "other"]),  # type: ignore[dict-item]
+    }
+
+
+@over_backends
+@pytest.mark.parametrize("kind", ["plain", "read", "write", "multi"])
+@pytest.mark.parametrize("timeout", [-1, -0.5, -1e9, -math.inf, -0.0])
+def test_try_lock_with_a_timeout_at_or_below_zero_does_not_wait(any_registry_factory, kind, timeout):
+    # As Java's tryLock(time, unit): a wait <= 0 is "take it only if it is free now".
+    registry, other = any_registry_factory(), any_registry_factory()
+    lock = _lock_kinds(registry)[kind]
+    theirs = _lock_kinds(other)["write" if kind == "read" else kind]
+    with Holder(theirs):  # type: ignore[arg-type]
+        start = time.monotonic()
+        assert lock.try_lock(timeout) is False
+        assert time.monotonic() - start < 1.0, "try_lock(timeout <= 0) must not wait"
+        assert not lock.is_held_by_current_thread()
+    assert lock.try_lock(timeout) is True
+    lock.release()

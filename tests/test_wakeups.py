@@ -6,6 +6,7 @@ import multiprocessing
 import statistics
 import threading
 import time
+import uuid
 
 import pytest
 import redis
@@ -160,3 +161,92 @@ def test_spin_lock_type_waits_without_subscribing(make_registry, redis_client):
     lock.release()
     waiter.join(15)
     assert got == [True]
+
+
+# -- spoofed announcements ---------------------------------------------------------------------------------------------
+
+
+class _Waiter:
+    """A thread of ``registry`` waiting for ``key``'s lock (held elsewhere) until it gets it or ``timeout`` ends."""
+
+    def __init__(self, registry: hybridlock.LockRegistry, key: str, timeout: float = 30.0) -> None:
+        self.lock = registry.obtain(key)
+        self.got = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(timeout,), daemon=True)
+        self.thread.start()
+
+    def _run(self, timeout: float) -> None:
+        if self.lock.acquire(timeout=timeout):
+            self.got.set()
+            self.lock.release()
+
+
+def _flood(client: redis.Redis, channel: str, messages: list[str]) -> None:
+    for start in range(0, len(messages), 5000):
+        pipe = client.pipeline(transaction=False)
+        for message in messages[start : start + 5000]:
+            pipe.publish(channel, message)
+        pipe.execute()
+
+
+def _listener_caught_up(registry: hybridlock.LockRegistry, client: redis.Redis, channel: str) -> None:
+    # Messages on one channel arrive in order: once a "wanted" sent now is counted, everything before it was seen.
+    subscriber = registry.backend._subscriber
+    before = subscriber._wanted[channel]
+    client.publish(channel, "wanted")
+    deadline = time.monotonic() + 60
+    while subscriber._wanted[channel] == before:
+        assert time.monotonic() < deadline, "the listener never caught up with the flood"
+        time.sleep(0.05)
+
+
+def test_spoofed_announcements_to_strangers_do_not_grow_a_waiters_memory(make_registry, redis_client):
+    holder, waiting = make_registry(), make_registry()
+    channel = holder._names("spoofed").channel
+    with holder.obtain("spoofed"):
+        waiter = _Waiter(waiting, "spoofed")
+        deadline = time.monotonic() + 10
+        while channel not in waiting.backend._subscriber._subscribed:
+            assert time.monotonic() < deadline, "the waiter never subscribed"
+            time.sleep(0.01)
+        _flood(redis_client, channel, [f"released:{uuid.uuid4()}" for _ in range(200_000)])
+        _listener_caught_up(waiting, redis_client, channel)
+        subscriber = waiting.backend._subscriber
+        # Only the owner waiting here is counted, however many names were addressed.
+        assert set(subscriber._addressed[channel]) == {waiting.client_id}
+        assert len(subscriber._owner_refs) == 1
+    assert waiter.got.wait(10), "the waiter did not get the lock after the flood"
+    waiter.thread.join(10)
+
+
+def test_a_flood_of_spoofed_wakeups_costs_no_more_round_trips_than_polling(server, make_registry, redis_client):
+    holder, waiting = make_registry(), make_registry()
+    attempts: list[float] = []
+    try_acquire = waiting.backend.try_acquire
+
+    def counted(*args, **kwargs):
+        attempts.append(time.monotonic())
+        return try_acquire(*args, **kwargs)
+
+    waiting.backend.try_acquire = counted  # type: ignore[method-assign]
+    channel = holder._names("flooded").channel
+    with holder.obtain("flooded"):
+        waiter = _Waiter(waiting, "flooded")
+        time.sleep(0.3)  # subscribed and sleeping on the notification
+        sent = CTX.Value("q", 0)
+        flooder = CTX.Process(
+            target=_wake_workers.flood, args=(server.url, channel, f"released:{waiting.client_id}", 2.0, sent)
+        )
+        flooder.start()
+        flooder.join(30)
+        # Counted from the first spoofed message the waiter acted on to the end of the flood.
+        end = time.monotonic()
+        during = [t for t in attempts if t <= end][1:]
+        elapsed = end - during[0] if during else 1.0
+    # Polling (lock_type="spin") backs off from 2 ms to 100 ms: some 30 attempts in 2 s. Without a bound, every
+    # spoofed message that finds the waiter sleeping is a round trip.
+    assert sent.value > 10_000, "the flood was too slow to test anything"
+    rate = len(during) / elapsed
+    assert rate < 50, f"{len(during)} acquire attempts in {elapsed:.1f} s under a flood of fake wake-ups"
+    assert waiter.got.wait(5), "the waiter did not get the lock once it was released"
+    waiter.thread.join(10)

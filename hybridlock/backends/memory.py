@@ -188,7 +188,7 @@ class MemoryBackend(LockBackend):
                 del holds[owner]
         return holds
 
-    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
         now = time.monotonic()
         with self._cond:
             writer = self._live_entry(names.writer, now)
@@ -198,10 +198,12 @@ class MemoryBackend(LockBackend):
             others = {o: until for o, until in waiting.items() if o != owner}
             if writer is None and others:
                 return AcquireResult(False, None, min(others.values()) - now)
-            self._pruned(self._readers.setdefault(names.readers, {}), now)[owner] = now + lease_ms / 1000.0
+            self._pruned(self._readers.setdefault(names.readers, {}), now)[owner] = _until(now, lease_ms)
             return AcquireResult(True)
 
-    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
+    def try_acquire_write(
+        self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
+    ) -> AcquireResult:
         now = time.monotonic()
         with self._cond:
             writer = self._live_entry(names.writer, now)
@@ -214,11 +216,13 @@ class MemoryBackend(LockBackend):
             waiting = self._pruned(self._writers_waiting.setdefault(names.writers_waiting, {}), now)
             if blocked_for is not None:
                 if wait:
-                    waiting[owner] = now + 2 * lease_ms / 1000.0
+                    # Twice the lease, renewed by every attempt; without expiry, a minute (a writer that stops
+                    # trying without cancelling must not hold readers back for ever).
+                    waiting[owner] = now + (60.0 if lease_ms is None else 2 * lease_ms / 1000.0)
                     self._announce_wanted(names.channel)
                 return AcquireResult(False, None, blocked_for)
             waiting.pop(owner, None)
-            self._entries[names.writer] = _Entry(owner, now + lease_ms / 1000.0)
+            self._entries[names.writer] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
             token = self._fences.get(names.fence, 0) + 1
             self._fences[names.fence] = token
             return AcquireResult(True, token)
@@ -316,3 +320,8 @@ class _MemoryWatch(ReleaseWatch):
                 del backend._release_counts[self._channel]
                 del backend._addressed[self._channel]
                 del backend._wanted_counts[self._channel]
+
+
+def _until(now: float, lease_ms: int | None) -> float:
+    """When a hold taken at ``now`` for ``lease_ms`` ends (inf: a registry without expiry, LocalLockRegistry)."""
+    return float("inf") if lease_ms is None else now + lease_ms / 1000.0

@@ -26,34 +26,31 @@ from .._keys import LockNames, ReadWriteNames
 from ..errors import BackendUnavailableError, HybridLockError
 from . import scripts
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
+from .clients import ClientFamily, client_family, library_family, server_name
 from .redis_pubsub import Subscriber
 
 __all__ = ["RedisBackend", "ScriptRunner", "client_address", "translated_errors"]
 
 
 def client_address(client: Any) -> str:
-    """A readable ``redis://host:port/db`` (or ``unix://path``) for error messages."""
-    try:
-        kwargs = client.connection_pool.connection_kwargs
-    except AttributeError:
-        return type(client).__name__
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
-    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    """The server ``client`` talks to, for messages (see ``clients.server_name``): never with a password."""
+    return server_name(client, client_family(client))
 
 
 @contextlib.contextmanager
-def translated_errors(key: str | None, server: str) -> Iterator[None]:
-    """The one place where redis-py exceptions become hybridlock's, naming the key and the server."""
+def translated_errors(key: str | None, server: str, family: ClientFamily | None = None) -> Iterator[None]:
+    """The one place where the client library's exceptions become hybridlock's, naming the key and the server.
+    ``family``: the client's library (``clients.client_family``; default redis-py's)."""
+    family = family or library_family("redis")
     try:
         yield
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+    except family.unavailable as exc:
         raise BackendUnavailableError(f"lock server unreachable: {exc}", key=key, server=server) from exc
-    except redis.exceptions.BusyLoadingError as exc:
+    except family.busy_loading as exc:
         raise BackendUnavailableError(f"lock server is loading: {exc}", key=key, server=server) from exc
-    except redis.exceptions.ReadOnlyError as exc:
+    except family.read_only as exc:
         raise BackendUnavailableError(f"lock server is a read-only replica: {exc}", key=key, server=server) from exc
-    except redis.exceptions.RedisError as exc:
+    except family.any_error as exc:
         raise HybridLockError(f"lock server error: {exc}", key=key, server=server) from exc
 
 
@@ -64,8 +61,9 @@ class ScriptRunner:
     script cache (restart, ``SCRIPT FLUSH``, failover) costs one EVAL, after which EVALSHA works again.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, family: ClientFamily | None = None) -> None:
         self._client = client
+        self._no_script = (family or client_family(client)).no_script
         self._sha: dict[str, str] = {}
 
     def _digest(self, source: str) -> str:
@@ -84,7 +82,7 @@ class ScriptRunner:
                 pipe.evalsha(sha, len(keys), *keys, *args)
             try:
                 return list(pipe.execute())
-            except redis.exceptions.NoScriptError:
+            except self._no_script:
                 if attempt:
                     raise
                 self._client.script_load(source)
@@ -94,7 +92,7 @@ class ScriptRunner:
         sha = self._digest(source)
         try:
             return self._client.evalsha(sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
+        except self._no_script:
             return self._client.eval(source, len(keys), *keys, *args)
 
 
@@ -106,10 +104,11 @@ class RedisBackend(LockBackend):
     """Locks in one Redis or Valkey server. ``client`` is a ``redis.Redis`` (or compatible) instance."""
 
     def __init__(self, client: Any, *, owns_client: bool = False) -> None:
+        self._family = client_family(client)  # refuses asyncio and cluster clients
         self.client = client
-        self.address = client_address(client)
+        self.address = server_name(client, self._family)
         self._owns_client = owns_client
-        self._scripts = ScriptRunner(client)
+        self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
         self._cluster_mode: bool | None = None  # learnt from the server at the first renewal
 
@@ -117,7 +116,7 @@ class RedisBackend(LockBackend):
         self._subscriber.after_fork_in_child()
 
     def _translated(self, key: str | None) -> contextlib.AbstractContextManager[None]:
-        return translated_errors(key, self.address)
+        return translated_errors(key, self.address, self._family)
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         with self._translated(names.key):
@@ -189,7 +188,7 @@ class RedisBackend(LockBackend):
         if self._cluster_mode is None:
             try:
                 info = self.client.info("cluster")
-            except redis.exceptions.ResponseError:
+            except self._family.response_error:
                 info = {}  # a server or stand-in without INFO (fakeredis, some proxies) is taken as a single node
             self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
         if not self._cluster_mode:

@@ -57,7 +57,10 @@ class Subscriber:
         self._cond = threading.Condition(threading.Lock())
         self._refs: dict[str, int] = {}  # channel -> open watches
         self._released: dict[str, int] = {}  # channel -> releases announced to everyone (watches compare counts)
-        self._addressed: dict[str, dict[str, int]] = {}  # channel -> owner -> releases addressed to that owner
+        # channel -> owner -> releases addressed to that owner, for owners with an open watch there only: anyone may
+        # publish "released:<anything>", and names nobody here waits under must not grow our memory.
+        self._addressed: dict[str, dict[str, int]] = {}
+        self._owner_refs: dict[tuple[str, str], int] = {}  # (channel, owner) -> open watches
         self._wanted: dict[str, int] = {}  # channel -> "wanted" messages seen (another owner failed to acquire)
         self._idle_since: dict[str, float] = {}  # channel with no watch -> since when
         self._subscribed: set[str] = set()  # confirmed by the server
@@ -79,7 +82,8 @@ class Subscriber:
             self._refs[channel] = self._refs.get(channel, 0) + 1
             self._idle_since.pop(channel, None)
             self._released.setdefault(channel, 0)
-            self._addressed.setdefault(channel, {})
+            self._addressed.setdefault(channel, {}).setdefault(owner, 0)
+            self._owner_refs[channel, owner] = self._owner_refs.get((channel, owner), 0) + 1
             self._wanted.setdefault(channel, 0)
             watch = _RedisWatch(self, channel, owner)
             if channel not in self._requested and self._up:
@@ -88,8 +92,16 @@ class Subscriber:
             self._start_locked()
             return watch
 
-    def _unwatch(self, channel: str) -> None:
+    def _unwatch(self, channel: str, owner: str) -> None:
         with self._cond:
+            owner_left = self._owner_refs[channel, owner] - 1
+            if owner_left:
+                self._owner_refs[channel, owner] = owner_left
+            else:
+                del self._owner_refs[channel, owner]
+                addressed = self._addressed.get(channel)
+                if addressed is not None:
+                    addressed.pop(owner, None)
             left = self._refs[channel] - 1
             if left:
                 self._refs[channel] = left
@@ -242,7 +254,9 @@ class Subscriber:
                     # Addressed to the head of the lock's queue: only that owner's waiter needs to retry.
                     addressed = self._addressed[channel]
                     to = data[len("released:") :]
-                    addressed[to] = addressed.get(to, 0) + 1
+                    if to not in addressed:
+                        return  # nobody here waits under that name
+                    addressed[to] += 1
                 else:
                     self._released[channel] += 1
             elif kind == "subscribe":
@@ -301,6 +315,7 @@ class Subscriber:
         self._refs.clear()
         self._released.clear()
         self._addressed.clear()
+        self._owner_refs.clear()
         self._wanted.clear()
         self._idle_since.clear()
         self._subscribed.clear()
@@ -354,4 +369,4 @@ class _RedisWatch(ReleaseWatch):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._subscriber._unwatch(self._channel)
+            self._subscriber._unwatch(self._channel, self._owner)

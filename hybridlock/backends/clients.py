@@ -1,0 +1,218 @@
+"""Which client objects the Redis backend accepts, how it names their server, and what their errors are.
+
+Two client libraries work: redis-py (``redis.Redis``) and valkey-py (``valkey.Valkey``). They have the same API
+but separate exception classes, so each library's family is looked up once per client (:func:`client_family`)
+and used wherever an exception is caught (``translated_errors``, ``ScriptRunner``). Their asyncio clients and
+their cluster clients are refused at construction, with the reason.
+
+Anything printed about a server goes through :func:`server_name` (from a client) or :func:`redacted_url` (from a
+URL): neither ever shows a password.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from ..errors import ClientSettingsWarning, InvalidArgumentError
+
+__all__ = [
+    "ClientFamily",
+    "check_client_settings",
+    "client_family",
+    "library_family",
+    "redacted",
+    "redacted_url",
+    "server_name",
+]
+
+
+@dataclass(frozen=True)
+class ClientFamily:
+    """One client library's classes: what it raises, and which of its clients hybridlock can use."""
+
+    library: str
+    client: type  # the blocking client (redis.Redis)
+    unavailable: tuple[type[BaseException], ...]  # the server did not answer: ConnectionError, TimeoutError
+    busy_loading: type[BaseException]
+    read_only: type[BaseException]
+    no_script: type[BaseException]
+    response_error: type[BaseException]
+    any_error: type[BaseException]  # the library's root exception
+    ssl_connection: type
+    asyncio_clients: tuple[type, ...]
+    cluster_clients: tuple[type, ...]
+
+
+# Each library's names for what differs between them: its client, its cluster client, its root exception.
+_LIBRARIES = {"redis": ("Redis", "RedisCluster", "RedisError"), "valkey": ("Valkey", "ValkeyCluster", "ValkeyError")}
+
+
+@functools.cache
+def library_family(library: str) -> ClientFamily:
+    """The family of ``library`` ("redis" or "valkey"), imported at first use (valkey-py is optional)."""
+    client_name, cluster_name, root_error = _LIBRARIES[library]
+    lib = importlib.import_module(library)
+    exceptions = importlib.import_module(f"{library}.exceptions")
+    connection = importlib.import_module(f"{library}.connection")
+    asyncio_lib = importlib.import_module(f"{library}.asyncio")
+    cluster = importlib.import_module(f"{library}.cluster")
+    return ClientFamily(
+        library=library,
+        client=getattr(lib, client_name),
+        unavailable=(exceptions.ConnectionError, exceptions.TimeoutError),
+        busy_loading=exceptions.BusyLoadingError,
+        read_only=exceptions.ReadOnlyError,
+        no_script=exceptions.NoScriptError,
+        response_error=exceptions.ResponseError,
+        any_error=getattr(exceptions, root_error),
+        ssl_connection=connection.SSLConnection,
+        asyncio_clients=(getattr(asyncio_lib, client_name),),
+        cluster_clients=(getattr(cluster, cluster_name), getattr(asyncio_lib, cluster_name)),
+    )
+
+
+def client_family(client: Any) -> ClientFamily:
+    """The library ``client`` belongs to; raises ``InvalidArgumentError`` for a client hybridlock cannot use (an
+    asyncio client, a cluster client). A duck-typed stand-in (a proxy, a mock) is taken as redis-py's."""
+    # A class of one of the libraries, or a subclass of one (fakeredis.FakeRedis is a redis.Redis).
+    libraries = {cls.__module__.partition(".")[0] for cls in type(client).__mro__}.intersection(_LIBRARIES)
+    for library in sorted(libraries):
+        family = library_family(library)
+        if isinstance(client, family.asyncio_clients):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is an asyncio client; hybridlock's asyncio API "
+                f"(AsyncLockRegistry) is planned; use a {library}.{family.client.__name__} here"
+            )
+        if isinstance(client, family.cluster_clients):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is a cluster client, which hybridlock does not "
+                f"support yet; use a {library}.{family.client.__name__} connected to one server"
+            )
+        if isinstance(client, family.client):
+            return family
+    return library_family("redis")
+
+
+def server_name(client: Any, family: ClientFamily) -> str:
+    """The server as its user knows it, for messages: ``redis://host:port/db``, ``rediss://`` over TLS,
+    ``unix://path``, ``sentinel://service`` for a master found through Sentinel. Never a password."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return type(client).__name__
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        return f"sentinel://{service}/{kwargs.get('db', 0)}"
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    connection_class = getattr(pool, "connection_class", None)
+    tls = isinstance(connection_class, type) and issubclass(connection_class, family.ssl_connection)
+    scheme = "rediss" if tls else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+# scheme://userinfo@rest. The user info is read as widely as it can be (up to the last "@" before any query), so
+# that a malformed URL, say with an unescaped "/" in its password, still has all of its password hidden.
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^?#]*)@")
+_SECRET_QUERY_ARGS = frozenset({"password", "ssl_password"})
+
+
+def _secrets(url: str) -> tuple[str | None, list[str]]:
+    """The URL's user info and the secrets in it (the password; a lone field, which may be one; query
+    passwords)."""
+    found: list[str] = []
+    userinfo = None
+    match = _USERINFO.match(url)
+    if match:
+        userinfo = match["userinfo"]
+        user, colon, password = userinfo.partition(":")
+        found.append(password if colon else user)
+    _, _, query = url.partition("?")
+    found.extend(v for n, v in parse_qsl(query.partition("#")[0], keep_blank_values=True) if n in _SECRET_QUERY_ARGS)
+    return userinfo, [secret for secret in found if secret]
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (``redis://user:***@host``, ``redis://***@host``), also in
+    the query string (``?password=***``). Works on malformed URLs too: it never parses more than it must."""
+    userinfo, _ = _secrets(url)
+    if userinfo is not None:
+        user, colon, _password = userinfo.partition(":")
+        # Without a colon the one field may well be a password put where the user name goes: hide it too.
+        scheme_end = url.index("://") + 3
+        url = f"{url[:scheme_end]}{f'{user}:***' if colon else '***'}{url[scheme_end + len(userinfo):]}"
+    base, question, query = url.partition("?")
+    if question:
+        query, hash_mark, fragment = query.partition("#")
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(name in _SECRET_QUERY_ARGS for name, _ in pairs):
+            query = urlencode([(n, "***" if n in _SECRET_QUERY_ARGS else v) for n, v in pairs], safe="*")
+        url = f"{base}?{query}{hash_mark}{fragment}"
+    return url
+
+
+def redacted(text: str, url: str) -> str:
+    """``text`` (an error message about ``url``) with every secret of ``url`` in it replaced by ``***``, and the
+    pieces of one too (a parser may quote a password cut at a "/" or ":"; pieces under 4 characters are kept)."""
+    _, secrets = _secrets(url)
+    pieces = {piece for secret in secrets for piece in re.split(r"[/:?#@]", secret) if len(piece) >= 4}
+    for secret in sorted({*secrets, *pieces}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+# More retries than this make one command's worst case several socket timeouts (and backoffs) long.
+_MAX_RETRIES = 1
+
+
+def check_client_settings(client: Any, server: str) -> None:
+    """Warn (``ClientSettingsWarning``) when a passed-in client cannot keep ``acquire``'s timeout promise: a
+    command to a server that does not answer must fail within one socket timeout, so the client needs a
+    ``socket_timeout`` and a ``socket_connect_timeout``, and at most one retry. Settings it cannot read (a
+    stand-in client) draw no warning."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return
+    untimed = [name for name in ("socket_timeout", "socket_connect_timeout") if kwargs.get(name, 0) is None]
+    retries = _retries(client, kwargs)
+    too_many = retries is not None and retries > _MAX_RETRIES
+    if not untimed and not too_many:
+        return
+    problems = [f"no {name}" for name in untimed] + ([f"a retry policy of {retries} retries"] if too_many else [])
+    cost = (
+        "for ever, on a hung server"
+        if untimed
+        else f"up to {retries} + 1 socket timeouts and the backoffs between them"
+    )
+    warnings.warn(
+        f"the client for {server} has {' and '.join(problems)}: a lock call may wait far past its timeout "
+        f"({cost}). Pass socket_timeout=..., socket_connect_timeout=... and retry=Retry(NoBackoff(), 1) "
+        "(from redis.retry and redis.backoff), or give hybridlock a URL",
+        ClientSettingsWarning,
+        stacklevel=4,
+    )
+
+
+def _retries(client: Any, kwargs: dict[str, Any]) -> int | None:
+    # redis-py 5 and later keep the policy on the client (get_retry()) and in the pool's connection kwargs.
+    retry = None
+    get_retry = getattr(client, "get_retry", None)
+    if callable(get_retry):
+        try:
+            retry = get_retry()
+        except Exception:  # a stand-in without one
+            retry = None
+    if retry is None:
+        retry = kwargs.get("retry")
+    if retry is None:
+        return None
+    count = getattr(retry, "_retries", None)
+    if count is None and callable(getattr(retry, "get_retries", None)):
+        count = retry.get_retries()
+    return count if isinstance(count, int) and count >= 0 else None

@@ -1,0 +1,343 @@
+"""The clients hybridlock accepts, how it names their server, and that no message ever shows a password.
+
+Clients here are built but mostly never connected: naming and refusing happen at construction. The tests that
+do talk to a server use real ones the suite starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+import redis.sentinel
+import valkey
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from valkey.backoff import NoBackoff as ValkeyNoBackoff
+from valkey.retry import Retry as ValkeyRetry
+
+import hybridlock
+from hybridlock._demo import run_demo
+from hybridlock._server import _free_port
+from hybridlock.backends.redis import ScriptRunner
+
+SECRET = "hunter22-s3cret"
+
+
+def quiet_redis(**kwargs: object) -> redis.Redis:
+    """A redis.Redis with the settings that keep hybridlock's timeout promise (so it draws no warning)."""
+    settings: dict[str, object] = {"socket_timeout": 5, "socket_connect_timeout": 5, "retry": Retry(NoBackoff(), 1)}
+    return redis.Redis(**{**settings, **kwargs})  # type: ignore[arg-type]
+
+
+# -- no password in messages -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://:{SECRET}@127.0.0.1:notaport/0",
+        f"redis://alice:{SECRET}@127.0.0.1:notaport/0",
+        f"redis://:{SECRET}/x@127.0.0.1:6379/0",  # an unescaped "/" in the password: the parser quotes a piece
+        f"http://:{SECRET}@127.0.0.1:6379/0",
+        f"redis://127.0.0.1:notaport/0?password={SECRET}",
+        f"redis://:{SECRET}@127.0.0.1:6379/0?db=notadb",
+    ],
+)
+def test_a_malformed_url_is_refused_without_showing_its_password(url):
+    with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+        hybridlock.LockRegistry(url)
+    message = str(excinfo.value)
+    assert "not a valid server URL" in message
+    assert SECRET not in message
+    assert "s3cret" not in message
+    assert "***" in message or "notaport" not in url
+
+
+def test_redacted_url_hides_the_password_and_nothing_else():
+    from hybridlock.backends.clients import redacted_url
+
+    assert redacted_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redacted_url(f"redis://:{SECRET}@h:1/0") == "redis://:***@h:1/0"
+    assert redacted_url(f"rediss://alice:{SECRET}@h:1/2") == "rediss://alice:***@h:1/2"
+    assert redacted_url(f"redis://{SECRET}@h") == "redis://***@h"
+    assert redacted_url(f"redis://h/0?db=1&password={SECRET}") == "redis://h/0?db=1&password=***"
+    assert redacted_url(f"unix://:{SECRET}@/tmp/redis.sock?db=1") == "unix://:***@/tmp/redis.sock?db=1"
+
+
+@pytest.mark.server
+def test_errors_from_a_password_url_never_show_it(own_server):
+    setup = redis.Redis.from_url(own_server.url)
+    setup.config_set("requirepass", SECRET)
+    setup.close()
+    port = own_server.port
+    with hybridlock.LockRegistry(f"redis://:{SECRET}@127.0.0.1:{port}/0") as registry:
+        assert SECRET not in registry.server
+        assert SECRET not in repr(registry)
+        lock = registry.obtain("k")
+        with pytest.raises(hybridlock.LockNotOwnedError) as not_owned:
+            lock.release()
+        assert not_owned.value.server == f"redis://127.0.0.1:{port}/0"
+        with lock:
+            pass
+    with (
+        hybridlock.LockRegistry(f"redis://alice:wrong-{SECRET}@127.0.0.1:{port}/0") as registry,
+        pytest.raises(hybridlock.HybridLockError) as excinfo,
+    ):
+        registry.obtain("k").acquire(timeout=2)
+    assert SECRET not in str(excinfo.value)
+    assert SECRET not in excinfo.value.server
+
+
+@pytest.mark.server
+def test_the_demo_never_prints_the_password(capsys):
+    port = _free_port()  # nothing listens there
+    status = run_demo(f"redis://:{SECRET}@127.0.0.1:{port}/0", 1, 1, "k", cycles=1)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "cannot use the server at redis://:***@127.0.0.1" in err
+    assert SECRET not in err
+    status = run_demo(f"redis://:{SECRET}@127.0.0.1:notaport/0", 1, 1, "k", cycles=1)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert SECRET not in err
+
+
+# -- the server as the user knows it -----------------------------------------------------------------------------------
+
+
+def test_a_tls_client_is_named_rediss():
+    client = quiet_redis(host="127.0.0.1", port=6390, ssl=True, password=SECRET)  # never connected
+    with hybridlock.LockRegistry(client) as registry:
+        assert registry.server == "rediss://127.0.0.1:6390/0"
+    with hybridlock.LockRegistry(f"rediss://:{SECRET}@127.0.0.1:6390/2") as registry:
+        assert registry.server == "rediss://127.0.0.1:6390/2"
+
+
+def test_a_unix_socket_client_is_named_by_its_path():
+    with hybridlock.LockRegistry(f"unix://:{SECRET}@/tmp/no-such-redis.sock?db=1") as registry:
+        assert registry.server == "unix:///tmp/no-such-redis.sock"
+
+
+def test_a_sentinel_managed_master_is_named_by_its_service():
+    sentinel = redis.sentinel.Sentinel([("127.0.0.1", _free_port())], socket_timeout=1)  # never connected
+    master = sentinel.master_for(
+        "orders-primary", password=SECRET, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1)
+    )
+    with hybridlock.LockRegistry(master) as registry:
+        assert registry.server == "sentinel://orders-primary/0"
+        with pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
+            registry.obtain("k").release()
+        assert excinfo.value.server == "sentinel://orders-primary/0"
+
+
+# -- LockNotOwnedError names the server --------------------------------------------------------------------------------
+
+
+def test_lock_not_owned_carries_the_server_for_every_lock_kind():
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        kinds = [registry.obtain("k"), rw.read_lock(), rw.write_lock(), registry.obtain_many(["a", "b"])]
+        for lock in kinds:
+            with pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
+                lock.release()
+            assert excinfo.value.server == registry.server, lock
+        with pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
+            registry.renew_lock("k")
+        assert excinfo.value.server == registry.server
+
+
+def test_lock_upgrade_error_carries_the_server():
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        with rw.read_lock(), pytest.raises(hybridlock.LockUpgradeError) as excinfo:
+            rw.write_lock().acquire()
+        assert excinfo.value.server == registry.server
+
+
+# -- which clients work ------------------------------------------------------------------------------------------------
+
+
+def test_an_asyncio_client_is_refused_at_construction():
+    import redis.asyncio
+    import valkey.asyncio
+
+    for client in (redis.asyncio.Redis(), valkey.asyncio.Valkey()):  # never connected
+        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+            hybridlock.LockRegistry(client)
+        message = str(excinfo.value)
+        assert "an asyncio client" in message
+        assert "AsyncLockRegistry" in message
+        assert "planned" in message
+
+
+def test_a_cluster_client_is_refused_at_construction():
+    import redis.asyncio.cluster
+    import redis.cluster
+    import valkey.cluster
+
+    # A cluster client connects as it is built; a subclass that skips __init__ is one by type, with no server.
+    for cluster_class in (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster, valkey.cluster.ValkeyCluster):
+        stub = type("StubCluster", (cluster_class,), {"__init__": lambda self: None})()
+        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
+            hybridlock.LockRegistry(stub)
+        assert "cluster client" in str(excinfo.value)
+
+
+def quiet_valkey(url: str) -> valkey.Valkey:
+    retry = ValkeyRetry(ValkeyNoBackoff(), 1)
+    return valkey.Valkey.from_url(url, socket_timeout=5, socket_connect_timeout=5, retry=retry)
+
+
+@pytest.mark.server
+def test_a_valkey_client_runs_every_lock_kind(server, redis_client):
+    client = quiet_valkey(server.url)
+    try:
+        with hybridlock.LockRegistry(client, expire_after=1.0) as registry, hybridlock.LockRegistry(
+            server.url
+        ) as other:
+            assert registry.server == server.url
+            rw = registry.obtain_read_write("v")
+            for lock, theirs in (
+                (registry.obtain("v"), other.obtain("v")),
+                (rw.write_lock(), other.obtain_read_write("v").read_lock()),
+                (registry.obtain_many(["v", "w"]), other.obtain("w")),
+            ):
+                with lock:
+                    assert not theirs.acquire(blocking=False)
+                assert theirs.acquire(timeout=5)  # a contended wait in the other direction
+                done = threading.Event()
+
+                def take(lock=lock, done=done):
+                    assert lock.acquire(timeout=5)
+                    lock.release()
+                    done.set()
+
+                waiter = threading.Thread(target=take)
+                waiter.start()
+                time.sleep(0.1)
+                theirs.release()
+                waiter.join(10)
+                assert done.is_set(), "the valkey-client registry was never woken by the release"
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_a_valkey_client_survives_a_cold_script_cache(server, redis_client):
+    client = quiet_valkey(server.url)
+    try:
+        with hybridlock.LockRegistry(client, expire_after=0.3) as registry:
+            lock = registry.obtain("cold")
+            with lock:
+                redis_client.script_flush()
+                time.sleep(0.6)  # two lease periods: only renewals (EVALSHA -> NOSCRIPT -> EVAL) kept it
+                assert not lock.lost, "the renewer died on valkey's NoScriptError"
+            redis_client.script_flush()
+            with lock:  # the acquire script too
+                pass
+            with registry.obtain_many(["a", "b"]) as both:
+                redis_client.script_flush()
+                registry._renewer.renew_once()
+                assert not any(part.lost for part in both.locks)
+        # The pipelined form (many scripts in one round trip, as a renewal of thousands of locks sends).
+        runner = ScriptRunner(client)
+        redis_client.script_flush()
+        assert runner.run_many("return ARGV[1]", [((), ("x",)), ((), ("y",))]) == [b"x", b"y"]
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_a_valkey_client_reports_a_dead_server_as_unavailable(own_server):
+    client = quiet_valkey(own_server.url)
+    try:
+        with hybridlock.LockRegistry(client) as registry:
+            with registry.obtain("k"):
+                pass
+            own_server.kill()
+            with pytest.raises(hybridlock.BackendUnavailableError) as excinfo:
+                registry.obtain("k").acquire(timeout=1)
+            assert excinfo.value.key == "k"
+            assert excinfo.value.server == own_server.url
+            assert isinstance(excinfo.value, ConnectionError)
+    finally:
+        client.close()
+
+
+# -- the timeout promise with a passed-in client -----------------------------------------------------------------------
+
+
+def test_a_client_that_cannot_keep_the_timeout_promise_draws_a_warning():
+    cases = {
+        "retry policy of 10 retries": redis.Redis(),  # redis-py 8's defaults: 5 s timeouts, 10 retries with backoff
+        "no socket_timeout": valkey.Valkey(),  # valkey-py's defaults: no timeouts at all
+        "no socket_connect_timeout": redis.Redis(socket_connect_timeout=None, retry=Retry(NoBackoff(), 1)),
+        "retry policy of 3 retries": quiet_redis(retry=Retry(NoBackoff(), 3)),
+    }
+    for expected, client in cases.items():  # never connected
+        with pytest.warns(hybridlock.ClientSettingsWarning, match=expected) as record:
+            hybridlock.LockRegistry(client).close()
+        assert record[0].filename == __file__, "the warning must point at the caller's line"
+        assert "Retry(NoBackoff(), 1)" in str(record[0].message)
+
+
+def test_a_client_with_the_recommended_settings_draws_no_warning():
+    # The suite turns warnings into errors: constructing these must stay silent.
+    hybridlock.LockRegistry(quiet_redis()).close()
+    hybridlock.LockRegistry(quiet_redis(retry=Retry(NoBackoff(), 0))).close()
+    hybridlock.LockRegistry(quiet_valkey("redis://127.0.0.1:6390/0")).close()
+    hybridlock.LockRegistry("redis://127.0.0.1:6390/0").close()
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("how", ["url", "recommended client"])
+def test_acquire_on_a_hung_server_keeps_the_documented_bound(own_server, how):
+    # A server frozen with SIGSTOP accepts connections (the kernel does) but never answers. From a URL the bound
+    # is the timeout plus one socket timeout (5 s); a client with socket_timeout=1 and one retry: plus 2 x 1 s.
+    if how == "url":
+        connection: object = own_server.url
+        bound = 0.5 + 5.0
+    else:
+        connection = redis.Redis.from_url(
+            own_server.url, socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 1)
+        )
+        bound = 0.5 + 2 * 1.0
+    with hybridlock.LockRegistry(connection) as registry:
+        lock = registry.obtain("hung")
+        with lock:  # connected, scripts loaded
+            pass
+        own_server.pause()
+        try:
+            start = time.monotonic()
+            outcome: object
+            try:
+                outcome = lock.acquire(timeout=0.5)
+            except hybridlock.BackendUnavailableError as exc:
+                outcome = exc
+            elapsed = time.monotonic() - start
+        finally:
+            own_server.resume()
+        assert outcome is False or isinstance(outcome, hybridlock.BackendUnavailableError)
+        assert getattr(outcome, "key", "hung") == "hung"
+        assert elapsed < bound + 3.0, f"acquire(timeout=0.5) took {elapsed:.1f} s on a hung server"
+
+
+@pytest.mark.server
+def test_fenced_set_with_a_valkey_client(own_server):
+    from hybridlock.fencing import fenced_set
+
+    client = quiet_valkey(own_server.url)
+    try:
+        client.script_flush()
+        assert fenced_set(client, "{doc}", "a", 5)
+        assert not fenced_set(client, "{doc}", "b", 4)
+        own_server.kill()
+        with pytest.raises(hybridlock.BackendUnavailableError) as excinfo:
+            fenced_set(client, "{doc}", "c", 6)
+        assert excinfo.value.key == "{doc}"
+        assert excinfo.value.server == own_server.url
+    finally:
+        client.close()
