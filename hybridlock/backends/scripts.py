@@ -10,13 +10,29 @@ Conventions for all scripts:
 
 Fencing tokens
 --------------
-``ACQUIRE`` mints a token with ``INCR`` on the lock's counter key. The counter is kept for ``FENCE_COUNTER_TTL_MS``
-after its last use and refreshed at every acquisition. When it has expired (or the server lost it), it is
-re-seeded from the server clock in microseconds (``TIME``) before the ``INCR``. Tokens therefore keep increasing
-across the counter's expiry: every earlier token is at most *earlier seed + number of acquisitions since*, each
-acquisition is one script run taking well over a microsecond, so that sum stays below the clock reading at
-re-seeding. The argument assumes the server clock does not step back by more than the counter's idle time (a day
-at least) and that writes are not lost in a failover of an asynchronously replicated master.
+``ACQUIRE``, ``ACQUIRE_MANY`` and ``ACQUIRE_WRITE`` mint a token with one ``mint`` (in ``_FENCE_LIB``)::
+
+    token = max(stored counter + 1, server clock in microseconds from TIME)
+
+then store it in the lock's counter key with a TTL of ``FENCE_COUNTER_TTL_MS`` (refreshed at every acquisition).
+Every acquisition is one script run taking well over a microsecond, so on one server the clock term alone already
+increases from one acquisition to the next; the counter term keeps tokens increasing when the clock steps back.
+
+What holds:
+
+* On one server, tokens of a key strictly increase. While the counter exists, the ``+ 1`` term guarantees it
+  whatever the clock does. When the counter is gone (expired after a week idle, evicted, deleted, lost in a restart
+  without persistence), the clock term is past every earlier token provided the server clock has not stepped back
+  by more than the time since the key's last acquisition.
+* Across a failover to a replica that missed the last writes (asynchronous replication), the new master's first
+  token exceeds every token the lost master minted provided the two servers' clocks differ by less than the time
+  between the old master's last acquisition and the new master's first. A failover takes seconds, so clocks kept
+  in step by NTP (milliseconds apart) satisfy it.
+
+What does not: a counter that only counted would be set back by as many acquisitions as the replica missed, so a
+rightful new holder could get a token lower than a stale holder's; the clock term is what prevents that. Nothing
+here keeps *exclusion* across a failover: a lease the replica never saw is gone, and a second owner may get the
+lock while the first still believes it holds it. Fencing tokens are what lets the resource tell them apart.
 """
 
 from __future__ import annotations
@@ -24,10 +40,6 @@ from __future__ import annotations
 # Counter keys live this long after their last acquisition (one week); see the module docstring.
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 
-# The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
-# ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
-# that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
-# its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
 # How every script announces on a lock's channel: mode "publish", "spublish" (sharded pub/sub, for a cluster) or
 # "" (nobody listens).
 _ANNOUNCE_LIB = """
@@ -40,8 +52,29 @@ local function announce(mode, channel, message)
 end
 """
 
+# Fencing tokens, shared by ACQUIRE, ACQUIRE_MANY and ACQUIRE_WRITE; ``t`` is the script's ``TIME`` reply. A token is
+# the larger of the stored counter plus one and the server clock in microseconds (see the module docstring), stored
+# back with the counter's TTL. Lua 5.1 numbers are doubles: both terms stay below 2^53 (the clock reads ~1.8e15), so
+# the arithmetic is exact, and redis.call formats a number argument with %.17g, which writes such an integer out in
+# full (tostring would not: it switches to exponent notation past 14 digits). A counter of any other type (not one
+# we wrote) counts as missing: GET's error is caught and SET replaces it.
+_FENCE_LIB = """
+local function mint(fence, ttl, t)
+  local stored = redis.pcall('GET', fence)
+  stored = type(stored) == 'string' and tonumber(stored) or 0
+  local token = math.max(stored + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  redis.call('SET', fence, token, 'PX', ttl)
+  return token
+end
+"""
+
+# The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
+# ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
+# that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
+# its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
 _QUEUE_LIB = (
     _ANNOUNCE_LIB
+    + _FENCE_LIB
     + """
 local function now_ms()
   local t = redis.call('TIME')
@@ -88,14 +121,6 @@ local function blocked_for(lock, queue, expiries, owner, now)
     end
   end
   return nil
-end
-local function mint(fence, ttl, t)
-  if redis.call('EXISTS', fence) == 0 then
-    redis.call('SET', fence, t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  local token = redis.call('INCR', fence)
-  redis.call('PEXPIRE', fence, ttl)
-  return token
 end
 -- How long a refused waiter's place is kept: past the wait it was told, by a margin for its retry to arrive.
 local function keep_for(wait_ms)
@@ -317,6 +342,7 @@ ACQUIRE_WRITE = (
 --                                by each attempt), which holds back new readers, and announce it on the channel
 """
     + _ANNOUNCE_LIB
+    + _FENCE_LIB
     + _RW_PRELUDE
     + """
 local writer = redis.call('GET', KEYS[1])
@@ -337,12 +363,7 @@ if wait_ms then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  redis.call('SET', KEYS[4], t[1] .. string.format('%06d', tonumber(t[2])))
-end
-local token = redis.call('INCR', KEYS[4])
-redis.call('PEXPIRE', KEYS[4], ARGV[3])
-return {1, token}
+return {1, mint(KEYS[4], ARGV[3], t)}
 """
 )
 
