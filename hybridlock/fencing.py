@@ -54,6 +54,6 @@ def fenced_set(
         if isinstance(expire_after, bool) or not isinstance(expire_after, (int, float)) or not expire_after > 0:
             raise InvalidArgumentError(f"expire_after must be a positive number of seconds, not {expire_after!r}")
         ttl_ms = max(1, round(expire_after * 1000))
-    with translated_errors(key, client_address(client)):
+    with translated_errors(key, client_address(client), "fenced_set"):
         written = ScriptRunner(client).run(FENCED_SET, (key, fence_key or f"{key}:fence"), (token, value, ttl_ms))
     return bool(written)

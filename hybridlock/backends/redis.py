@@ -43,18 +43,28 @@ def client_address(client: Any) -> str:
 
 
 @contextlib.contextmanager
-def translated_errors(key: str | None, server: str) -> Iterator[None]:
-    """The one place where redis-py exceptions become hybridlock's, naming the key and the server."""
+def translated_errors(key: str | None, server: str, operation: str = "request") -> Iterator[None]:
+    """The one place where redis-py exceptions become hybridlock's, naming the operation, the key and the server.
+
+    Any other error the server answers with (a script error, ``OOM`` under ``maxmemory`` with ``noeviction``, a
+    refused command) becomes a plain :class:`HybridLockError`: the raw redis-py exception stays attached as
+    ``__cause__`` but never reaches the caller as such."""
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise BackendUnavailableError(f"lock server unreachable: {exc}", key=key, server=server) from exc
+        raise BackendUnavailableError(
+            f"lock server unreachable during {operation}: {exc}", key=key, server=server
+        ) from exc
     except redis.exceptions.BusyLoadingError as exc:
-        raise BackendUnavailableError(f"lock server is loading: {exc}", key=key, server=server) from exc
+        raise BackendUnavailableError(
+            f"lock server is loading, {operation} refused: {exc}", key=key, server=server
+        ) from exc
     except redis.exceptions.ReadOnlyError as exc:
-        raise BackendUnavailableError(f"lock server is a read-only replica: {exc}", key=key, server=server) from exc
+        raise BackendUnavailableError(
+            f"lock server is a read-only replica, {operation} refused: {exc}", key=key, server=server
+        ) from exc
     except redis.exceptions.RedisError as exc:
-        raise HybridLockError(f"lock server error: {exc}", key=key, server=server) from exc
+        raise HybridLockError(f"lock server error during {operation}: {exc}", key=key, server=server) from exc
 
 
 class ScriptRunner:
@@ -116,11 +126,11 @@ class RedisBackend(LockBackend):
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
 
-    def _translated(self, key: str | None) -> contextlib.AbstractContextManager[None]:
-        return translated_errors(key, self.address)
+    def _translated(self, key: str | None, operation: str) -> contextlib.AbstractContextManager[None]:
+        return translated_errors(key, self.address, operation)
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
-        with self._translated(names.key):
+        with self._translated(names.key, "acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE,
                 (names.lock, names.fence, names.queue, names.queue_until),
@@ -132,7 +142,7 @@ class RedisBackend(LockBackend):
         return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
 
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
-        with self._translated(None):
+        with self._translated(None, "check of cluster slots"):
             return len(self._by_slot(names)) == 1
 
     def try_acquire_many(
@@ -140,7 +150,7 @@ class RedisBackend(LockBackend):
     ) -> AcquireManyResult:
         keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
         args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
-        with self._translated(names[0].key if len(names) == 1 else None):
+        with self._translated(_keys_of(names), "acquire of several locks"):
             reply = self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
         if reply[0]:
             parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
@@ -149,7 +159,7 @@ class RedisBackend(LockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "release"):
             released = self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until),
@@ -158,7 +168,7 @@ class RedisBackend(LockBackend):
         return bool(released)
 
     def cancel_wait(self, names: LockNames, owner: str) -> None:
-        with self._translated(names.key):
+        with self._translated(names.key, "cancel of a wait"):
             self._scripts.run(
                 scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
             )
@@ -166,7 +176,7 @@ class RedisBackend(LockBackend):
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
-        with self._translated(names[0].key if len(names) == 1 else None):
+        with self._translated(_keys_of(names), "renewal"):
             # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
             # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
             chunks = [
@@ -200,14 +210,14 @@ class RedisBackend(LockBackend):
         return list(groups.values())
 
     def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
-        with self._translated(names.key):
+        with self._translated(names.key, "read acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
             )
         return _rw_result(reply)
 
     def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
-        with self._translated(names.key):
+        with self._translated(names.key, "write acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE_WRITE,
                 (names.writer, names.readers, names.writers_waiting, names.fence),
@@ -216,12 +226,12 @@ class RedisBackend(LockBackend):
         return _rw_result(reply)
 
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "write release"):
             released = self._scripts.run(scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish"))
         return bool(released)
 
     def release_read(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "read release"):
             released = self._scripts.run(
                 scripts.RELEASE_READ,
                 (names.writer, names.readers, names.writers_waiting),
@@ -230,11 +240,11 @@ class RedisBackend(LockBackend):
         return bool(released)
 
     def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
-        with self._translated(names.key):
+        with self._translated(names.key, "cancel of a write wait"):
             self._scripts.run(scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish"))
 
     def is_locked(self, names: LockNames) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "lock query"):
             return bool(self.client.exists(names.lock))
 
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
@@ -249,6 +259,12 @@ class RedisBackend(LockBackend):
         if self._owns_client:
             with contextlib.suppress(Exception):
                 self.client.close()
+
+
+def _keys_of(names: Sequence[LockNames]) -> str:
+    """The keys an operation on several locks was about, for its error message (the first few of many)."""
+    shown = ", ".join(n.key for n in names[:5])
+    return shown if len(names) <= 5 else f"{shown}, ... ({len(names)} keys)"
 
 
 def _rw_result(reply: Sequence[Any]) -> AcquireResult:

@@ -5,6 +5,10 @@ Conventions for all scripts:
 * Every key a script touches is passed in ``KEYS`` and all of them share one Redis Cluster hash slot (see
   ``hybridlock._keys``). Pub/sub channel names go in ``ARGV``, never ``KEYS``.
 * Durations are integer milliseconds.
+* Any subset of a script's keys may be missing (evicted under any ``maxmemory`` policy, deleted by an operator,
+  lost in a restart or failover) or hold a value of another type: every script reads a missing key as empty and a
+  key of another type as missing (``_KEYS_LIB``), so partial state never turns into a script error. A queued owner
+  whose expiry entry is gone counts as lapsed.
 * Scripts are sent with EVALSHA and fall back to EVAL on NOSCRIPT, per client (``ScriptRunner`` in
   ``backends/redis.py``), so a server restart or ``SCRIPT FLUSH`` costs one extra round trip, not an error.
 
@@ -52,16 +56,37 @@ local function announce(mode, channel, message)
 end
 """
 
+# Every key a script touches may be missing or, written by something other than hybridlock, of another type:
+# eviction under any maxmemory policy, an operator's DEL or FLUSHALL, a restart without persistence, a failover.
+# Scripts read a key that should hold a string with ``string_at`` (nil unless it is a string), and make sure a key
+# that should be a sorted set is one, or absent, with ``zset_at`` before using it (a key of another type is not
+# state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty.
+_KEYS_LIB = """
+local function string_at(key)
+  local value = redis.pcall('GET', key)
+  if type(value) == 'string' then
+    return value
+  end
+  return nil
+end
+local function zset_at(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'zset' and kind ~= 'none' then
+    redis.call('DEL', key)
+  end
+  return key
+end
+"""
+
 # Fencing tokens, shared by ACQUIRE, ACQUIRE_MANY and ACQUIRE_WRITE; ``t`` is the script's ``TIME`` reply. A token is
 # the larger of the stored counter plus one and the server clock in microseconds (see the module docstring), stored
 # back with the counter's TTL. Lua 5.1 numbers are doubles: both terms stay below 2^53 (the clock reads ~1.8e15), so
 # the arithmetic is exact, and redis.call formats a number argument with %.17g, which writes such an integer out in
-# full (tostring would not: it switches to exponent notation past 14 digits). A counter of any other type (not one
-# we wrote) counts as missing: GET's error is caught and SET replaces it.
+# full (tostring would not: it switches to exponent notation past 14 digits). A counter that is missing, not a
+# string or not a number counts as 0 (the clock term then carries the order) and SET replaces it.
 _FENCE_LIB = """
 local function mint(fence, ttl, t)
-  local stored = redis.pcall('GET', fence)
-  stored = type(stored) == 'string' and tonumber(stored) or 0
+  local stored = tonumber(string_at(fence) or '0') or 0
   local token = math.max(stored + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('SET', fence, token, 'PX', ttl)
   return token
@@ -74,25 +99,37 @@ end
 # its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
 _QUEUE_LIB = (
     _ANNOUNCE_LIB
+    + _KEYS_LIB
     + _FENCE_LIB
     + """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
+-- Drop lapsed wishes; first make sure both keys are sorted sets (or absent), so every later command on them works.
 local function prune(queue, expiries, now)
+  zset_at(queue)
+  zset_at(expiries)
   local lapsed = redis.call('ZRANGEBYSCORE', expiries, '-inf', now)
   for _, owner in ipairs(lapsed) do
     redis.call('ZREM', queue, owner)
     redis.call('ZREM', expiries, owner)
   end
 end
-local function head(queue)
-  return redis.call('ZRANGE', queue, 0, 0)[1]
+-- The first live owner in the queue. A member without an expiry entry (the expiries key, or its entry, was
+-- evicted or deleted) cannot be known to be alive: it counts as lapsed and is removed, so it holds nobody up.
+local function head(queue, expiries)
+  while true do
+    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not first or redis.call('ZSCORE', expiries, first) then
+      return first
+    end
+    redis.call('ZREM', queue, first)
+  end
 end
 -- A lock just became free: wake only the queue's head ("released:<owner>"), or everyone when nobody queues.
-local function wake_head(mode, channel, queue)
-  local first = head(queue)
+local function wake_head(mode, channel, queue, expiries)
+  local first = head(queue, expiries)
   announce(mode, channel, first and ('released:' .. first) or 'released')
 end
 local function enqueue(queue, expiries, owner, now, keep_ms)
@@ -108,14 +145,15 @@ local function leave(queue, expiries, owner)
   redis.call('ZREM', queue, owner)
   redis.call('ZREM', expiries, owner)
 end
--- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known).
+-- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known). A lock key
+-- that is not a string holds no owner's lease: it counts as free (taking the lock overwrites it).
 local function blocked_for(lock, queue, expiries, owner, now)
-  local holder = redis.call('GET', lock)
+  local holder = string_at(lock)
   if holder and holder ~= owner then
     return redis.call('PTTL', lock)
   end
   if not holder then
-    local first = head(queue)
+    local first = head(queue, expiries)
     if first and first ~= owner then
       return tonumber(redis.call('ZSCORE', expiries, first)) - now
     end
@@ -219,16 +257,16 @@ RELEASE = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  wake-up channel
 -- ARGV[3]  "publish" | "spublish" | "" (how to announce the release; "" = nobody listens)
 -- returns  1                     released; announced "released:<head owner>", or "released" with no queue
---          0                     not ours: the key is gone or another owner's (our lease had ended)
+--          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
 """
     + _QUEUE_LIB
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
 prune(KEYS[2], KEYS[3], (now_ms()))
-wake_head(ARGV[3], ARGV[2], KEYS[2])
+wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
 return 1
 """
 )
@@ -243,12 +281,13 @@ CANCEL_WAIT = (
 """
     + _QUEUE_LIB
     + """
+prune(KEYS[2], KEYS[3], (now_ms()))
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  wake_head(ARGV[3], ARGV[2], KEYS[2])
+if not string_at(KEYS[1]) then
+  wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
 end
 return 1
 """
@@ -289,12 +328,15 @@ return result
 # The read-write lock. Reader holds live in a sorted set scored by their own expiry (server ms), so a crashed
 # reader's hold ends with its own lease, not with a TTL the other readers keep extending. Writers that wait are
 # recorded in another sorted set; while it holds anyone, new readers wait behind them (writer preference).
-_RW_PRELUDE = """
+_RW_PRELUDE = (
+    _KEYS_LIB
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', zset_at(KEYS[2]), '-inf', now)
+redis.call('ZREMRANGEBYSCORE', zset_at(KEYS[3]), '-inf', now)
 """
+)
 
 ACQUIRE_READ = (
     """
@@ -307,7 +349,7 @@ ACQUIRE_READ = (
 """
     + _RW_PRELUDE
     + """
-local writer = redis.call('GET', KEYS[1])
+local writer = string_at(KEYS[1])
 if writer and writer ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -342,10 +384,10 @@ ACQUIRE_WRITE = (
 --                                by each attempt), which holds back new readers, and announce it on the channel
 """
     + _ANNOUNCE_LIB
-    + _FENCE_LIB
     + _RW_PRELUDE
+    + _FENCE_LIB
     + """
-local writer = redis.call('GET', KEYS[1])
+local writer = string_at(KEYS[1])
 local wait_ms = nil
 if writer and writer ~= ARGV[1] then
   wait_ms = redis.call('PTTL', KEYS[1])
@@ -397,8 +439,9 @@ RELEASE_WRITE = (
 --          0                     not ours any more: the lease was lost
 """
     + _ANNOUNCE_LIB
+    + _KEYS_LIB
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -415,8 +458,9 @@ CANCEL_WRITE_WAIT = (
 -- returns  1 if we were waiting, else 0
 """
     + _ANNOUNCE_LIB
+    + _KEYS_LIB
     + """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+if redis.call('ZREM', zset_at(KEYS[1]), ARGV[1]) == 0 then
   return 0
 end
 announce(ARGV[3], ARGV[2], 'released')
