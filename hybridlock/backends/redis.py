@@ -173,6 +173,24 @@ class RedisBackend(LockBackend):
                 scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
             )
 
+    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+        if not names:
+            return []
+        with self._translated(_keys_of(names), "keep of waiting places"):
+            # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
+            groups: dict[int, list[LockNames]] = {}
+            for n in names:
+                groups.setdefault(self._slot_of(n.queue), []).append(n)
+            calls = [([key for n in group for key in (n.queue, n.queue_until)], (owner,)) for group in groups.values()]
+            if len(calls) == 1:
+                replies = [self._scripts.run(scripts.KEEP_WAITING, *calls[0])]
+            else:
+                replies = self._scripts.run_many(scripts.KEEP_WAITING, calls)
+        kept: dict[str, bool] = {}
+        for group, flags in zip(groups.values(), replies, strict=True):
+            kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
+        return [kept[n.queue] for n in names]
+
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
@@ -196,18 +214,20 @@ class RedisBackend(LockBackend):
     def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
         one per slot on a server in cluster mode."""
+        groups: dict[int, list[str]] = {}
+        for n in names:
+            groups.setdefault(self._slot_of(n.lock), []).append(n.lock)
+        return list(groups.values())
+
+    def _slot_of(self, name: str) -> int:
+        """``name``'s cluster slot on a server in cluster mode; 0 for every name on a plain server."""
         if self._cluster_mode is None:
             try:
                 info = self.client.info("cluster")
             except redis.exceptions.ResponseError:
                 info = {}  # a server or stand-in without INFO (fakeredis, some proxies) is taken as a single node
             self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
-        if not self._cluster_mode:
-            return [[n.lock for n in names]]
-        groups: dict[int, list[str]] = {}
-        for n in names:
-            groups.setdefault(key_slot(n.lock.encode()), []).append(n.lock)
-        return list(groups.values())
+        return key_slot(name.encode()) if self._cluster_mode else 0
 
     def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
         with self._translated(names.key, "read acquire"):

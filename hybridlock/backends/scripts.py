@@ -41,6 +41,8 @@ lock while the first still believes it holds it. Fencing tokens are what lets th
 
 from __future__ import annotations
 
+from .base import QUEUE_PLACE_KEEP_MS
+
 # Counter keys live this long after their last acquisition (one week); see the module docstring.
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 
@@ -61,7 +63,8 @@ end
 # Scripts read a key that should hold a string with ``string_at`` (nil unless it is a string), and make sure a key
 # that should be a sorted set is one, or absent, with ``zset_at`` before using it (a key of another type is not
 # state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty.
-_KEYS_LIB = """
+_KEYS_LIB = f"""
+local PLACE_KEEP_MS = {QUEUE_PLACE_KEEP_MS}
 local function string_at(key)
   local value = redis.pcall('GET', key)
   if type(value) == 'string' then
@@ -75,6 +78,12 @@ local function zset_at(key)
     redis.call('DEL', key)
   end
   return key
+end
+-- Make sure a key lives at least ``ms`` more milliseconds (a key without expiry gets one).
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
 end
 """
 
@@ -132,14 +141,13 @@ local function wake_head(mode, channel, queue, expiries)
   local first = head(queue, expiries)
   announce(mode, channel, first and ('released:' .. first) or 'released')
 end
-local function enqueue(queue, expiries, owner, now, keep_ms)
+-- Take our place at the back of the queue (or keep the one we have), for PLACE_KEEP_MS: a live waiter refreshes
+-- it with KEEP_WAITING, so the place of one that crashed lapses soon and holds nobody up for long.
+local function enqueue(queue, expiries, owner, now)
   redis.call('ZADD', queue, 'NX', now, owner)
-  redis.call('ZADD', expiries, now + keep_ms, owner)
-  for _, key in ipairs({queue, expiries}) do
-    if redis.call('PTTL', key) < keep_ms then
-      redis.call('PEXPIRE', key, keep_ms)
-    end
-  end
+  redis.call('ZADD', expiries, now + PLACE_KEEP_MS, owner)
+  outlive(queue, PLACE_KEEP_MS)
+  outlive(expiries, PLACE_KEEP_MS)
 end
 local function leave(queue, expiries, owner)
   redis.call('ZREM', queue, owner)
@@ -160,10 +168,6 @@ local function blocked_for(lock, queue, expiries, owner, now)
   end
   return nil
 end
--- How long a refused waiter's place is kept: past the wait it was told, by a margin for its retry to arrive.
-local function keep_for(wait_ms)
-  return math.max(wait_ms, 1000) + 2000
-end
 """
 )
 
@@ -180,7 +184,8 @@ ACQUIRE = (
 --                                or free but promised to the queue's head (wait_ms = until its wish lapses).
 --                                Either way we announce "wanted" on the channel (a holder passing the lock
 --                                among its threads, or keeping it idle, lets go at its next release); with
---                                ARGV[6] = "1" we are also queued.
+--                                ARGV[6] = "1" we are also queued, for PLACE_KEEP_MS from now (KEEP_WAITING
+--                                keeps the place while we wait).
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout) or by a release that failed to reach the server.
@@ -192,7 +197,7 @@ prune(KEYS[3], KEYS[4], now)
 local wait_ms = blocked_for(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now)
 if wait_ms then
   if ARGV[6] == '1' then
-    enqueue(KEYS[3], KEYS[4], ARGV[1], now, keep_for(wait_ms))
+    enqueue(KEYS[3], KEYS[4], ARGV[1], now)
   end
   announce(ARGV[5], ARGV[4], 'wanted')
   return {0, wait_ms}
@@ -228,7 +233,7 @@ for i = 1, n do
   local wait_ms = blocked_for(lock, queue, expiries, ARGV[1], now)
   if wait_ms then
     if ARGV[4] == '1' then
-      enqueue(queue, expiries, ARGV[1], now, keep_for(wait_ms))
+      enqueue(queue, expiries, ARGV[1], now)
     end
     announce('publish', ARGV[4 + i], 'wanted')
     return {0, wait_ms, i}
@@ -290,6 +295,35 @@ if not string_at(KEYS[1]) then
   wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
 end
 return 1
+"""
+)
+
+KEEP_WAITING = (
+    """
+-- KEEP_WAITING: we still wait; keep each of our places for PLACE_KEEP_MS more (see LockBackend.keep_waiting).
+-- KEYS     two per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
+--          owner -> arrival, owner -> lapse in server ms), or twice the waiting writers of a read-write lock
+--          (a zset: owner -> lapse)
+-- ARGV[1]  owner (client_id)
+-- returns  {r1, ..., rn}         ri = 1 kept; 0 not ours any more (we left, it lapsed, or we took the lock),
+--                                and not brought back: our next attempt queues afresh
+"""
+    + _QUEUE_LIB
+    + """
+local now = now_ms()
+local result = {}
+for i = 1, #KEYS / 2 do
+  local queue, expiries = zset_at(KEYS[2 * i - 1]), zset_at(KEYS[2 * i])
+  local lapse = tonumber(redis.call('ZSCORE', expiries, ARGV[1]))
+  result[i] = 0
+  if lapse and lapse > now and redis.call('ZSCORE', queue, ARGV[1]) then
+    redis.call('ZADD', expiries, now + PLACE_KEEP_MS, ARGV[1])
+    outlive(queue, PLACE_KEEP_MS)
+    outlive(expiries, PLACE_KEEP_MS)
+    result[i] = 1
+  end
+end
+return result
 """
 )
 
@@ -380,8 +414,9 @@ ACQUIRE_WRITE = (
 -- ARGV[4]  channel               ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": wait if refused
 -- returns  {1, token}            acquired, with a new fencing token
 --          {0, wait_ms}          blocked by a writer or by readers (our own included: no upgrade). With
---                                ARGV[6] = "1" we are recorded as a waiting writer for twice the lease (renewed
---                                by each attempt), which holds back new readers, and announce it on the channel
+--                                ARGV[6] = "1" we are recorded as a waiting writer for PLACE_KEEP_MS (renewed
+--                                by each attempt and by KEEP_WAITING while we wait), which holds back new
+--                                readers, and announce it on the channel
 """
     + _ANNOUNCE_LIB
     + _RW_PRELUDE
@@ -397,8 +432,8 @@ elseif redis.call('ZCARD', KEYS[2]) > 0 then
 end
 if wait_ms then
   if ARGV[6] == '1' then
-    redis.call('ZADD', KEYS[3], now + 2 * tonumber(ARGV[2]), ARGV[1])
-    redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+    redis.call('ZADD', KEYS[3], now + PLACE_KEEP_MS, ARGV[1])
+    outlive(KEYS[3], PLACE_KEEP_MS)
     announce(ARGV[5], ARGV[4], 'wanted')
   end
   return {0, wait_ms}
