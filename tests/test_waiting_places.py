@@ -71,9 +71,12 @@ def test_a_waiter_killed_while_queued_does_not_keep_a_free_lock_from_others(serv
     assert waited < QUEUE_PLACE_KEEP_MS / 1000 + 1.5, waited
 
 
-def _waiter(registry: hybridlock.LockRegistry, key: str, order: list[str], name: str) -> threading.Thread:
+def _waiter(
+    registry: hybridlock.LockRegistry, key: str, order: list[str], name: str, many: bool = False
+) -> threading.Thread:
     def run() -> None:
-        lock = registry.obtain(key)
+        # A multi-key lock queues for whichever of its keys blocks it: here the contended one.
+        lock = registry.obtain_many([key, f"{key}-spare"]) if many else registry.obtain(key)
         if lock.acquire(timeout=30):
             order.append(name)
             time.sleep(0.05)
@@ -95,14 +98,15 @@ def _queued(registry: hybridlock.LockRegistry, key: str) -> int:
     return int(backend.client.zcard(names.queue))
 
 
-def test_a_live_waiter_keeps_its_place_past_the_keep_time(any_registry_factory):
+@pytest.mark.parametrize("many", [False, True], ids=["plain", "multi"])
+def test_a_live_waiter_keeps_its_place_past_the_keep_time(any_registry_factory, many):
     """Arrival order holds across owners even when the holder keeps everyone waiting twice the keep time."""
     holder = any_registry_factory(expire_after=20)
     first, second, late = any_registry_factory(), any_registry_factory(), any_registry_factory()
     lock = holder.obtain("patient")
     lock.acquire()
     order: list[str] = []
-    threads = [_waiter(first, "patient", order, "first")]
+    threads = [_waiter(first, "patient", order, "first", many)]
     _wait_until(lambda: _queued(holder, "patient") == 1, 5, "first to queue")
     threads.append(_waiter(second, "patient", order, "second"))
     _wait_until(lambda: _queued(holder, "patient") == 2, 5, "second to queue")
@@ -117,6 +121,31 @@ def test_a_live_waiter_keeps_its_place_past_the_keep_time(any_registry_factory):
     assert order == ["first", "second", "late"]
     # The keeper threads stop once their registry waits for nothing.
     _wait_until(lambda: not any(r._wait_keeper.running for r in (first, second, late)), 0.5, "the keepers to stop")
+
+
+def test_a_live_waiting_writer_holds_back_new_readers_past_the_keep_time(any_registry_factory):
+    reader, writer, newcomer = any_registry_factory(expire_after=20), any_registry_factory(), any_registry_factory()
+    held = reader.obtain_read_write("shelf").read_lock()
+    held.acquire()
+    outcome: list[bool] = []
+
+    def write() -> None:
+        half = writer.obtain_read_write("shelf").write_lock()
+        outcome.append(half.acquire(timeout=30))
+        if outcome[-1]:
+            half.release()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    _wait_until(lambda: writer._wait_keeper.running, 5, "the writer to wait")
+    time.sleep(QUEUE_PLACE_KEEP_MS / 1000 + 1.0)
+    try:
+        # Without the keeper the writer's record would have lapsed by now, and a new reader would get in first.
+        assert not newcomer.obtain_read_write("shelf").read_lock().acquire(blocking=False)
+    finally:
+        held.release()
+        thread.join(30)
+    assert outcome == [True]
 
 
 def test_the_keeper_runs_only_while_a_wait_is_in_progress(any_registry_factory):

@@ -9,6 +9,10 @@ Failure modes
   RELEASE finds the key gone and reports the lock as lost. That false alarm errs on the safe side.
 * The server restarts without persistence: held keys vanish. Holders find out at their next renewal or release
   (``LockLostError``); fencing counters are re-seeded from the server clock and stay monotonic.
+* Some of a lock's keys vanish (eviction, an operator's ``DEL``) or are overwritten with another type: the scripts
+  read them as missing (see ``scripts``), so other owners go on; a holder whose lease key went is told as above.
+* The server refuses a command (``OOM`` under ``maxmemory`` with ``noeviction``, a script error): a plain
+  ``HybridLockError`` naming the operation, the key and the server; never a redis-py exception.
 """
 
 from __future__ import annotations
