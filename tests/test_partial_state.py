@@ -206,3 +206,55 @@ def test_a_server_error_names_the_operation_the_key_and_the_server(make_registry
     assert "key='refused'" in str(error)
     assert f"127.0.0.1:{server.port}" in str(error)
     assert not lock.is_held_by_current_thread()
+
+
+@pytest.mark.parametrize("policy", ["allkeys-random", "allkeys-lru"])
+def test_owners_go_on_while_the_server_evicts_keys_under_maxmemory(own_server, policy):
+    """Eviction picks keys one at a time, a lock's included: whatever it leaves, nobody gets a script error and
+    every owner keeps getting the lock (a holder whose lease key was evicted is told so by LockLostError)."""
+    client = redis.Redis.from_url(own_server.url)
+    registries = [hybridlock.LockRegistry(own_server.url, expire_after=2) for _ in range(3)]
+    errors: list[BaseException] = []
+    taken = [0, 0, 0]
+    stop = threading.Event()
+    try:
+        client.config_set("maxmemory-policy", policy)
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 2_000_000)
+
+        def fill() -> None:
+            filler = redis.Redis.from_url(own_server.url)
+            n = 0
+            while not stop.is_set():
+                filler.set(f"filler:{n}", b"x" * 20_000)  # each write makes the server evict something
+                n += 1
+            filler.close()
+
+        def contend(index: int) -> None:
+            lock = registries[index].obtain("evicted")
+            try:
+                while not stop.is_set():
+                    assert lock.acquire(timeout=10), "not obtained within 10 s"
+                    taken[index] += 1
+                    time.sleep(0.001)
+                    try:
+                        lock.release()
+                    except hybridlock.LockLostError:
+                        pass  # its lease key was evicted: reported, as it must be
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=fill)] + [threading.Thread(target=contend, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        time.sleep(3)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        assert client.info("stats")["evicted_keys"] > 0
+        assert not errors, errors
+        assert all(taken), taken
+    finally:
+        stop.set()
+        for registry in registries:
+            registry.close()
+        client.close()
