@@ -26,6 +26,7 @@ from .errors import (
     LockTimeoutError,
     LockUpgradeError,
     RegistryClosedError,
+    TimeoutOverflowError,
 )
 
 try:
@@ -49,6 +50,7 @@ __all__ = [
     "ReadLock",
     "ReadWriteLock",
     "RegistryClosedError",
+    "TimeoutOverflowError",
     "WriteLock",
     "__version__",
 ]

@@ -32,6 +32,8 @@ class ServerLease:
         self._valid_until: float | None = None
         self._fencing_token: int | None = None
         self._lost = False
+        # The final release of the current tenancy is under way: a renewal reply for it can no longer mean a loss.
+        self._giving_back = False
         self._callbacks: list[LostCallback] = []
         # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
         # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
@@ -57,6 +59,7 @@ class ServerLease:
         """A fresh tenancy in the server began at ``start`` (``time.monotonic()``, taken before the request)."""
         self._tenancy += 1
         self._in_server = True
+        self._giving_back = False
         self._retained_until = None
         self._lost = False
         self._fencing_token = token
@@ -67,14 +70,19 @@ class ServerLease:
     def _give_back_lease(self) -> bool:
         """The lease is about to be released in the server; returns whether it had been reported lost.
 
-        NOTE: a renewal reply still in flight would find the key gone once our release lands, and must not
-        report a loss: moving to a new tenancy number makes such replies stale."""
+        NOTE: a renewal round may find the key gone once our release lands, and must not report a loss. A round
+        that looked at the lease before this point holds the old tenancy number, which is stale from now on; one
+        that looks at it after this point (the lease is still listed as held until ``_end_lease``) finds
+        ``_giving_back`` set. The flag is set before the number moves, so a round reading the new number also
+        reads the flag."""
+        self._giving_back = True
         self._tenancy += 1
         return self._lost
 
     def _end_lease(self) -> None:
         """The tenancy is over (released, or found lost)."""
         self._in_server = False
+        self._giving_back = False
         self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
@@ -83,22 +91,36 @@ class ServerLease:
     def _forget_lease_after_fork(self) -> None:
         # The child holds none of its parent's leases.
         self._in_server = False
+        self._giving_back = False
         self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
         self._lost = False
 
+    def _is_current(self, tenancy: int) -> bool:
+        """Whether a renewal result for ``tenancy`` speaks of the lease held now (not an earlier one, and not one
+        whose release is under way)."""
+        return self._in_server and self._tenancy == tenancy and not self._giving_back
+
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
-        if self._in_server and self._tenancy == tenancy:
+        if self._is_current(tenancy):
             self._valid_until = self._registry._valid_until(start, lease)
 
     def _mark_lost(self, tenancy: int) -> None:
         """Record that the lease of tenancy ``tenancy`` ended while held; run the callbacks once."""
-        if self._lost or not self._in_server or self._tenancy != tenancy:
+        if self._lost or not self._is_current(tenancy):
             return
         self._lost = True
         self._valid_until = None
         self._registry._report_lost(self, list(self._callbacks))
+
+    def _reentry_error(self, what: str = "lock") -> LockLostError:
+        return LockLostError(
+            f"the {what}'s lease has ended (lost) while this thread held it: a reentrant acquire cannot succeed; "
+            "release it (which raises LockLostError too) and take it afresh",
+            key=self.key,
+            server=self._registry.server,
+        )
 
     def _lost_error(self, what: str = "lock") -> LockLostError:
         self._lost = True

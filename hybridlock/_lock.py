@@ -41,6 +41,7 @@ from .errors import (
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
+    TimeoutOverflowError,
 )
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
         return None
     if timeout < 0:
         raise InvalidArgumentError("timeout value must be a non-negative number or -1")
+    if timeout > threading.TIMEOUT_MAX:
+        raise TimeoutOverflowError(f"timeout value is too large (above threading.TIMEOUT_MAX, {threading.TIMEOUT_MAX})")
     return float(timeout)
 
 
@@ -159,6 +162,10 @@ class HybridLock(ServerLease, JavaStyleLock):
         """The current thread's reentrancy depth (0 when it does not hold the lock)."""
         return self._count if self._owner == threading.get_ident() else 0
 
+    def _recursion_count(self) -> int:
+        """``threading.RLock``'s name (3.11+) for ``hold_count``: the current thread's depth, 0 if not the owner."""
+        return self.hold_count
+
     def is_held_by_current_thread(self) -> bool:
         return self._owner == threading.get_ident()
 
@@ -210,19 +217,24 @@ class HybridLock(ServerLease, JavaStyleLock):
         )
 
     def __repr__(self) -> str:
+        # threading.RLock's format (``<locked _thread.RLock object owner=... count=... at 0x...>``), which tools
+        # and CPython's own tests match, with what is ours added before "at". "locked" means held by a thread of
+        # this process: finding out about other owners would cost a round trip.
         owner = self._owner
-        if owner is None:
-            state = "unlocked here"
-        else:
-            state = f"locked by thread {owner} (depth {self._count})"
-            if self._lost:
-                state += ", LOST"
+        state = "unlocked" if owner is None else "locked"
+        extra = ""
+        if owner is not None and self._lost:
+            extra += " lost"
         if owner is None and self._retained_until is not None:
-            state += ", lease retained"
+            extra += " retained"
         waiting = self._mutex.waiting
         if waiting:
-            state += f", {waiting} waiting here"
-        return f"<hybridlock.HybridLock {self.key!r} {state} at {id(self):#x}>"
+            extra += f" waiting={waiting}"
+        count = self._count if owner is not None else 0
+        return (
+            f"<{state} hybridlock.HybridLock object key={self.key!r} owner={owner or 0} count={count}{extra} "
+            f"at {id(self):#x}>"
+        )
 
     # -- acquiring --------------------------------------------------------------------------------------------------
 
@@ -234,7 +246,8 @@ class HybridLock(ServerLease, JavaStyleLock):
         The timeout covers the local wait and the remote wait together.
 
         Raises ``BackendUnavailableError`` (the local lock is then released again), ``RegistryClosedError``,
-        ``InvalidArgumentError`` for bad arguments.
+        ``InvalidArgumentError`` for bad arguments, and ``LockLostError`` for a reentrant acquire of a lock whose
+        lease is known lost (the hold is unchanged: release it, which raises ``LockLostError`` too).
         """
         wait = validate_timeout(blocking, timeout)
         me = threading.get_ident()
@@ -260,6 +273,9 @@ class HybridLock(ServerLease, JavaStyleLock):
         ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken)."""
         self._registry._check_open(self.key)
         if self._owner == me:
+            if self._lost:
+                # Counting would tell the caller it holds a lock another owner may hold now.
+                raise self._reentry_error()
             self._count += 1
             return _HELD
         try:
@@ -454,7 +470,7 @@ class HybridLock(ServerLease, JavaStyleLock):
                 if self._retained_until is not None and self._owner is None:
                     # No holder to tell, and nobody entered on it: the next acquire here sees `lost` and takes the
                     # lock afresh; the reaper gives the tenancy up.
-                    if self._in_server and self._tenancy == tenancy and not self._lost:
+                    if self._is_current(tenancy) and not self._lost:
                         self._lost = True
                         self._valid_until = None
                     return

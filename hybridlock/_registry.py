@@ -6,12 +6,16 @@ it holds. Two registries exclude each other through the server even inside one p
 What the registry keeps:
 
 * an identity map of key -> lock, held weakly, so a lock the program still references is the only one for its
-  key, and a lock nobody references (and nobody holds) is reclaimed;
-* strong references to held locks (a held lock never disappears), and to recently used ones (so ``obtain`` in a
-  loop does not rebuild objects); ``expire_unused_older_than`` drops the latter explicitly;
+  key, and a lock nobody references (and nobody holds) is reclaimed at once, as a ``threading.RLock`` would be.
+  There is no cache of recently used locks: ``obtain`` in a loop that drops its lock each time builds a new
+  (cheap) object each time;
+* strong references to held locks, by server key (a held lock never disappears, and is never duplicated);
 * background threads, none per lock or per wait: the lease renewer and (in the Redis backend) the pub/sub
-  listener, each started once at first need and stopped by ``close()``; and the wait keeper
-  (``hybridlock._wait_keeper``), which runs only while some thread of the registry waits in the server.
+  listener, plus the retention reaper when ``retain_for`` is used, and the wait keeper
+  (``hybridlock._wait_keeper``) while some thread of the registry waits in the server. Each starts when there is
+  something to do (a lease to renew, a channel to listen on, a lease retained, a place in a server queue to
+  keep), stops a fraction of a second after there is nothing left, and starts again on demand; ``close()``
+  stops them all. A program that holds no lock and waits for none has no hybridlock thread running.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
@@ -55,10 +58,6 @@ logger = logging.getLogger("hybridlock")
 LockType = Literal["pubsub", "spin"]
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-
-# How many released locks the registry keeps alive for reuse; older unused ones are left to the garbage collector.
-_RECENT_CAPACITY = 1024
-
 
 def _lease_drift(lease: float) -> float:
     # Clocks of two machines drift apart, and a lease is counted from when the request was *sent*: allow 1% of the
@@ -178,7 +177,6 @@ class LockRegistry:
         self._rw_locks: weakref.WeakValueDictionary[str, ReadWriteLock] = weakref.WeakValueDictionary()
         # Everything holding a lease in the server, by server key: plain locks and read-write halves.
         self._held: dict[str, HeldLease] = {}
-        self._recent: OrderedDict[str, HybridLock] = OrderedDict()
 
     # -- public surface ------------------------------------------------------------------------------------------
 
@@ -217,7 +215,6 @@ class LockRegistry:
             if lock is None:
                 lock = HybridLock(self, self._names(key))
                 self._locks[key] = lock
-            self._remember(lock)
             return lock
 
     def obtain_read_write(self, key: str) -> ReadWriteLock:
@@ -240,28 +237,16 @@ class LockRegistry:
     def _names(self, key: str) -> LockNames:
         return lock_names(self._registry_key, key)
 
-    def _remember(self, lock: HybridLock) -> None:
-        # Called with self._mutex held.
-        self._recent[lock.key] = lock
-        self._recent.move_to_end(lock.key)
-        while len(self._recent) > _RECENT_CAPACITY:
-            self._recent.popitem(last=False)
-
     def expire_unused_older_than(self, age: float) -> int:
-        """Forget locks that are not held and were last used more than ``age`` seconds ago; returns how many.
+        """Kept for compatibility; does nothing and returns 0.
 
-        A forgotten lock the program still references stays the lock for its key (there is never a second object
-        for a key); one nobody references is reclaimed by the garbage collector."""
+        The registry holds no lock it does not need: one nobody references and nobody holds is reclaimed by the
+        garbage collector at once, and one still referenced or held must stay the lock for its key (a second
+        object for a key would let a second thread in). So there is nothing left to forget. ``age`` is still
+        checked (a non-negative number of seconds)."""
         if isinstance(age, bool) or not isinstance(age, (int, float)) or age < 0:
             raise InvalidArgumentError(f"age must be a non-negative number of seconds, not {age!r}")
-        cutoff = time.monotonic() - age
-        with self._mutex:
-            stale = [
-                k for k, lock in self._recent.items() if lock._names.lock not in self._held and lock.last_used <= cutoff
-            ]
-            for k in stale:
-                del self._recent[k]
-        return len(stale)
+        return 0
 
     def renew_lock(self, key: str, expire_after: float | None = None) -> None:
         """Renew the lease of ``key``'s lock, held by some thread of this registry, by hand (see
@@ -304,7 +289,7 @@ class LockRegistry:
             return list(self._held.values())
 
     def __len__(self) -> int:
-        """How many lock objects the registry knows (held, recently used, or still referenced)."""
+        """How many lock objects the registry knows (held, or still referenced)."""
         return len(self._locks)
 
     def __iter__(self) -> Iterator[HybridLock]:
@@ -480,8 +465,6 @@ class LockRegistry:
         """From now until ``_untrack_held``, ``lock`` holds a lease in the server that the renewer keeps alive."""
         with self._mutex:
             self._held[lock._names.lock] = lock
-            if isinstance(lock, HybridLock):
-                self._remember(lock)
         if self._renewer is not None:
             self._renewer.ensure_started()
 
@@ -489,6 +472,9 @@ class LockRegistry:
         with self._mutex:
             if self._held.get(lock._names.lock) is lock:
                 del self._held[lock._names.lock]
+            nothing_held = not self._held
+        if nothing_held and self._renewer is not None:
+            self._renewer.nothing_held()  # so that its thread can end soon instead of sleeping a whole period
 
     def _renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
         lease = self._expire_after if expire_after is None else _validate_seconds("expire_after", expire_after)

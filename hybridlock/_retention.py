@@ -12,7 +12,8 @@ process, so the next acquire here costs no round trip. The lease goes back to th
 * the registry is closed.
 
 One ``RetentionReaper`` thread per registry ends retentions; it sleeps until the earliest deadline or until an
-announcement pokes it. It never ends a retention a thread of this process has picked up again: it takes the
+announcement pokes it, and ends a moment (``_IDLE_EXIT``) after nothing is retained any more; the next retention
+starts it again. It never ends a retention a thread of this process has picked up again: it takes the
 lock's local mutex without blocking, and only then gives the lease back (see ``HybridLock._end_retention``).
 """
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["RetentionReaper"]
 
 _BUSY_RETRY = 0.001  # seconds between attempts on a lock caught mid-release or mid-acquire
-_IDLE_EXIT = 30.0  # seconds with nothing retained after which the thread ends (retain() starts a new one)
+_IDLE_EXIT = 0.15  # seconds with nothing retained after which the thread ends (retain() starts a new one)
 
 logger = logging.getLogger("hybridlock")
 
@@ -118,10 +119,11 @@ class RetentionReaper:
                     timeout = None
                 else:
                     # Nothing retained: end the thread after a while, so an unused registry is not kept alive by it.
-                    if time.monotonic() - idle_since >= _IDLE_EXIT:
+                    idle_for = time.monotonic() - idle_since
+                    if idle_for >= _IDLE_EXIT:
                         self._thread = None
                         return
-                    timeout = _IDLE_EXIT
+                    timeout = _IDLE_EXIT - idle_for
                 if not self._changed:
                     self._cond.wait(timeout)
                 if self._retained:

@@ -134,6 +134,8 @@ class ReadLock(_Half):
         start = time.monotonic()
         with rw._cond:
             if rw._readers.get(me):
+                if self._lost:
+                    raise self._reentry_error(f"{self.kind} hold")
                 rw._readers[me] += 1
                 return True
             downgrade = rw._writer == me
@@ -141,6 +143,8 @@ class ReadLock(_Half):
             def may_enter() -> bool:
                 if rw._read_hold == "busy":
                     return False
+                if rw._read_hold == "held" and self._lost:
+                    return False  # nobody joins a lost read hold: wait for it to drain, then take a fresh one
                 if downgrade:
                     return True
                 if rw._writer is not None or rw._writers_waiting:
@@ -232,6 +236,8 @@ class WriteLock(_Half):
         start = time.monotonic()
         with rw._cond:
             if rw._writer == me:
+                if self._lost:
+                    raise self._reentry_error(f"{self.kind} hold")
                 rw._write_count += 1
                 return True
             if rw._readers.get(me):

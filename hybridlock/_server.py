@@ -79,11 +79,12 @@ class EmbeddedServer:
         out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=10).stdout
         return out.strip()
 
-    def start(self, timeout: float = 10.0) -> EmbeddedServer:
+    def start(self, timeout: float = 10.0, *, port: int | None = None) -> EmbeddedServer:
+        """Start the server on a free port (or on ``port``, as ``restart`` does)."""
         last_error = ""
         for _ in range(5):  # the free port may be taken by someone else between choosing and binding it
             self._dir = tempfile.TemporaryDirectory(prefix="hybridlock-server-")
-            self.port = _free_port()
+            self.port = _free_port() if port is None else port
             log = Path(self._dir.name) / "server.log"
             args = [
                 self.binary,
@@ -123,6 +124,14 @@ class EmbeddedServer:
     def resume(self) -> None:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
+
+    def restart(self, timeout: float = 10.0) -> EmbeddedServer:
+        """Kill the server and start a fresh one on the same port: every key is gone, as after a crash of a
+        server that persists nothing (or a failover to a replica that had nothing yet)."""
+        port = self.port
+        self.kill()
+        self.stop()
+        return self.start(timeout, port=port)
 
     def kill(self) -> None:
         """End the server at once (SIGKILL), as a crash would."""

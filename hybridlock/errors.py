@@ -22,6 +22,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUpgradeError",
     "RegistryClosedError",
+    "TimeoutOverflowError",
 ]
 
 
@@ -61,6 +62,14 @@ class InvalidArgumentError(HybridLockError, ValueError, TypeError):
 
     It is both a ``ValueError`` (as ``threading`` raises for bad timeouts) and a ``TypeError`` (for wrong types),
     so either ``except`` clause a caller already has catches it.
+    """
+
+
+class TimeoutOverflowError(InvalidArgumentError, OverflowError):
+    """A timeout too large for the platform to wait (above ``threading.TIMEOUT_MAX``).
+
+    An ``OverflowError``, as ``threading.Lock.acquire`` raises for the same timeout, and an
+    ``InvalidArgumentError`` like every other rejected argument.
     """
 
 

@@ -229,3 +229,179 @@ def test_a_renewal_reply_racing_a_release_is_not_a_loss(any_registry_factory):
     lock.release()  # must not raise LockLostError
     assert called == []
     assert not lock.lost
+
+
+@pytest.mark.parametrize("kind", ["plain", "write", "read"])
+def test_a_renewal_round_that_starts_during_the_release_is_not_a_loss(make_registry, kind):
+    """A round that looks at the lease while its final release is under way (the tenancy already being given back,
+    the lease not yet forgotten) and sends RENEW after RELEASE finds the key gone: no loss either."""
+    registry = make_registry(expire_after=30)
+    backend = registry.backend
+    if kind == "plain":
+        lock = registry.obtain("race")
+        method = "release"
+    else:
+        rw = registry.obtain_read_write("race")
+        lock = rw.write_lock() if kind == "write" else rw.read_lock()
+        method = "release_write" if kind == "write" else "release_read"
+    called = []
+    lock.on_lost(called.append)
+    registry.on_lost(called.append)
+    real_release = getattr(backend, method)
+
+    def release_then_renewal_round(*args, **kwargs):  # type: ignore[no-untyped-def]
+        released = real_release(*args, **kwargs)
+        registry._renewer.renew_once()  # a full round, snapshot and RENEW, landing after our RELEASE
+        return released
+
+    setattr(backend, method, release_then_renewal_round)
+    lock.acquire()
+    lock.release()  # must not raise LockLostError
+    assert called == []
+    assert not lock.lost
+
+
+@pytest.mark.parametrize("kind", ["plain", "write", "read", "multi"])
+def test_a_reentrant_acquire_of_a_lock_known_lost_raises(make_registry, redis_client, kind):
+    """Counting locally would tell the caller it holds a lock another owner may hold by now."""
+    registry = make_registry(expire_after=30)
+    if kind in ("plain", "multi"):
+        part = registry.obtain("gone")
+        lock = registry.obtain_many(["gone", "other"]) if kind == "multi" else part
+        server_key = "hybridlock:{gone}"
+    else:
+        rw = registry.obtain_read_write("gone")
+        part = lock = rw.write_lock() if kind == "write" else rw.read_lock()
+        server_key = "hybridlock:{gone}:" + ("writer" if kind == "write" else "readers")
+    lock.acquire()
+    redis_client.delete(server_key)  # an operator, an eviction or a FLUSHALL
+    registry._renewer.renew_once()
+    assert part.lost
+    with pytest.raises(hybridlock.LockLostError) as raised:
+        lock.acquire()
+    assert raised.value.key == "gone"
+    with pytest.raises(hybridlock.LockLostError):
+        lock.acquire(blocking=False)
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()  # the one real hold ends, with the loss reported
+    assert not lock.is_held_by_current_thread()
+    assert lock.acquire(timeout=5)  # afresh
+    lock.release()
+
+
+def test_a_new_reader_thread_does_not_join_a_lost_read_hold(make_registry, redis_client):
+    registry = make_registry(expire_after=30)
+    read = registry.obtain_read_write("gone").read_lock()
+    read.acquire()
+    redis_client.delete("hybridlock:{gone}:readers")
+    registry._renewer.renew_once()
+    assert read.lost
+    joined = []
+    late = threading.Thread(target=lambda: joined.append(read.acquire(timeout=0.3)))
+    late.start()
+    late.join(5)
+    assert joined == [False]  # it waited for the lost hold to drain instead of sharing it
+    got = []
+
+    def reader_after_drain() -> None:
+        got.append(read.acquire(timeout=5))
+        read.release()
+
+    later = threading.Thread(target=reader_after_drain)
+    later.start()
+    with pytest.raises(hybridlock.LockLostError):
+        read.release()
+    later.join(10)
+    assert got == [True]  # a fresh read hold once the lost one was given back
+
+
+# -- the renewer never dies ---------------------------------------------------------------------------------------
+
+
+class _FaultyRenewal:
+    """Wraps a backend's ``renew``: while ``error`` is set, every call raises it (an error nobody translated)."""
+
+    def __init__(self, registry: hybridlock.LockRegistry) -> None:
+        self._renew = registry.backend.renew
+        self.error: BaseException | None = None
+        self.calls = 0
+        registry.backend.renew = self  # type: ignore[method-assign]
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self._renew(*args, **kwargs)
+
+
+@pytest.mark.parametrize("error", [TypeError("not a bytes-like object"), RuntimeError("a bug"), OverflowError()])
+def test_a_renewal_that_raises_anything_reports_the_loss_and_the_renewer_carries_on(
+    make_registry, redis_client, caplog, error
+):
+    registry = make_registry(expire_after=0.6)  # renewal period 0.2 s
+    fault = _FaultyRenewal(registry)
+    lock, other = registry.obtain("victim"), registry.obtain("other")
+    lost: list[object] = []
+    lock.on_lost(lost.append)
+    assert lock.acquire(timeout=5)
+    renewer = registry._renewer
+    assert renewer is not None
+    thread = renewer._thread
+    assert thread is not None
+
+    with caplog.at_level("WARNING", logger="hybridlock"):
+        fault.error = error
+        assert _wait_until(lambda: lock.lost, 3.0), "a renewer that raised left the lease to lapse unreported"
+        assert lost == [lock]
+        assert fault.calls >= 2, "a failed round must be retried before the lease ends"
+        failures = [r for r in caplog.records if "renewing the leases" in r.getMessage()]
+        assert len(failures) == 1, [r.getMessage() for r in failures]
+
+        fault.error = None
+        assert other.acquire(timeout=5)  # keeps the renewer busy: the same thread must serve it
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
+        assert not lock.is_held_by_current_thread()
+        rounds = renewer.rounds
+        time.sleep(1.5)  # two and a half leases: only renewal keeps "other"
+        assert renewer._thread is thread
+        assert thread.is_alive()
+        assert renewer.rounds >= rounds + 3
+        assert not other.lost
+        assert redis_client.get("hybridlock:{other}") == registry.client_id.encode()
+        assert any("works again" in r.getMessage() for r in caplog.records)
+    other.release()
+
+
+def test_a_huge_lease_does_not_overflow_the_renewers_wait(make_registry):
+    registry = make_registry(expire_after=1e12)  # a period far above threading.TIMEOUT_MAX
+    lock = registry.obtain("forever")
+    with lock:
+        time.sleep(0.1)
+        renewer = registry._renewer
+        assert renewer is not None
+        assert renewer._thread is not None
+        assert renewer._thread.is_alive()
+
+
+def _hybridlock_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("hybridlock-")]
+
+
+def test_background_threads_end_when_idle_and_come_back_on_demand(make_registry):
+    registry, rival = make_registry(expire_after=2.0), make_registry(expire_after=2.0)
+    for _ in range(2):  # the second round: threads that ended start again
+        lock, theirs = registry.obtain("idle"), rival.obtain("idle")
+        assert lock.acquire(timeout=5)
+        waiter = threading.Thread(target=lambda t=theirs: t.acquire(timeout=5) and t.release())
+        waiter.start()
+        assert _wait_until(lambda: "hybridlock-pubsub-listener" in _hybridlock_threads(), 5)
+        assert "hybridlock-renewer-hybridlock" in _hybridlock_threads()
+        lock.release()
+        waiter.join(5)
+        assert _wait_until(lambda: _hybridlock_threads() == [], 1.0), _hybridlock_threads()
+    # Renewal still works after a restart.
+    lock = registry.obtain("idle")
+    with lock:
+        time.sleep(2.5)
+        assert not lock.lost

@@ -45,6 +45,6 @@ def test_statistics_and_repr_show_the_state_without_a_round_trip():
         assert stats.hold_count == 2
         assert stats.holds_server_lease
         assert stats.fencing_token == lock.fencing_token
-        assert "depth 2" in repr(lock)
+        assert "count=2" in repr(lock)
     with pytest.raises(AttributeError):
         stats.hold_count = 5  # type: ignore[misc]  # frozen

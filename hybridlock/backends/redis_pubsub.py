@@ -14,8 +14,11 @@ Failure modes
 * A published message is lost in transit: a waiter still wakes at the holder's lease end, or after
   ``WaitPolicy.notified_cap`` when the lease has no end.
 
-Channels whose last watcher left are unsubscribed lazily by the listener (after ``_IDLE_UNSUBSCRIBE`` seconds),
-so a key waited on again and again does not churn SUBSCRIBE/UNSUBSCRIBE.
+Channels whose last watcher left are unsubscribed by the listener after ``_IDLE_UNSUBSCRIBE`` seconds (0.1), so
+a key waited on again and again (two owners taking turns do so every few milliseconds) keeps its subscription and
+does not churn SUBSCRIBE/UNSUBSCRIBE. Once no watch is open and the server has confirmed every UNSUBSCRIBE, the
+listener closes its connection and ends: a program that waits for nothing has no listener thread and no
+subscriber connection. The next watch starts both afresh.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ __all__ = ["Subscriber"]
 
 logger = logging.getLogger("hybridlock")
 
-_IDLE_UNSUBSCRIBE = 5.0
-_LISTEN_TIMEOUT = 1.0
+_IDLE_UNSUBSCRIBE = 0.1  # seconds a channel stays subscribed after its last watch closed
+# The longest read: how soon the listener notices that channels fell idle (and close() that it must end).
+_LISTEN_TIMEOUT = 0.1
+_LISTEN_MIN = 0.005
 _RECONNECT_INITIAL = 0.05
 _RECONNECT_CAP = 2.0
 
@@ -167,12 +172,18 @@ class Subscriber:
             with self._cond:
                 if self._stopped:
                     break
+                if not self._refs and (not self._requested or not self._up):
+                    # Nobody watches and nothing is subscribed any more: end. A watch() from now on finds no thread
+                    # and starts a new one, on a new connection.
+                    self._retire_locked()
+                    return
                 up = self._up
+                timeout = self._listen_timeout_locked()
             try:
                 if not up:
                     self._connect()
                     pause = _RECONNECT_INITIAL
-                message = self._pubsub.get_message(timeout=_LISTEN_TIMEOUT)
+                message = self._pubsub.get_message(timeout=timeout)
             except Exception as exc:  # any failure to connect or read means the same: down, retry later
                 logger.debug("hybridlock: pub/sub connection failed: %r", exc)
                 with self._cond:
@@ -186,6 +197,28 @@ class Subscriber:
         with contextlib.suppress(Exception):
             if self._pubsub is not None:
                 self._pubsub.close()
+
+    def _listen_timeout_locked(self) -> float:
+        if not self._idle_since:
+            return _LISTEN_TIMEOUT
+        due = min(self._idle_since.values()) + _IDLE_UNSUBSCRIBE - time.monotonic()
+        return min(_LISTEN_TIMEOUT, max(_LISTEN_MIN, due))
+
+    def _retire_locked(self) -> None:
+        """The listener is ending for want of work: forget every channel and close the connection."""
+        pubsub, self._pubsub = self._pubsub, None
+        self._thread = None
+        self._up = False
+        self._subscribed.clear()
+        self._requested.clear()
+        self._idle_since.clear()
+        self._released.clear()
+        self._addressed.clear()
+        self._wanted.clear()
+        if pubsub is not None:
+            # Under our lock, but it only closes a socket nobody else uses any more (watch() sends only while up).
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = _text(message.get("type"))
