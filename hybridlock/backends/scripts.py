@@ -221,7 +221,8 @@ ACQUIRE_MANY = (
 -- ARGV[4]  "1": queue if refused ARGV[4+i]  lock i's channel
 -- returns  {1, token_1, queued_1, ..., token_n, queued_n}   all taken (as ACQUIRE would return for each)
 --          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; we announce
---                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it
+--                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it (for
+--                                PLACE_KEEP_MS, as ACQUIRE queues)
 """
     + _QUEUE_LIB
     + """
