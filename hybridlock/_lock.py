@@ -203,7 +203,12 @@ class HybridLock(ServerLease, JavaStyleLock):
         """A ``time.monotonic()`` deadline before which the lease is certainly still ours, or None when not held.
 
         It is the start of the last successful acquire or renewal, plus the lease, minus a drift margin, so it
-        errs early. Check it before a side effect that must not happen after the lease ends."""
+        errs early. Check it before a side effect that must not happen after the lease ends.
+
+        It covers the lease running out, not the server losing it: a key evicted under memory pressure, removed by
+        ``DEL`` or ``FLUSHALL``, lost in a restart without persistence or in a failover to a replica that had not
+        received it is gone at once, while this deadline still lies ahead. The holder learns of such a loss only at
+        its next renewal (``lost``, ``on_lost``) or release; fencing tokens protect the resource meanwhile."""
         return self._valid_until if self._owner is not None else None
 
     def statistics(self) -> LockStatistics:

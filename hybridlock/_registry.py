@@ -11,10 +11,11 @@ What the registry keeps:
   (cheap) object each time;
 * strong references to held locks, by server key (a held lock never disappears, and is never duplicated);
 * background threads, none per lock or per wait: the lease renewer and (in the Redis backend) the pub/sub
-  listener, plus the retention reaper when ``retain_for`` is used. Each starts when there is something to do
-  (a lease to renew, a channel to listen on, a lease retained), stops a fraction of a second after there is
-  nothing left, and starts again on demand; ``close()`` stops them all. A program that holds no lock and waits
-  for none has no hybridlock thread running.
+  listener, plus the retention reaper when ``retain_for`` is used, and the wait keeper
+  (``hybridlock._wait_keeper``) while some thread of the registry waits in the server. Each starts when there is
+  something to do (a lease to renew, a channel to listen on, a lease retained, a place in a server queue to
+  keep), stops a fraction of a second after there is nothing left, and starts again on demand; ``close()``
+  stops them all. A program that holds no lock and waits for none has no hybridlock thread running.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ._multi import MultiLock
 from ._renewal import HeldLease, LeaseRenewer
 from ._retention import RetentionReaper
 from ._rwlock import ReadWriteLock
+from ._wait_keeper import WaitingPlace, WaitKeeper
 from ._waiting import MAX_SECONDS, WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
@@ -173,6 +175,7 @@ class LockRegistry:
         self._lost_callbacks: list[LostCallback] = []
         self._renewer = LeaseRenewer(self) if auto_renew else None
         self._retention = RetentionReaper(self)
+        self._wait_keeper = WaitKeeper(self)
         if self._retain_for and lock_type == "pubsub":
             self._backend.on_wanted(self._retention.poke)
         _live_registries.add(self)
@@ -314,6 +317,7 @@ class LockRegistry:
         self._closed = True
         self._closed_event.set()
         self._retention.stop()  # give retained leases back while the connection is still open
+        self._wait_keeper.stop()
         if self._renewer is not None:
             self._renewer.stop()
         self._backend.close()
@@ -346,13 +350,17 @@ class LockRegistry:
         attempt: Callable[[], AcquireResult] | None = None,
         blocked_on: Callable[[], LockNames] | None = None,
         give_up: Callable[[], None] | None = None,
+        queues: bool = True,
     ) -> AcquireResult | None:
         """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
         ``attempt`` makes one try (default: the plain lock's). After a failed try, ``blocked_on()`` names the lock
         whose release to wait for (default: ``names``; a multi-key attempt is blocked by one key at a time).
         ``give_up()`` is called when a blocking wait ends without the lock, to leave the server's queue (default:
-        the plain lock's queue). Returns the successful result, or None when not blocking or out of time."""
+        the plain lock's queue). ``queues``: a refused blocking attempt takes a place in the queue of the lock
+        ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
+        the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). Returns the
+        successful result, or None when not blocking or out of time."""
         backend = self._backend
         if attempt is None:
 
@@ -365,11 +373,19 @@ class LockRegistry:
                 backend.cancel_wait(names, self._client_id)
 
         queued = False  # a refused blocking attempt put us in the server's queue
+        place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
 
         def tracked_attempt() -> AcquireResult:
-            nonlocal queued
+            nonlocal queued, place
             result = attempt()
-            queued = queued or (blocking and not result.acquired)
+            if blocking and not result.acquired:
+                queued = True
+                if queues:
+                    target = names if blocked_on is None else blocked_on()
+                    if place is None:
+                        place = self._wait_keeper.begin(target)
+                    else:
+                        place.names = target
             return result
 
         try:
@@ -380,6 +396,9 @@ class LockRegistry:
             if queued:
                 self._give_up_quietly(give_up)
             raise
+        finally:
+            if place is not None:
+                self._wait_keeper.end(place)
         if result is None and queued:
             self._give_up_quietly(give_up)
         return result
@@ -531,6 +550,7 @@ class LockRegistry:
         if self._renewer is not None:
             self._renewer.after_fork_in_child()
         self._retention.after_fork_in_child()
+        self._wait_keeper.after_fork_in_child()
         after_fork = getattr(self._backend, "after_fork_in_child", None)
         if after_fork is not None:
             after_fork()

@@ -47,6 +47,7 @@ class _Half(ServerLease, JavaStyleLock):
 
     #: Name of the half in messages and reprs; the subclasses differ in this and in the four hooks below.
     kind = ""
+    _waits_in_server = False  # whether a refused blocking attempt takes a place in the server (see _acquire_remote)
 
     def __init__(self, parent: ReadWriteLock, names: LockNames) -> None:
         super().__init__(parent._registry, names)
@@ -88,6 +89,7 @@ class _Half(ServerLease, JavaStyleLock):
             deadline,
             attempt=lambda: self._try_once(registry.client_id, blocking),
             give_up=lambda: self._give_up(registry.client_id),
+            queues=self._waits_in_server,
         )
 
     def _try_once(self, owner: str, wait: bool) -> AcquireResult:
@@ -111,6 +113,7 @@ class ReadLock(_Half):
     """The shared half: any number of threads, in any number of processes, while nobody writes."""
 
     kind = "read"
+    _waits_in_server = False  # a blocked reader records nothing in the server: it just retries
 
     def __init__(self, parent: ReadWriteLock) -> None:
         super().__init__(parent, parent._names.read)
@@ -208,6 +211,7 @@ class WriteLock(_Half):
     """The exclusive half: one thread in the whole system, and no reader."""
 
     kind = "write"
+    _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
 
     def __init__(self, parent: ReadWriteLock) -> None:
         super().__init__(parent, parent._names.write)

@@ -56,7 +56,7 @@ def fenced_set(
             raise InvalidArgumentError(f"expire_after must be a positive number of seconds, not {expire_after!r}")
         ttl_ms = max(1, round(expire_after * 1000))
     family = client_family(client)
-    with translated_errors(key, server_name(client, family), family):
+    with translated_errors(key, server_name(client, family), "fenced_set", family):
         runner = ScriptRunner(client, family)
         written = runner.run(FENCED_SET, (key, fence_key or f"{key}:fence"), (token, value, ttl_ms))
     return bool(written)

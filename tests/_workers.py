@@ -84,3 +84,12 @@ def hold_until_told(url: str, key: str, expire_after: float, auto_renew: bool, c
     else:
         conn.send(("released", None))
     registry.close()
+
+
+def wait_for_lock(url: str, key: str, expire_after: float, write: bool) -> None:
+    """Wait (as long as it takes) for ``key``'s plain lock, or for its read-write lock's write half; the test kills
+    this process while it waits."""
+    registry = hybridlock.LockRegistry(url, expire_after=expire_after)
+    lock = registry.obtain_read_write(key).write_lock() if write else registry.obtain(key)
+    lock.acquire(timeout=120)
+    os._exit(4)  # not meant to get here

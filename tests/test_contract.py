@@ -235,7 +235,7 @@ def test_reentrant_acquire_and_release_send_nothing_to_redis(make_registry, redi
 # What the acquire and release scripts may run inside the server (counted by INFO commandstats too).
 SCRIPT_INTERNAL = {
     "get", "set", "exists", "time", "incr", "pexpire", "pttl", "del", "publish", "spublish", "sadd", "srem", "scard",
-    "zadd", "zrem", "zrange", "zrangebyscore", "zcard", "zscore",
+    "zadd", "zrem", "zrange", "zrangebyscore", "zcard", "zscore", "type",
 }  # fmt: skip
 
 

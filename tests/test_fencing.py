@@ -8,8 +8,10 @@ import sqlite3
 import time
 
 import pytest
+import redis
 
 import hybridlock
+from hybridlock._server import EmbeddedServer
 from hybridlock.fencing import fenced_set
 from tests import _wake_workers
 
@@ -111,3 +113,34 @@ def test_sql_pattern_rejects_a_stale_holders_update():
     assert db.execute(update, {"balance": 100, "token": new_token}).rowcount == 1
     assert db.execute(update, {"balance": 999, "token": old_token}).rowcount == 0  # fenced off
     assert db.execute("SELECT balance FROM accounts").fetchone() == (100,)
+
+
+@pytest.mark.server
+def test_tokens_from_a_promoted_replica_exceed_every_token_the_lost_master_minted():
+    """A replica that missed the master's last acquisitions is promoted: its counter is behind, its clock is not."""
+    with (
+        EmbeddedServer() as master,
+        EmbeddedServer(extra_args=("--replicaof", "127.0.0.1", str(master.port))) as replica,
+    ):
+        on_master = hybridlock.LockRegistry(master.url)
+        replica_client = redis.Redis.from_url(replica.url)
+        try:
+            lock = on_master.obtain("failover")
+            with lock:
+                minted = [lock.fencing_token]
+            deadline = time.monotonic() + 20
+            while replica_client.get("hybridlock:{failover}:fence") is None:
+                assert time.monotonic() < deadline, "the replica never caught up"
+                time.sleep(0.05)
+            replica_client.replicaof("NO", "ONE")  # detached: it misses everything from here on
+            for _ in range(50):
+                with lock:
+                    minted.append(lock.fencing_token)
+            assert minted == sorted(set(minted))
+            with hybridlock.LockRegistry(replica.url) as on_promoted:
+                promoted = on_promoted.obtain("failover")
+                with promoted:
+                    assert promoted.fencing_token > max(minted)
+        finally:
+            on_master.close()
+            replica_client.close()

@@ -18,7 +18,15 @@ from typing import NamedTuple
 
 from .._keys import LockNames, ReadWriteNames
 
-__all__ = ["AcquireManyResult", "AcquireResult", "LockBackend", "ReleaseWatch"]
+__all__ = ["QUEUE_PLACE_KEEP_MS", "AcquireManyResult", "AcquireResult", "LockBackend", "ReleaseWatch"]
+
+#: How long an owner's place in a lock's server queue (or its record as a waiting writer of a read-write lock) is
+#: kept after it was last taken or refreshed, in milliseconds. A live waiter refreshes its places about every
+#: second (``LockBackend.keep_waiting``, from the registry's wait keeper), so they last as long as it waits; the
+#: place of a waiter that crashed or lost its server lapses within this time, and then holds nobody up. Short,
+#: because a lapsed place that still heads the queue keeps a free lock from everyone until it lapses; long
+#: enough that a refresh delayed by one slow round trip does not lose the place.
+QUEUE_PLACE_KEEP_MS = 3000
 
 
 class AcquireResult(NamedTuple):
@@ -29,8 +37,9 @@ class AcquireResult(NamedTuple):
     the holder's key has no expiry or the time is unknown): a waiter never needs to sleep past it.
 
     Owners that wait form a queue in the server, in arrival order: while it is not empty a free lock goes only to
-    its head, and a release wakes only the head. A refused blocking attempt joins the queue (until the wait it
-    was told, plus a margin: a waiter that vanishes drops out by itself) and announces that on the lock's
+    its head, and a release wakes only the head. A refused blocking attempt joins the queue (for
+    ``QUEUE_PLACE_KEEP_MS``, refreshed by ``LockBackend.keep_waiting`` while the waiter lives: a waiter that
+    vanishes drops out by itself) and announces that on the lock's
     channel, so a holder that passes the lock between its own threads knows to let other owners in (see
     ``contended`` and ``ReleaseWatch.contended``).
     """
@@ -95,6 +104,15 @@ class LockBackend(abc.ABC):
     def cancel_wait(self, names: LockNames, owner: str) -> None:
         """``owner`` no longer waits for ``names.lock``: leave its queue (waking the next owner if it is free)."""
 
+    @abc.abstractmethod
+    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+        """``owner`` still waits: push the lapse of each of its places back to ``QUEUE_PLACE_KEEP_MS`` from now,
+        in one round trip (one per cluster slot, pipelined). A place is a position in a plain lock's queue
+        (``names.queue`` / ``names.queue_until``) or, for the write half of a read-write lock (``rw_names.write``),
+        a record in its waiting writers (``queue`` and ``queue_until`` are then both that set). Only a place
+        ``owner`` still holds is kept: one it left, that lapsed or that ended when it took the lock is not brought
+        back (its next attempt queues afresh, at the back). Returns one flag per place: True if kept."""
+
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
         """Whether ``try_acquire_many`` may take all of ``names`` in one atomic step (on a cluster: one slot)."""
         return False
@@ -125,8 +143,9 @@ class LockBackend(abc.ABC):
     @abc.abstractmethod
     def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
         """Take the write hold if no other owner writes and nobody (``owner`` included) reads, minting a fencing
-        token; else, if ``wait``, record ``owner`` as waiting to write, which holds back new readers (a caller
-        that then gives up calls ``cancel_write_wait``). One round trip."""
+        token; else, if ``wait``, record ``owner`` as waiting to write for ``QUEUE_PLACE_KEEP_MS`` (refreshed by
+        ``keep_waiting`` with ``names.write``), which holds back new readers (a caller that then gives up calls
+        ``cancel_write_wait``). One round trip."""
 
     @abc.abstractmethod
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:

@@ -12,9 +12,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from .._keys import LockNames, ReadWriteNames
-from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
+from .base import QUEUE_PLACE_KEEP_MS, AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 
 __all__ = ["MemoryBackend"]
+
+# How long a place in a queue (or a waiting writer's record) is kept, in seconds, as in the Redis scripts.
+_PLACE_KEEP = QUEUE_PLACE_KEEP_MS / 1000.0
 
 
 class _Entry:
@@ -77,9 +80,8 @@ class MemoryBackend(LockBackend):
 
     def _refuse(self, names: LockNames, owner: str, wait: float, now: float, queue: bool) -> AcquireResult:
         if queue:
-            keep = (wait if wait != float("inf") else 0.0) + 2.0
-            waiting = self._queue(names, now)
-            waiting[owner] = max(waiting.get(owner, 0.0), now + max(keep, 3.0))
+            # Arrival order is the dict's order: a refreshed place keeps its position.
+            self._queue(names, now)[owner] = now + _PLACE_KEEP
         self._announce_wanted(names.channel)
         return AcquireResult(False, None, None if wait == float("inf") else wait)
 
@@ -132,6 +134,21 @@ class MemoryBackend(LockBackend):
             queue = self._queue(names, now)
             if queue.pop(owner, None) is not None and self._live_entry(names.lock, now) is None:
                 self._announce_release(names.channel, next(iter(queue), None))
+
+    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+        now = time.monotonic()
+        kept = []
+        with self._cond:
+            for n in names:
+                # A plain lock's queue, or (for the write half of a read-write lock) its waiting writers.
+                places = self._queues.get(n.queue)
+                if places is None:
+                    places = self._writers_waiting.get(n.queue, {})
+                ok = places.get(owner, 0.0) > now
+                if ok:
+                    places[owner] = now + _PLACE_KEEP
+                kept.append(ok)
+        return kept
 
     # Watches are keyed by channel, as in Redis: both halves of a read-write lock share one.
     def _announce_release(self, channel: str, to: str | None = None) -> None:
@@ -216,9 +233,7 @@ class MemoryBackend(LockBackend):
             waiting = self._pruned(self._writers_waiting.setdefault(names.writers_waiting, {}), now)
             if blocked_for is not None:
                 if wait:
-                    # Twice the lease, renewed by every attempt; without expiry, a minute (a writer that stops
-                    # trying without cancelling must not hold readers back for ever).
-                    waiting[owner] = now + (60.0 if lease_ms is None else 2 * lease_ms / 1000.0)
+                    waiting[owner] = now + _PLACE_KEEP
                     self._announce_wanted(names.channel)
                 return AcquireResult(False, None, blocked_for)
             waiting.pop(owner, None)

@@ -9,6 +9,10 @@ Failure modes
   RELEASE finds the key gone and reports the lock as lost. That false alarm errs on the safe side.
 * The server restarts without persistence: held keys vanish. Holders find out at their next renewal or release
   (``LockLostError``); fencing counters are re-seeded from the server clock and stay monotonic.
+* Some of a lock's keys vanish (eviction, an operator's ``DEL``) or are overwritten with another type: the scripts
+  read them as missing (see ``scripts``), so other owners go on; a holder whose lease key went is told as above.
+* The server refuses a command (``OOM`` under ``maxmemory`` with ``noeviction``, a script error): a plain
+  ``HybridLockError`` naming the operation, the key and the server; never a redis-py exception.
 """
 
 from __future__ import annotations
@@ -38,20 +42,32 @@ def client_address(client: Any) -> str:
 
 
 @contextlib.contextmanager
-def translated_errors(key: str | None, server: str, family: ClientFamily | None = None) -> Iterator[None]:
-    """The one place where the client library's exceptions become hybridlock's, naming the key and the server.
-    ``family``: the client's library (``clients.client_family``; default redis-py's)."""
+def translated_errors(
+    key: str | None, server: str, operation: str = "request", family: ClientFamily | None = None
+) -> Iterator[None]:
+    """The one place where the client library's exceptions become hybridlock's, naming the operation, the key and
+    the server. ``family``: the client's library (``clients.client_family``; default redis-py's).
+
+    Any other error the server answers with (a script error, ``OOM`` under ``maxmemory`` with ``noeviction``, a
+    refused command) becomes a plain :class:`HybridLockError`: the raw client exception stays attached as
+    ``__cause__`` but never reaches the caller as such."""
     family = family or library_family("redis")
     try:
         yield
     except family.unavailable as exc:
-        raise BackendUnavailableError(f"lock server unreachable: {exc}", key=key, server=server) from exc
+        raise BackendUnavailableError(
+            f"lock server unreachable during {operation}: {exc}", key=key, server=server
+        ) from exc
     except family.busy_loading as exc:
-        raise BackendUnavailableError(f"lock server is loading: {exc}", key=key, server=server) from exc
+        raise BackendUnavailableError(
+            f"lock server is loading, {operation} refused: {exc}", key=key, server=server
+        ) from exc
     except family.read_only as exc:
-        raise BackendUnavailableError(f"lock server is a read-only replica: {exc}", key=key, server=server) from exc
+        raise BackendUnavailableError(
+            f"lock server is a read-only replica, {operation} refused: {exc}", key=key, server=server
+        ) from exc
     except family.any_error as exc:
-        raise HybridLockError(f"lock server error: {exc}", key=key, server=server) from exc
+        raise HybridLockError(f"lock server error during {operation}: {exc}", key=key, server=server) from exc
 
 
 class ScriptRunner:
@@ -115,11 +131,11 @@ class RedisBackend(LockBackend):
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
 
-    def _translated(self, key: str | None) -> contextlib.AbstractContextManager[None]:
-        return translated_errors(key, self.address, self._family)
+    def _translated(self, key: str | None, operation: str) -> contextlib.AbstractContextManager[None]:
+        return translated_errors(key, self.address, operation, self._family)
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
-        with self._translated(names.key):
+        with self._translated(names.key, "acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE,
                 (names.lock, names.fence, names.queue, names.queue_until),
@@ -131,7 +147,7 @@ class RedisBackend(LockBackend):
         return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
 
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
-        with self._translated(None):
+        with self._translated(None, "check of cluster slots"):
             return len(self._by_slot(names)) == 1
 
     def try_acquire_many(
@@ -139,7 +155,7 @@ class RedisBackend(LockBackend):
     ) -> AcquireManyResult:
         keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
         args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
-        with self._translated(names[0].key if len(names) == 1 else None):
+        with self._translated(_keys_of(names), "acquire of several locks"):
             reply = self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
         if reply[0]:
             parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
@@ -148,7 +164,7 @@ class RedisBackend(LockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "release"):
             released = self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until),
@@ -157,15 +173,33 @@ class RedisBackend(LockBackend):
         return bool(released)
 
     def cancel_wait(self, names: LockNames, owner: str) -> None:
-        with self._translated(names.key):
+        with self._translated(names.key, "cancel of a wait"):
             self._scripts.run(
                 scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
             )
 
+    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+        if not names:
+            return []
+        with self._translated(_keys_of(names), "keep of waiting places"):
+            # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
+            groups: dict[int, list[LockNames]] = {}
+            for n in names:
+                groups.setdefault(self._slot_of(n.queue), []).append(n)
+            calls = [([key for n in group for key in (n.queue, n.queue_until)], (owner,)) for group in groups.values()]
+            if len(calls) == 1:
+                replies = [self._scripts.run(scripts.KEEP_WAITING, *calls[0])]
+            else:
+                replies = self._scripts.run_many(scripts.KEEP_WAITING, calls)
+        kept: dict[str, bool] = {}
+        for group, flags in zip(groups.values(), replies, strict=True):
+            kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
+        return [kept[n.queue] for n in names]
+
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
-        with self._translated(names[0].key if len(names) == 1 else None):
+        with self._translated(_keys_of(names), "renewal"):
             # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
             # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
             chunks = [
@@ -185,28 +219,30 @@ class RedisBackend(LockBackend):
     def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
         one per slot on a server in cluster mode."""
+        groups: dict[int, list[str]] = {}
+        for n in names:
+            groups.setdefault(self._slot_of(n.lock), []).append(n.lock)
+        return list(groups.values())
+
+    def _slot_of(self, name: str) -> int:
+        """``name``'s cluster slot on a server in cluster mode; 0 for every name on a plain server."""
         if self._cluster_mode is None:
             try:
                 info = self.client.info("cluster")
             except self._family.response_error:
                 info = {}  # a server or stand-in without INFO (fakeredis, some proxies) is taken as a single node
             self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
-        if not self._cluster_mode:
-            return [[n.lock for n in names]]
-        groups: dict[int, list[str]] = {}
-        for n in names:
-            groups.setdefault(key_slot(n.lock.encode()), []).append(n.lock)
-        return list(groups.values())
+        return key_slot(name.encode()) if self._cluster_mode else 0
 
     def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
-        with self._translated(names.key):
+        with self._translated(names.key, "read acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
             )
         return _rw_result(reply)
 
     def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
-        with self._translated(names.key):
+        with self._translated(names.key, "write acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE_WRITE,
                 (names.writer, names.readers, names.writers_waiting, names.fence),
@@ -215,12 +251,12 @@ class RedisBackend(LockBackend):
         return _rw_result(reply)
 
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "write release"):
             released = self._scripts.run(scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish"))
         return bool(released)
 
     def release_read(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "read release"):
             released = self._scripts.run(
                 scripts.RELEASE_READ,
                 (names.writer, names.readers, names.writers_waiting),
@@ -229,11 +265,11 @@ class RedisBackend(LockBackend):
         return bool(released)
 
     def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
-        with self._translated(names.key):
+        with self._translated(names.key, "cancel of a write wait"):
             self._scripts.run(scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish"))
 
     def is_locked(self, names: LockNames) -> bool:
-        with self._translated(names.key):
+        with self._translated(names.key, "lock query"):
             return bool(self.client.exists(names.lock))
 
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
@@ -248,6 +284,12 @@ class RedisBackend(LockBackend):
         if self._owns_client:
             with contextlib.suppress(Exception):
                 self.client.close()
+
+
+def _keys_of(names: Sequence[LockNames]) -> str:
+    """The keys an operation on several locks was about, for its error message (the first few of many)."""
+    shown = ", ".join(n.key for n in names[:5])
+    return shown if len(names) <= 5 else f"{shown}, ... ({len(names)} keys)"
 
 
 def _rw_result(reply: Sequence[Any]) -> AcquireResult:

@@ -5,29 +5,47 @@ Conventions for all scripts:
 * Every key a script touches is passed in ``KEYS`` and all of them share one Redis Cluster hash slot (see
   ``hybridlock._keys``). Pub/sub channel names go in ``ARGV``, never ``KEYS``.
 * Durations are integer milliseconds.
+* Any subset of a script's keys may be missing (evicted under any ``maxmemory`` policy, deleted by an operator,
+  lost in a restart or failover) or hold a value of another type: every script reads a missing key as empty and a
+  key of another type as missing (``_KEYS_LIB``), so partial state never turns into a script error. A queued owner
+  whose expiry entry is gone counts as lapsed.
 * Scripts are sent with EVALSHA and fall back to EVAL on NOSCRIPT, per client (``ScriptRunner`` in
   ``backends/redis.py``), so a server restart or ``SCRIPT FLUSH`` costs one extra round trip, not an error.
 
 Fencing tokens
 --------------
-``ACQUIRE`` mints a token with ``INCR`` on the lock's counter key. The counter is kept for ``FENCE_COUNTER_TTL_MS``
-after its last use and refreshed at every acquisition. When it has expired (or the server lost it), it is
-re-seeded from the server clock in microseconds (``TIME``) before the ``INCR``. Tokens therefore keep increasing
-across the counter's expiry: every earlier token is at most *earlier seed + number of acquisitions since*, each
-acquisition is one script run taking well over a microsecond, so that sum stays below the clock reading at
-re-seeding. The argument assumes the server clock does not step back by more than the counter's idle time (a day
-at least) and that writes are not lost in a failover of an asynchronously replicated master.
+``ACQUIRE``, ``ACQUIRE_MANY`` and ``ACQUIRE_WRITE`` mint a token with one ``mint`` (in ``_FENCE_LIB``)::
+
+    token = max(stored counter + 1, server clock in microseconds from TIME)
+
+then store it in the lock's counter key with a TTL of ``FENCE_COUNTER_TTL_MS`` (refreshed at every acquisition).
+Every acquisition is one script run taking well over a microsecond, so on one server the clock term alone already
+increases from one acquisition to the next; the counter term keeps tokens increasing when the clock steps back.
+
+What holds:
+
+* On one server, tokens of a key strictly increase. While the counter exists, the ``+ 1`` term guarantees it
+  whatever the clock does. When the counter is gone (expired after a week idle, evicted, deleted, lost in a restart
+  without persistence), the clock term is past every earlier token provided the server clock has not stepped back
+  by more than the time since the key's last acquisition.
+* Across a failover to a replica that missed the last writes (asynchronous replication), the new master's first
+  token exceeds every token the lost master minted provided the two servers' clocks differ by less than the time
+  between the old master's last acquisition and the new master's first. A failover takes seconds, so clocks kept
+  in step by NTP (milliseconds apart) satisfy it.
+
+What does not: a counter that only counted would be set back by as many acquisitions as the replica missed, so a
+rightful new holder could get a token lower than a stale holder's; the clock term is what prevents that. Nothing
+here keeps *exclusion* across a failover: a lease the replica never saw is gone, and a second owner may get the
+lock while the first still believes it holds it. Fencing tokens are what lets the resource tell them apart.
 """
 
 from __future__ import annotations
 
+from .base import QUEUE_PLACE_KEEP_MS
+
 # Counter keys live this long after their last acquisition (one week); see the module docstring.
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 
-# The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
-# ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
-# that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
-# its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
 # How every script announces on a lock's channel: mode "publish", "spublish" (sharded pub/sub, for a cluster) or
 # "" (nobody listens).
 _ANNOUNCE_LIB = """
@@ -40,66 +58,115 @@ local function announce(mode, channel, message)
 end
 """
 
+# Every key a script touches may be missing or, written by something other than hybridlock, of another type:
+# eviction under any maxmemory policy, an operator's DEL or FLUSHALL, a restart without persistence, a failover.
+# Scripts read a key that should hold a string with ``string_at`` (nil unless it is a string), and make sure a key
+# that should be a sorted set is one, or absent, with ``zset_at`` before using it (a key of another type is not
+# state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty.
+_KEYS_LIB = f"""
+local PLACE_KEEP_MS = {QUEUE_PLACE_KEEP_MS}
+local function string_at(key)
+  local value = redis.pcall('GET', key)
+  if type(value) == 'string' then
+    return value
+  end
+  return nil
+end
+local function zset_at(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'zset' and kind ~= 'none' then
+    redis.call('DEL', key)
+  end
+  return key
+end
+-- Make sure a key lives at least ``ms`` more milliseconds (a key without expiry gets one).
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+"""
+
+# Fencing tokens, shared by ACQUIRE, ACQUIRE_MANY and ACQUIRE_WRITE; ``t`` is the script's ``TIME`` reply. A token is
+# the larger of the stored counter plus one and the server clock in microseconds (see the module docstring), stored
+# back with the counter's TTL. Lua 5.1 numbers are doubles: both terms stay below 2^53 (the clock reads ~1.8e15), so
+# the arithmetic is exact, and redis.call formats a number argument with %.17g, which writes such an integer out in
+# full (tostring would not: it switches to exponent notation past 14 digits). A counter that is missing, not a
+# string or not a number counts as 0 (the clock term then carries the order) and SET replaces it.
+_FENCE_LIB = """
+local function mint(fence, ttl, t)
+  local stored = tonumber(string_at(fence) or '0') or 0
+  local token = math.max(stored + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  redis.call('SET', fence, token, 'PX', ttl)
+  return token
+end
+"""
+
+# The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
+# ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
+# that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
+# its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
 _QUEUE_LIB = (
     _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + _FENCE_LIB
     + """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
+-- Drop lapsed wishes; first make sure both keys are sorted sets (or absent), so every later command on them works.
 local function prune(queue, expiries, now)
+  zset_at(queue)
+  zset_at(expiries)
   local lapsed = redis.call('ZRANGEBYSCORE', expiries, '-inf', now)
   for _, owner in ipairs(lapsed) do
     redis.call('ZREM', queue, owner)
     redis.call('ZREM', expiries, owner)
   end
 end
-local function head(queue)
-  return redis.call('ZRANGE', queue, 0, 0)[1]
+-- The first live owner in the queue. A member without an expiry entry (the expiries key, or its entry, was
+-- evicted or deleted) cannot be known to be alive: it counts as lapsed and is removed, so it holds nobody up.
+local function head(queue, expiries)
+  while true do
+    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not first or redis.call('ZSCORE', expiries, first) then
+      return first
+    end
+    redis.call('ZREM', queue, first)
+  end
 end
 -- A lock just became free: wake only the queue's head ("released:<owner>"), or everyone when nobody queues.
-local function wake_head(mode, channel, queue)
-  local first = head(queue)
+local function wake_head(mode, channel, queue, expiries)
+  local first = head(queue, expiries)
   announce(mode, channel, first and ('released:' .. first) or 'released')
 end
-local function enqueue(queue, expiries, owner, now, keep_ms)
+-- Take our place at the back of the queue (or keep the one we have), for PLACE_KEEP_MS: a live waiter refreshes
+-- it with KEEP_WAITING, so the place of one that crashed lapses soon and holds nobody up for long.
+local function enqueue(queue, expiries, owner, now)
   redis.call('ZADD', queue, 'NX', now, owner)
-  redis.call('ZADD', expiries, now + keep_ms, owner)
-  for _, key in ipairs({queue, expiries}) do
-    if redis.call('PTTL', key) < keep_ms then
-      redis.call('PEXPIRE', key, keep_ms)
-    end
-  end
+  redis.call('ZADD', expiries, now + PLACE_KEEP_MS, owner)
+  outlive(queue, PLACE_KEEP_MS)
+  outlive(expiries, PLACE_KEEP_MS)
 end
 local function leave(queue, expiries, owner)
   redis.call('ZREM', queue, owner)
   redis.call('ZREM', expiries, owner)
 end
--- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known).
+-- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known). A lock key
+-- that is not a string holds no owner's lease: it counts as free (taking the lock overwrites it).
 local function blocked_for(lock, queue, expiries, owner, now)
-  local holder = redis.call('GET', lock)
+  local holder = string_at(lock)
   if holder and holder ~= owner then
     return redis.call('PTTL', lock)
   end
   if not holder then
-    local first = head(queue)
+    local first = head(queue, expiries)
     if first and first ~= owner then
       return tonumber(redis.call('ZSCORE', expiries, first)) - now
     end
   end
   return nil
-end
-local function mint(fence, ttl, t)
-  if redis.call('EXISTS', fence) == 0 then
-    redis.call('SET', fence, t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  local token = redis.call('INCR', fence)
-  redis.call('PEXPIRE', fence, ttl)
-  return token
-end
--- How long a refused waiter's place is kept: past the wait it was told, by a margin for its retry to arrive.
-local function keep_for(wait_ms)
-  return math.max(wait_ms, 1000) + 2000
 end
 """
 )
@@ -117,7 +184,8 @@ ACQUIRE = (
 --                                or free but promised to the queue's head (wait_ms = until its wish lapses).
 --                                Either way we announce "wanted" on the channel (a holder passing the lock
 --                                among its threads, or keeping it idle, lets go at its next release); with
---                                ARGV[6] = "1" we are also queued.
+--                                ARGV[6] = "1" we are also queued, for PLACE_KEEP_MS from now (KEEP_WAITING
+--                                keeps the place while we wait).
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout) or by a release that failed to reach the server.
@@ -129,7 +197,7 @@ prune(KEYS[3], KEYS[4], now)
 local wait_ms = blocked_for(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now)
 if wait_ms then
   if ARGV[6] == '1' then
-    enqueue(KEYS[3], KEYS[4], ARGV[1], now, keep_for(wait_ms))
+    enqueue(KEYS[3], KEYS[4], ARGV[1], now)
   end
   announce(ARGV[5], ARGV[4], 'wanted')
   return {0, wait_ms}
@@ -153,7 +221,8 @@ ACQUIRE_MANY = (
 -- ARGV[4]  "1": queue if refused ARGV[4+i]  lock i's channel
 -- returns  {1, token_1, queued_1, ..., token_n, queued_n}   all taken (as ACQUIRE would return for each)
 --          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; we announce
---                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it
+--                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it (for
+--                                PLACE_KEEP_MS, as ACQUIRE queues)
 """
     + _QUEUE_LIB
     + """
@@ -165,7 +234,7 @@ for i = 1, n do
   local wait_ms = blocked_for(lock, queue, expiries, ARGV[1], now)
   if wait_ms then
     if ARGV[4] == '1' then
-      enqueue(queue, expiries, ARGV[1], now, keep_for(wait_ms))
+      enqueue(queue, expiries, ARGV[1], now)
     end
     announce('publish', ARGV[4 + i], 'wanted')
     return {0, wait_ms, i}
@@ -194,16 +263,16 @@ RELEASE = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  wake-up channel
 -- ARGV[3]  "publish" | "spublish" | "" (how to announce the release; "" = nobody listens)
 -- returns  1                     released; announced "released:<head owner>", or "released" with no queue
---          0                     not ours: the key is gone or another owner's (our lease had ended)
+--          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
 """
     + _QUEUE_LIB
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
 prune(KEYS[2], KEYS[3], (now_ms()))
-wake_head(ARGV[3], ARGV[2], KEYS[2])
+wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
 return 1
 """
 )
@@ -218,14 +287,44 @@ CANCEL_WAIT = (
 """
     + _QUEUE_LIB
     + """
+prune(KEYS[2], KEYS[3], (now_ms()))
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  wake_head(ARGV[3], ARGV[2], KEYS[2])
+if not string_at(KEYS[1]) then
+  wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
 end
 return 1
+"""
+)
+
+KEEP_WAITING = (
+    """
+-- KEEP_WAITING: we still wait; keep each of our places for PLACE_KEEP_MS more (see LockBackend.keep_waiting).
+-- KEYS     two per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
+--          owner -> arrival, owner -> lapse in server ms), or twice the waiting writers of a read-write lock
+--          (a zset: owner -> lapse)
+-- ARGV[1]  owner (client_id)
+-- returns  {r1, ..., rn}         ri = 1 kept; 0 not ours any more (we left, it lapsed, or we took the lock),
+--                                and not brought back: our next attempt queues afresh
+"""
+    + _QUEUE_LIB
+    + """
+local now = now_ms()
+local result = {}
+for i = 1, #KEYS / 2 do
+  local queue, expiries = zset_at(KEYS[2 * i - 1]), zset_at(KEYS[2 * i])
+  local lapse = tonumber(redis.call('ZSCORE', expiries, ARGV[1]))
+  result[i] = 0
+  if lapse and lapse > now and redis.call('ZSCORE', queue, ARGV[1]) then
+    redis.call('ZADD', expiries, now + PLACE_KEEP_MS, ARGV[1])
+    outlive(queue, PLACE_KEEP_MS)
+    outlive(expiries, PLACE_KEEP_MS)
+    result[i] = 1
+  end
+end
+return result
 """
 )
 
@@ -264,12 +363,15 @@ return result
 # The read-write lock. Reader holds live in a sorted set scored by their own expiry (server ms), so a crashed
 # reader's hold ends with its own lease, not with a TTL the other readers keep extending. Writers that wait are
 # recorded in another sorted set; while it holds anyone, new readers wait behind them (writer preference).
-_RW_PRELUDE = """
+_RW_PRELUDE = (
+    _KEYS_LIB
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', zset_at(KEYS[2]), '-inf', now)
+redis.call('ZREMRANGEBYSCORE', zset_at(KEYS[3]), '-inf', now)
 """
+)
 
 ACQUIRE_READ = (
     """
@@ -282,7 +384,7 @@ ACQUIRE_READ = (
 """
     + _RW_PRELUDE
     + """
-local writer = redis.call('GET', KEYS[1])
+local writer = string_at(KEYS[1])
 if writer and writer ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -313,13 +415,15 @@ ACQUIRE_WRITE = (
 -- ARGV[4]  channel               ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": wait if refused
 -- returns  {1, token}            acquired, with a new fencing token
 --          {0, wait_ms}          blocked by a writer or by readers (our own included: no upgrade). With
---                                ARGV[6] = "1" we are recorded as a waiting writer for twice the lease (renewed
---                                by each attempt), which holds back new readers, and announce it on the channel
+--                                ARGV[6] = "1" we are recorded as a waiting writer for PLACE_KEEP_MS (renewed
+--                                by each attempt and by KEEP_WAITING while we wait), which holds back new
+--                                readers, and announce it on the channel
 """
     + _ANNOUNCE_LIB
     + _RW_PRELUDE
+    + _FENCE_LIB
     + """
-local writer = redis.call('GET', KEYS[1])
+local writer = string_at(KEYS[1])
 local wait_ms = nil
 if writer and writer ~= ARGV[1] then
   wait_ms = redis.call('PTTL', KEYS[1])
@@ -329,20 +433,15 @@ elseif redis.call('ZCARD', KEYS[2]) > 0 then
 end
 if wait_ms then
   if ARGV[6] == '1' then
-    redis.call('ZADD', KEYS[3], now + 2 * tonumber(ARGV[2]), ARGV[1])
-    redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+    redis.call('ZADD', KEYS[3], now + PLACE_KEEP_MS, ARGV[1])
+    outlive(KEYS[3], PLACE_KEEP_MS)
     announce(ARGV[5], ARGV[4], 'wanted')
   end
   return {0, wait_ms}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  redis.call('SET', KEYS[4], t[1] .. string.format('%06d', tonumber(t[2])))
-end
-local token = redis.call('INCR', KEYS[4])
-redis.call('PEXPIRE', KEYS[4], ARGV[3])
-return {1, token}
+return {1, mint(KEYS[4], ARGV[3], t)}
 """
 )
 
@@ -376,8 +475,9 @@ RELEASE_WRITE = (
 --          0                     not ours any more: the lease was lost
 """
     + _ANNOUNCE_LIB
+    + _KEYS_LIB
     + """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -394,8 +494,9 @@ CANCEL_WRITE_WAIT = (
 -- returns  1 if we were waiting, else 0
 """
     + _ANNOUNCE_LIB
+    + _KEYS_LIB
     + """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+if redis.call('ZREM', zset_at(KEYS[1]), ARGV[1]) == 0 then
   return 0
 end
 announce(ARGV[3], ARGV[2], 'released')
