@@ -164,7 +164,7 @@ class HybridlockSession(_ClientSession):
         return self.registry.obtain(key)
 
     def server_key(self, key: str) -> str:
-        # Documented layout (hybridlock/_keys.py): "<registry_key>:{<key>}".
+        # Documented layout (hybridlock/_core/names.py): "<registry_key>:{<key>}".
         return f"bench:{{{key}}}"
 
     def lost(self, lock: Any) -> bool:

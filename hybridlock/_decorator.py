@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import wrapt
 
-from ._lock import validate_timeout
+from ._core.config import validate_timeout
 from .errors import InvalidArgumentError, LockTimeoutError
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._keys import LockNames
+from ._core.names import LockNames
 from .errors import InvalidArgumentError, LockLostError
 
 if TYPE_CHECKING:

@@ -32,23 +32,22 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from ._keys import LockNames
+from ._core.config import validate_timeout
+from ._core.names import LockNames
 from ._lease import ServerLease
 from ._local import FifoMutex
-from ._waiting import MAX_SECONDS
 from .backends.base import ReleaseWatch
 from .errors import (
     HybridLockError,
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
-    TimeoutOverflowError,
 )
 
 if TYPE_CHECKING:
     from ._registry import LockRegistry
 
-__all__ = ["HybridLock", "JavaStyleLock", "LockStatistics", "validate_timeout"]
+__all__ = ["HybridLock", "JavaStyleLock", "LockStatistics"]
 
 logger = logging.getLogger("hybridlock")
 
@@ -69,30 +68,6 @@ class LockStatistics:
     lost: bool
     local_passes: int  # hand-offs between local threads (and re-takes after retention) in the current tenancy
     retained: bool  # the lease is kept idle (retain_for) with no thread here holding the lock
-
-
-def validate_timeout(blocking: object, timeout: object) -> float | None:
-    """Check ``acquire``'s arguments as ``threading.Lock.acquire`` does; return the timeout (None: forever)."""
-    if blocking is True and timeout == -1 and type(timeout) is int:
-        return None  # the defaults, on every `with lock:`
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if math.isnan(timeout):
-        raise InvalidArgumentError("timeout must not be NaN")
-    if not blocking:
-        if timeout != -1:
-            raise InvalidArgumentError("can't specify a timeout for a non-blocking call")
-        return 0.0
-    if timeout == -1 or timeout == math.inf:
-        return None
-    if timeout < 0:
-        raise InvalidArgumentError("timeout value must be a non-negative number or -1")
-    if timeout > MAX_SECONDS:
-        # An OverflowError too, as threading.Lock.acquire raises for the same timeout.
-        raise TimeoutOverflowError(
-            f"timeout must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX) or -1, not {timeout!r}"
-        )
-    return float(timeout)
 
 
 _L = TypeVar("_L", bound="JavaStyleLock")

@@ -18,8 +18,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ._keys import LockNames
-from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock, validate_timeout
+from ._core.config import validate_timeout
+from ._core.names import LockNames
+from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
 from .backends.base import AcquireManyResult, AcquireResult
 from .errors import HybridLockError, InvalidArgumentError, LockNotOwnedError
 

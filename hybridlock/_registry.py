@@ -28,10 +28,11 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar
 
+from ._core.config import MIN_LEASE, LockType, RegistryConfig, validate_seconds
+from ._core.names import LockNames, lock_names, read_write_names, validate_key
 from ._decorator import execute_locked, synchronized
-from ._keys import LockNames, lock_names, read_write_names, validate_key, validate_registry_key
 from ._lease import LostCallback
 from ._lock import HybridLock
 from ._multi import MultiLock
@@ -39,7 +40,6 @@ from ._renewal import HeldLease, LeaseRenewer
 from ._retention import RetentionReaper
 from ._rwlock import ReadWriteLock
 from ._wait_keeper import WaitingPlace, WaitKeeper
-from ._waiting import MAX_SECONDS, WaitPolicy
 from .backends.base import AcquireResult, LockBackend, ReleaseWatch
 from .backends.memory import MemoryBackend
 from .errors import (
@@ -55,45 +55,8 @@ __all__ = ["LocalLockRegistry", "LockRegistry"]
 
 logger = logging.getLogger("hybridlock")
 
-LockType = Literal["pubsub", "spin"]
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-
-def _lease_drift(lease: float) -> float:
-    # Clocks of two machines drift apart, and a lease is counted from when the request was *sent*: allow 1% of the
-    # lease plus 2 ms, the margin the Redlock analysis uses.
-    return lease * 0.01 + 0.002
-
-
-#: The shortest lease ``expire_after`` accepts. A lease is renewed every third of itself, so a shorter one would
-#: be lost whenever a renewal round trip is a few milliseconds late.
-MIN_LEASE = 0.1
-
-
-@overload
-def _validate_seconds(name: str, value: object, *, allow_zero: bool = ..., minimum: float = ...) -> float: ...
-@overload
-def _validate_seconds(
-    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ..., minimum: float = ...
-) -> float | None: ...
-def _validate_seconds(
-    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False, minimum: float = 0.0
-) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
-        kind = "non-negative" if allow_zero else "positive"
-        raise InvalidArgumentError(f"{name} must be a {kind}, finite number of seconds, not {value!r}")
-    if value > MAX_SECONDS:
-        raise InvalidArgumentError(
-            f"{name} must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX), not {value!r}"
-        )
-    if value < minimum and not (allow_zero and value == 0):
-        raise InvalidArgumentError(f"{name} must be at least {minimum:g} seconds, not {value!r}")
-    return float(value)
-
 
 class LockRegistry:
     """Hands out one :class:`HybridLock` per key, all sharing this registry's server connection and identity.
@@ -145,38 +108,42 @@ class LockRegistry:
         handoff_barge_window: float = 0.002,
         retain_for: float = 0.0,
     ) -> None:
-        self._registry_key = validate_registry_key(registry_key)
-        lease = _validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
-        self._expire_after = lease
-        self._lease_ms = max(1, round(lease * 1000))
-        if lock_type not in ("pubsub", "spin"):
-            raise InvalidArgumentError(f"lock_type must be 'pubsub' or 'spin', not {lock_type!r}")
-        self._lock_type = lock_type
-        self._max_hold = _validate_seconds("max_hold", max_hold, allow_none=True)
-        if isinstance(handoff_limit, bool) or not isinstance(handoff_limit, int) or handoff_limit < 0:
-            raise InvalidArgumentError(f"handoff_limit must be a non-negative int, not {handoff_limit!r}")
-        self._handoff_window = _validate_seconds("handoff_window", handoff_window, allow_zero=True)
-        # Either bound at 0 switches local hand-off off.
-        self._handoff_limit = handoff_limit if self._handoff_window > 0 else 0
-        self._handoff_barge_window = _validate_seconds(
-            "handoff_barge_window", handoff_barge_window, allow_zero=True
+        self._setup(
+            RegistryConfig.checked(
+                registry_key,
+                expire_after,
+                lock_type=lock_type,
+                auto_renew=auto_renew,
+                max_hold=max_hold,
+                handoff_limit=handoff_limit,
+                handoff_window=handoff_window,
+                handoff_barge_window=handoff_barge_window,
+                retain_for=retain_for,
+            ),
+            connection,
         )
-        self._retain_for = _validate_seconds("retain_for", retain_for, allow_zero=True)
-        if self._retain_for and not self._handoff_limit:
-            raise InvalidArgumentError(
-                "retain_for needs local hand-off: a retained lease is handed to the next thread here, within the "
-                "hand-off budget (handoff_limit and handoff_window must be above 0)"
-            )
+
+    def _setup(self, config: RegistryConfig, connection: Any) -> None:
+        self._config = config
+        self._registry_key = config.registry_key
+        self._expire_after = config.expire_after
+        self._lease_ms = config.lease_ms
+        self._lock_type = config.lock_type
+        self._max_hold = config.max_hold
+        self._handoff_window = config.handoff_window
+        self._handoff_limit = config.handoff_limit
+        self._handoff_barge_window = config.handoff_barge_window
+        self._retain_for = config.retain_for
         self._backend = _make_backend(connection)
         self._init_state()
         self._closed = False
         self._closed_event = threading.Event()
-        self._wait_policy = WaitPolicy()
+        self._wait_policy = config.wait_policy
         self._lost_callbacks: list[LostCallback] = []
-        self._renewer = LeaseRenewer(self) if auto_renew else None
+        self._renewer = LeaseRenewer(self) if config.auto_renew else None
         self._retention = RetentionReaper(self)
         self._wait_keeper = WaitKeeper(self)
-        if self._retain_for and lock_type == "pubsub":
+        if self._retain_for and config.lock_type == "pubsub":
             self._backend.on_wanted(self._retention.poke)
         _live_registries.add(self)
 
@@ -479,8 +446,7 @@ class LockRegistry:
         return self._backend.release(names, self._client_id, notify=True)
 
     def _valid_until(self, start: float, lease: float | None = None) -> float:
-        lease = self._expire_after if lease is None else lease
-        return start + lease - _lease_drift(lease)
+        return self._config.valid_until(start, lease)
 
     def _track_held(self, lock: HeldLease) -> None:
         """From now until ``_untrack_held``, ``lock`` holds a lease in the server that the renewer keeps alive."""
@@ -501,7 +467,7 @@ class LockRegistry:
         lease = (
             self._expire_after
             if expire_after is None
-            else _validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
+            else validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
         )
         assert lease is not None
         if lock._owner is None:
@@ -563,11 +529,7 @@ class LocalLockRegistry(LockRegistry):
     Spring's ``DefaultLockRegistry``. Useful where a program runs as one process, and as a test double."""
 
     def __init__(self, registry_key: str = "hybridlock") -> None:
-        super().__init__(MemoryBackend(), registry_key, auto_renew=False)
-        self._lease_ms = None  # type: ignore[assignment]
-
-    def _valid_until(self, start: float, lease: float | None = None) -> float:
-        return float("inf")
+        self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), MemoryBackend())
 
 
 def _make_backend(connection: Any) -> LockBackend:

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from ._keys import LockNames
+from ._core.names import LockNames
 
 if TYPE_CHECKING:
     from ._registry import LockRegistry
@@ -194,11 +194,12 @@ class LeaseRenewer:
                     lock._mark_lost(tenancy)
                 continue
             locks.append((lock, tenancy))
-        if not locks:
+        lease_ms = registry._config.lease_ms
+        if not locks or lease_ms is None:  # (a registry whose leases never end has no renewer)
             return False
         start = time.monotonic()
         try:
-            flags = registry.backend.renew([lock._names for lock, _ in locks], registry.client_id, registry._lease_ms)
+            flags = registry.backend.renew([lock._names for lock, _ in locks], registry.client_id, lease_ms)
         except Exception:
             # Whatever the cause (an unreachable server, an untranslated client error): the leases keep running
             # out, and any that certainly ended is lost, because another owner may have taken the key by now.

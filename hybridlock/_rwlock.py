@@ -30,9 +30,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._keys import LockNames, ReadWriteNames
+from ._core.config import validate_timeout
+from ._core.names import LockNames, ReadWriteNames
 from ._lease import ServerLease
-from ._lock import JavaStyleLock, validate_timeout
+from ._lock import JavaStyleLock
 from .backends.base import AcquireResult, ReleaseWatch
 from .errors import LockNotOwnedError, LockUpgradeError
 

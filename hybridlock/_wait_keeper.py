@@ -29,7 +29,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from ._keys import LockNames
+from ._core.names import LockNames
 from .errors import HybridLockError
 
 if TYPE_CHECKING:

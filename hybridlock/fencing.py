@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._protocol.scripts import FENCED_SET
 from .backends.clients import client_family, server_name
 from .backends.redis import ScriptRunner, translated_errors
-from .backends.scripts import FENCED_SET
 from .errors import InvalidArgumentError
 
 __all__ = ["fenced_set"]

@@ -6,7 +6,7 @@ one atomic server operation per method. A backend:
 * never blocks longer than its client's own socket timeout;
 * translates every failure to reach its server into :class:`~hybridlock.BackendUnavailableError` carrying the
   key and the server address (this is the one place where client exceptions are translated);
-* keeps all the names one lock uses in one place (:class:`~hybridlock._keys.LockNames`), so every operation on
+* keeps all the names one lock uses in one place (:class:`~hybridlock._core.names.LockNames`), so every operation on
   one lock touches a single Redis Cluster slot.
 """
 
@@ -14,52 +14,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
-from .._keys import LockNames, ReadWriteNames
+from .._core.config import QUEUE_PLACE_KEEP_MS
+from .._core.names import LockNames, ReadWriteNames
+from .._core.results import AcquireManyResult, AcquireResult
 
 __all__ = ["QUEUE_PLACE_KEEP_MS", "AcquireManyResult", "AcquireResult", "LockBackend", "ReleaseWatch"]
-
-#: How long an owner's place in a lock's server queue (or its record as a waiting writer of a read-write lock) is
-#: kept after it was last taken or refreshed, in milliseconds. A live waiter refreshes its places about every
-#: second (``LockBackend.keep_waiting``, from the registry's wait keeper), so they last as long as it waits; the
-#: place of a waiter that crashed or lost its server lapses within this time, and then holds nobody up. Short,
-#: because a lapsed place that still heads the queue keeps a free lock from everyone until it lapses; long
-#: enough that a refresh delayed by one slow round trip does not lose the place.
-QUEUE_PLACE_KEEP_MS = 3000
-
-
-class AcquireResult(NamedTuple):
-    """What one remote acquire attempt found.
-
-    ``acquired`` is True when the caller now owns the key; ``fencing_token`` is then the token minted for this
-    tenancy. When False, ``holder_ttl`` is how many seconds the current holder's lease still runs (``None`` when
-    the holder's key has no expiry or the time is unknown): a waiter never needs to sleep past it.
-
-    Owners that wait form a queue in the server, in arrival order: while it is not empty a free lock goes only to
-    its head, and a release wakes only the head. A refused blocking attempt joins the queue (for
-    ``QUEUE_PLACE_KEEP_MS``, refreshed by ``LockBackend.keep_waiting`` while the waiter lives: a waiter that
-    vanishes drops out by itself) and announces that on the lock's
-    channel, so a holder that passes the lock between its own threads knows to let other owners in (see
-    ``contended`` and ``ReleaseWatch.contended``).
-    """
-
-    acquired: bool
-    fencing_token: int | None = None
-    holder_ttl: float | None = None
-    #: On success: other owners are queued for this lock.
-    contended: bool = False
-
-
-class AcquireManyResult(NamedTuple):
-    """What one all-or-nothing attempt on several locks found: ``parts`` (one ``AcquireResult`` per lock, in
-    order) when all were taken; else the index of a lock another owner holds and that holder's lease left."""
-
-    acquired: bool
-    parts: tuple[AcquireResult, ...] = ()
-    blocked_by: int = 0
-    holder_ttl: float | None = None
-
 
 class ReleaseWatch(abc.ABC):
     """A subscription to release notifications for one lock, open while a thread waits for it.
@@ -137,15 +97,18 @@ class LockBackend(abc.ABC):
     # -- read-write locks: both kinds of hold are renewed with ``renew`` (``names.read`` / ``names.write``).
 
     @abc.abstractmethod
-    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
-        """Add ``owner``'s read hold unless another owner writes or waits to write. One round trip."""
+    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        """Add ``owner``'s read hold for ``lease_ms`` (None: no expiry, where the backend has such holds) unless
+        another owner writes or waits to write. One round trip."""
 
     @abc.abstractmethod
-    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
-        """Take the write hold if no other owner writes and nobody (``owner`` included) reads, minting a fencing
-        token; else, if ``wait``, record ``owner`` as waiting to write for ``QUEUE_PLACE_KEEP_MS`` (refreshed by
-        ``keep_waiting`` with ``names.write``), which holds back new readers (a caller that then gives up calls
-        ``cancel_write_wait``). One round trip."""
+    def try_acquire_write(
+        self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
+    ) -> AcquireResult:
+        """Take the write hold (for ``lease_ms``; None: no expiry, as for ``try_acquire_read``) if no other owner
+        writes and nobody (``owner`` included) reads, minting a fencing token; else, if ``wait``, record ``owner``
+        as waiting to write for ``QUEUE_PLACE_KEEP_MS`` (refreshed by ``keep_waiting`` with ``names.write``), which
+        holds back new readers (a caller that then gives up calls ``cancel_write_wait``). One round trip."""
 
     @abc.abstractmethod
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:

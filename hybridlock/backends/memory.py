@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .._keys import LockNames, ReadWriteNames
+from .._core.names import LockNames, ReadWriteNames
 from .base import QUEUE_PLACE_KEEP_MS, AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 
 __all__ = ["MemoryBackend"]

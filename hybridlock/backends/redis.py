@@ -26,9 +26,9 @@ import redis
 import redis.exceptions
 from redis.crc import key_slot
 
-from .._keys import LockNames, ReadWriteNames
-from ..errors import BackendUnavailableError, HybridLockError
-from . import scripts
+from .._core.names import LockNames, ReadWriteNames
+from .._protocol import scripts
+from ..errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .clients import ClientFamily, client_family, library_family, server_name
 from .redis_pubsub import Subscriber
@@ -234,14 +234,18 @@ class RedisBackend(LockBackend):
             self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
         return key_slot(name.encode()) if self._cluster_mode else 0
 
-    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int) -> AcquireResult:
+    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        lease_ms = self._rw_lease(names, lease_ms)
         with self._translated(names.key, "read acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
             )
         return _rw_result(reply)
 
-    def try_acquire_write(self, names: ReadWriteNames, owner: str, lease_ms: int, wait: bool) -> AcquireResult:
+    def try_acquire_write(
+        self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
+    ) -> AcquireResult:
+        lease_ms = self._rw_lease(names, lease_ms)
         with self._translated(names.key, "write acquire"):
             reply = self._scripts.run(
                 scripts.ACQUIRE_WRITE,
@@ -249,6 +253,14 @@ class RedisBackend(LockBackend):
                 (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(wait)),
             )
         return _rw_result(reply)
+
+    def _rw_lease(self, names: ReadWriteNames, lease_ms: int | None) -> int:
+        # Read holds live in a sorted set scored by their expiry, so a hold without one has no representation here.
+        if lease_ms is None:
+            raise InvalidArgumentError(
+                "read-write locks in a server need a lease (expire_after)", key=names.key, server=self.address
+            )
+        return lease_ms
 
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:
         with self._translated(names.key, "write release"):

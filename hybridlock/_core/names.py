@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""How long a thread waits between remote acquire attempts: pure arithmetic, no I/O.
+"""The lock's decisions that need no I/O: how long to wait between remote attempts, and whether a release may
+keep the server lease for another thread of this process.
 
 A thread that finds the lock held by another process (or another registry) waits for the first of:
 
@@ -13,15 +14,9 @@ server nothing.
 from __future__ import annotations
 
 import random
-import threading
 from dataclasses import dataclass
 
-__all__ = ["MAX_SECONDS", "WaitPolicy"]
-
-#: The longest duration any option or timeout may have: the longest wait Python's threading accepts (about 292
-#: years on Linux and macOS, 49 days on Windows). Leases, renewal periods and deadlines are all waited on by
-#: threads, and the server takes this many milliseconds (and twice as many) without overflow.
-MAX_SECONDS = threading.TIMEOUT_MAX
+__all__ = ["WaitPolicy", "may_keep_lease"]
 
 # How long to wait past a reported lease end before re-trying: the server expires the key when its clock passes
 # the deadline, so arriving a hair late saves one useless round trip.
@@ -63,3 +58,30 @@ class WaitPolicy:
         if holder_ttl is not None:
             delay = min(delay, holder_ttl + _LEASE_END_MARGIN)
         return delay
+
+
+def may_keep_lease(
+    *,
+    lost: bool,
+    in_server: bool,
+    contended: bool,
+    passes: int,
+    acquired_at: float | None,
+    now: float,
+    handoff_limit: int,
+    handoff_window: float,
+) -> bool:
+    """Whether a final release may keep the server lease (for a thread of this process waiting for the lock, or
+    with ``retain_for`` for whichever thread here asks next), as far as the tenancy's own state tells.
+
+    Only while the lease is sound and the hand-off budget is not spent: at most ``handoff_limit`` passes and
+    ``handoff_window`` seconds per tenancy, and none once another owner is known to want the lock. (The caller
+    also asks its subscription whether another owner announced itself since.)"""
+    return not (
+        lost
+        or not in_server
+        or contended
+        or passes >= handoff_limit
+        or acquired_at is None
+        or now - acquired_at >= handoff_window
+    )

@@ -3,14 +3,14 @@
 Conventions for all scripts:
 
 * Every key a script touches is passed in ``KEYS`` and all of them share one Redis Cluster hash slot (see
-  ``hybridlock._keys``). Pub/sub channel names go in ``ARGV``, never ``KEYS``.
+  ``hybridlock._core.names``). Pub/sub channel names go in ``ARGV``, never ``KEYS``.
 * Durations are integer milliseconds.
 * Any subset of a script's keys may be missing (evicted under any ``maxmemory`` policy, deleted by an operator,
   lost in a restart or failover) or hold a value of another type: every script reads a missing key as empty and a
   key of another type as missing (``_KEYS_LIB``), so partial state never turns into a script error. A queued owner
   whose expiry entry is gone counts as lapsed.
 * Scripts are sent with EVALSHA and fall back to EVAL on NOSCRIPT, per client (``ScriptRunner`` in
-  ``backends/redis.py``), so a server restart or ``SCRIPT FLUSH`` costs one extra round trip, not an error.
+  ``hybridlock.backends.redis``), so a server restart or ``SCRIPT FLUSH`` costs one extra round trip, not an error.
 
 Fencing tokens
 --------------
@@ -41,7 +41,7 @@ lock while the first still believes it holds it. Fencing tokens are what lets th
 
 from __future__ import annotations
 
-from .base import QUEUE_PLACE_KEEP_MS
+from .._core.config import QUEUE_PLACE_KEEP_MS
 
 # Counter keys live this long after their last acquisition (one week); see the module docstring.
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000

@@ -1,0 +1,199 @@
+"""A registry's settings, checked once, and the lease arithmetic every lock kind shares: pure, no clock reads.
+
+Every duration a caller gives (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, a
+``timeout``) is checked here and nowhere else, with one message shape, so a bad value fails the same way whichever
+call it reached. Times come in as ``now``/``start`` arguments (``time.monotonic()`` values read by the caller).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, overload
+
+from ..errors import InvalidArgumentError, TimeoutOverflowError
+from .names import validate_registry_key
+from .policy import WaitPolicy
+
+__all__ = [
+    "MAX_SECONDS",
+    "MIN_LEASE",
+    "QUEUE_PLACE_KEEP_MS",
+    "LockType",
+    "RegistryConfig",
+    "lease_drift",
+    "validate_seconds",
+    "validate_timeout",
+]
+
+#: The longest duration any option or timeout may have: ``threading.TIMEOUT_MAX``, the longest wait Python's
+#: threads accept (about 292 years on Linux and macOS, 49 days on Windows), written out so this module reads no
+#: threading state (``tests/test_layers.py`` checks the two agree). Leases, renewal periods and deadlines are all
+#: waited on, and the server takes this many milliseconds (and twice as many) without overflow.
+MAX_SECONDS = 4294967.0 if sys.platform == "win32" else 9223372036.0
+
+#: The shortest lease ``expire_after`` accepts. A lease is renewed every third of itself, so a shorter one would
+#: be lost whenever a renewal round trip is a few milliseconds late.
+MIN_LEASE = 0.1
+
+#: How long an owner's place in a lock's server queue (or its record as a waiting writer of a read-write lock) is
+#: kept after it was last taken or refreshed, in milliseconds. A live waiter refreshes its places about every
+#: second (``LockBackend.keep_waiting``, from the registry's wait keeper), so they last as long as it waits; the
+#: place of a waiter that crashed or lost its server lapses within this time, and then holds nobody up. Short,
+#: because a lapsed place that still heads the queue keeps a free lock from everyone until it lapses; long
+#: enough that a refresh delayed by one slow round trip does not lose the place.
+QUEUE_PLACE_KEEP_MS = 3000
+
+LockType = Literal["pubsub", "spin"]
+
+
+def lease_drift(lease: float) -> float:
+    """The margin ``valid_until`` keeps before a lease of ``lease`` seconds ends: clocks of two machines drift
+    apart, and a lease is counted from when the request was *sent*; 1% of the lease plus 2 ms, the margin the
+    Redlock analysis uses."""
+    return lease * 0.01 + 0.002
+
+
+def lease_ms(lease: float) -> int:
+    """A lease in seconds as the server takes it: whole milliseconds, at least one."""
+    return max(1, round(lease * 1000))
+
+
+@overload
+def validate_seconds(name: str, value: object, *, allow_zero: bool = ..., minimum: float = ...) -> float: ...
+@overload
+def validate_seconds(
+    name: str, value: object, *, allow_none: Literal[True], allow_zero: bool = ..., minimum: float = ...
+) -> float | None: ...
+def validate_seconds(
+    name: str, value: object, *, allow_none: bool = False, allow_zero: bool = False, minimum: float = 0.0
+) -> float | None:
+    """Check an option given in seconds: a finite number, positive (or 0 with ``allow_zero``, None with
+    ``allow_none``), at least ``minimum`` and at most ``MAX_SECONDS``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        kind = "non-negative" if allow_zero else "positive"
+        raise InvalidArgumentError(f"{name} must be a {kind}, finite number of seconds, not {value!r}")
+    if value > MAX_SECONDS:
+        raise InvalidArgumentError(
+            f"{name} must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX), not {value!r}"
+        )
+    if value < minimum and not (allow_zero and value == 0):
+        raise InvalidArgumentError(f"{name} must be at least {minimum:g} seconds, not {value!r}")
+    return float(value)
+
+
+def validate_timeout(blocking: object, timeout: object) -> float | None:
+    """Check ``acquire``'s arguments as ``threading.Lock.acquire`` does; return the timeout (None: forever)."""
+    if blocking is True and timeout == -1 and type(timeout) is int:
+        return None  # the defaults, on every `with lock:`
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if math.isnan(timeout):
+        raise InvalidArgumentError("timeout must not be NaN")
+    if not blocking:
+        if timeout != -1:
+            raise InvalidArgumentError("can't specify a timeout for a non-blocking call")
+        return 0.0
+    if timeout == -1 or timeout == math.inf:
+        return None
+    if timeout < 0:
+        raise InvalidArgumentError("timeout value must be a non-negative number or -1")
+    if timeout > MAX_SECONDS:
+        # An OverflowError too, as threading.Lock.acquire raises for the same timeout.
+        raise TimeoutOverflowError(
+            f"timeout must be at most {MAX_SECONDS:g} seconds (threading.TIMEOUT_MAX) or -1, not {timeout!r}"
+        )
+    return float(timeout)
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """Every setting of one registry, checked (build it with :meth:`checked`).
+
+    ``lease`` is None for a registry whose locks never expire (``LocalLockRegistry``): ``lease_ms`` is then None
+    too, and every caller that sends a lease must say what it does without one.
+    """
+
+    registry_key: str
+    lease: float | None
+    lock_type: LockType
+    auto_renew: bool
+    max_hold: float | None
+    handoff_limit: int  # 0 when local hand-off is off (either budget at 0)
+    handoff_window: float
+    handoff_barge_window: float
+    retain_for: float
+    wait_policy: WaitPolicy = field(default_factory=WaitPolicy)
+
+    @classmethod
+    def checked(
+        cls,
+        registry_key: object,
+        expire_after: object,
+        *,
+        lock_type: object = "pubsub",
+        auto_renew: bool = True,
+        max_hold: object = None,
+        handoff_limit: object = 64,
+        handoff_window: object = 0.05,
+        handoff_barge_window: object = 0.002,
+        retain_for: object = 0.0,
+        never_expires: bool = False,
+    ) -> RegistryConfig:
+        """Validate the registry's options (``InvalidArgumentError`` naming the option on the first bad one).
+        ``never_expires``: the locks have no lease at all (``expire_after`` is then only checked)."""
+        key = validate_registry_key(registry_key)
+        lease = validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
+        if lock_type not in ("pubsub", "spin"):
+            raise InvalidArgumentError(f"lock_type must be 'pubsub' or 'spin', not {lock_type!r}")
+        hold = validate_seconds("max_hold", max_hold, allow_none=True)
+        if isinstance(handoff_limit, bool) or not isinstance(handoff_limit, int) or handoff_limit < 0:
+            raise InvalidArgumentError(f"handoff_limit must be a non-negative int, not {handoff_limit!r}")
+        window = validate_seconds("handoff_window", handoff_window, allow_zero=True)
+        barge = validate_seconds("handoff_barge_window", handoff_barge_window, allow_zero=True)
+        retain = validate_seconds("retain_for", retain_for, allow_zero=True)
+        limit = handoff_limit if window > 0 else 0  # either bound at 0 switches local hand-off off
+        if retain and not limit:
+            raise InvalidArgumentError(
+                "retain_for needs local hand-off: a retained lease is handed to the next thread here, within the "
+                "hand-off budget (handoff_limit and handoff_window must be above 0)"
+            )
+        return cls(
+            registry_key=key,
+            lease=None if never_expires else lease,
+            lock_type=lock_type,  # checked above
+            auto_renew=auto_renew and not never_expires,
+            max_hold=hold,
+            handoff_limit=limit,
+            handoff_window=window,
+            handoff_barge_window=barge,
+            retain_for=retain,
+        )
+
+    @property
+    def expire_after(self) -> float:
+        """The lease in seconds (``inf`` for locks that never expire)."""
+        return math.inf if self.lease is None else self.lease
+
+    @property
+    def lease_ms(self) -> int | None:
+        """The lease as the server takes it (None: no expiry)."""
+        return None if self.lease is None else lease_ms(self.lease)
+
+    @property
+    def renew_period(self) -> float:
+        """Seconds between renewal rounds: a third of the lease, so one late or failed round loses nothing."""
+        return self.expire_after / 3
+
+    def valid_until(self, start: float, lease: float | None = None) -> float:
+        """Until when a lease taken or renewed at ``start`` is certainly ours: ``start`` plus the lease (this
+        registry's, or ``lease`` for one renewed by hand) minus the drift margin; ``inf`` with no expiry."""
+        if self.lease is None:
+            return math.inf
+        lease = self.lease if lease is None else lease
+        return start + lease - lease_drift(lease)
