@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import string
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import wrapt
 
@@ -20,7 +20,17 @@ from ._core.config import validate_timeout
 from .errors import InvalidArgumentError, LockTimeoutError
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._lock import HybridLock
+
+
+class LockRegistry(Protocol):
+    """What the decorator needs of a registry."""
+
+    @property
+    def server(self) -> str: ...
+
+    def obtain(self, key: str) -> HybridLock: ...
+
 
 __all__ = ["execute_locked", "synchronized"]
 

@@ -8,23 +8,21 @@ whether it was found lost, with the callbacks to run once when it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._core.names import LockNames
+from ._leases import LostCallback
 from .errors import InvalidArgumentError, LockLostError
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._context import LockContext
 
-__all__ = ["LostCallback", "ServerLease"]
-
-LostCallback = Callable[[Any], Any]
+__all__ = ["ServerLease"]
 
 
 class ServerLease:
-    def __init__(self, registry: LockRegistry, names: LockNames) -> None:
-        self._registry = registry
+    def __init__(self, context: LockContext, names: LockNames) -> None:
+        self._context = context
         self._names = names
         self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
         self._in_server = False  # this process holds the lease now
@@ -64,8 +62,8 @@ class ServerLease:
         self._lost = False
         self._fencing_token = token
         self._acquired_at = start
-        self._valid_until = self._registry._valid_until(start)
-        self._registry._track_held(self)
+        self._valid_until = self._context.config.valid_until(start)
+        self._context.leases.track(self)
 
     def _give_back_lease(self) -> bool:
         """The lease is about to be released in the server; returns whether it had been reported lost.
@@ -86,7 +84,7 @@ class ServerLease:
         self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
-        self._registry._untrack_held(self)
+        self._context.leases.untrack(self)
 
     def _forget_lease_after_fork(self) -> None:
         # The child holds none of its parent's leases.
@@ -104,7 +102,7 @@ class ServerLease:
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
         if self._is_current(tenancy):
-            self._valid_until = self._registry._valid_until(start, lease)
+            self._valid_until = self._context.config.valid_until(start, lease)
 
     def _mark_lost(self, tenancy: int) -> None:
         """Record that the lease of tenancy ``tenancy`` ended while held; run the callbacks once."""
@@ -112,14 +110,14 @@ class ServerLease:
             return
         self._lost = True
         self._valid_until = None
-        self._registry._report_lost(self, list(self._callbacks))
+        self._context.leases.report_lost(self, list(self._callbacks))
 
     def _reentry_error(self, what: str = "lock") -> LockLostError:
         return LockLostError(
             f"the {what}'s lease has ended (lost) while this thread held it: a reentrant acquire cannot succeed; "
             "release it (which raises LockLostError too) and take it afresh",
             key=self.key,
-            server=self._registry.server,
+            server=self._context.server,
         )
 
     def _lost_error(self, what: str = "lock") -> LockLostError:
@@ -128,5 +126,5 @@ class ServerLease:
             f"the {what}'s lease had ended before release: another owner may have held it meanwhile, so data it "
             "guarded may have been changed",
             key=self.key,
-            server=self._registry.server,
+            server=self._context.server,
         )

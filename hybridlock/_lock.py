@@ -30,12 +30,14 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._core.config import validate_timeout
 from ._core.names import LockNames
+from ._core.policy import may_keep_lease
 from ._lease import ServerLease
 from ._local import FifoMutex
+from ._waiting import acquire_remote, contention_watch, release_remote
 from .backends.base import ReleaseWatch
 from .errors import (
     HybridLockError,
@@ -45,7 +47,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._context import LockContext
 
 __all__ = ["HybridLock", "JavaStyleLock", "LockStatistics"]
 
@@ -120,9 +122,9 @@ class HybridLock(ServerLease, JavaStyleLock):
     ``acquire(blocking, timeout)``, ``release()``, and ``threading.Condition(lock)`` all work.
     """
 
-    def __init__(self, registry: LockRegistry, names: LockNames) -> None:
-        super().__init__(registry, names)
-        self._mutex = FifoMutex(registry._handoff_barge_window)
+    def __init__(self, context: LockContext, names: LockNames) -> None:
+        super().__init__(context, names)
+        self._mutex = FifoMutex(context.config.handoff_barge_window)
         self._owner: int | None = None  # thread ident of the holder in this process
         self._count = 0
         # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
@@ -138,8 +140,9 @@ class HybridLock(ServerLease, JavaStyleLock):
     # -- what the lock is -----------------------------------------------------------------------------------------
 
     @property
-    def registry(self) -> LockRegistry:
-        return self._registry
+    def registry(self) -> Any:
+        """The registry this lock came from (a ``LockRegistry``)."""
+        return self._context.registry
 
     @property
     def hold_count(self) -> int:
@@ -162,8 +165,8 @@ class HybridLock(ServerLease, JavaStyleLock):
             return True
         if self._in_server:
             return self._retained_until is None or self._lost
-        self._registry._check_open(self.key)
-        return self._registry.backend.is_locked(self._names)
+        self._context.check_open(self.key)
+        return self._context.backend.is_locked(self._names)
 
     @property
     def fencing_token(self) -> int | None:
@@ -241,8 +244,8 @@ class HybridLock(ServerLease, JavaStyleLock):
         if entered != _NEEDS_SERVER:
             return entered == _HELD
         try:
-            self._registry._check_open(self.key)
-            result = self._registry._acquire_remote(self._names, blocking, deadline)
+            self._context.check_open(self.key)
+            result = acquire_remote(self._context, self._names, blocking, deadline)
         except BaseException:
             self._mutex.release()
             raise
@@ -255,7 +258,7 @@ class HybridLock(ServerLease, JavaStyleLock):
     def _enter_locally(self, me: int, blocking: bool, deadline: float | None) -> str:
         """The local half of ``acquire``: ``_HELD`` (reentrant, or passed on with the server lease: done),
         ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken)."""
-        self._registry._check_open(self.key)
+        self._context.check_open(self.key)
         if self._owner == me:
             if self._lost:
                 # Counting would tell the caller it holds a lock another owner may hold now.
@@ -308,10 +311,10 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._passes = 0
         self.last_used = start
         self._begin_lease(token, start)
-        if self._registry._retain_for and self._contention_watch is None:
+        if self._context.config.retain_for and self._contention_watch is None:
             # Listen for other owners' announcements from the start, so that one made while we hold the lock ends
             # a retention at once instead of at its deadline.
-            self._contention_watch = self._registry._contention_watch(self._names)
+            self._contention_watch = contention_watch(self._context, self._names)
 
     def _end_tenancy(self) -> None:
         watch, self._contention_watch = self._contention_watch, None
@@ -337,7 +340,7 @@ class HybridLock(ServerLease, JavaStyleLock):
                 self._failed_restores.discard(me)
                 return
             raise LockNotOwnedError(
-                "cannot release a lock this thread does not hold", key=self.key, server=self._registry.server
+                "cannot release a lock this thread does not hold", key=self.key, server=self._context.server
             )
         if self._count > 1:
             self._count -= 1
@@ -352,20 +355,22 @@ class HybridLock(ServerLease, JavaStyleLock):
         ``handoff_window`` seconds per tenancy, and none once another owner is known to want the lock (it failed
         to get it: the acquire script told us at the start of the tenancy, or its announcement reached our
         subscription since)."""
-        registry = self._registry
-        if (
-            self._lost
-            or not self._in_server
-            or self._contended
-            or self._passes >= registry._handoff_limit
-            or self._acquired_at is None
-            or now - self._acquired_at >= registry._handoff_window
+        config = self._context.config
+        if not may_keep_lease(
+            lost=self._lost,
+            in_server=self._in_server,
+            contended=self._contended,
+            passes=self._passes,
+            acquired_at=self._acquired_at,
+            now=now,
+            handoff_limit=config.handoff_limit,
+            handoff_window=config.handoff_window,
         ):
             return False
         watch = self._contention_watch
         if watch is None:
             # First pass of this tenancy: start listening for other owners' "wanted" announcements.
-            self._contention_watch = registry._contention_watch(self._names)
+            self._contention_watch = contention_watch(self._context, self._names)
         elif watch.contended():
             self._contended = True
             return False
@@ -373,15 +378,16 @@ class HybridLock(ServerLease, JavaStyleLock):
 
     def _release_fully(self) -> None:
         self.last_used = now = time.monotonic()
-        registry = self._registry
-        if (self._mutex.waiting or registry._retain_for) and self._may_keep_lease(now):
+        context = self._context
+        retain_for = context.config.retain_for
+        if (self._mutex.waiting or retain_for) and self._may_keep_lease(now):
             # Keep the server lease (its renewal and fencing token carry on) and hand the local lock over.
             self._owner = None
             self._count = 0
             self._passes += 1
             if self._mutex.waiting and self._mutex.pass_on():  # (a cheap look first: retention's hot path)
                 return
-            if registry._retain_for and registry._retention.retain(self, now + registry._retain_for):
+            if retain_for and context.retention.retain(self, now + retain_for):
                 # Nobody here waits: the lease stays, idle, for whichever thread here asks next (_retention.py).
                 self._mutex.release()  # a thread that queued meanwhile is handed the lock, lease and all
                 return
@@ -390,7 +396,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         released = False
         was_lost = self._give_back_lease()
         try:
-            released = self._registry._release_remote(self._names)
+            released = release_remote(context, self._names)
         finally:
             self._owner = None
             self._count = 0
@@ -442,7 +448,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         with the local mutex held."""
         self._give_back_lease()
         try:
-            self._registry._release_remote(self._names)
+            release_remote(self._context, self._names)
         except HybridLockError as exc:
             # Nobody holds the lock to be told; the key ends with its lease.
             logger.warning("hybridlock: could not give back the idle lease of %r: %s", self.key, exc)
@@ -472,7 +478,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         Any thread of this process may renew while some thread here holds the lock (a watchdog, say). Raises
         ``LockNotOwnedError`` when no thread here holds it, ``LockLostError`` when the server key is no longer
         ours (the lock is then marked lost)."""
-        self._registry._renew_by_hand(self, expire_after)
+        self._context.leases.renew_by_hand(self, expire_after)
 
     # -- threading.Condition support ---------------------------------------------------------------------------------
     # Condition(lock) uses these when present, so that wait() releases every level of a reentrant hold (and the
@@ -484,7 +490,7 @@ class HybridLock(ServerLease, JavaStyleLock):
     def _release_save(self) -> tuple[int, bool]:
         if self._owner != threading.get_ident():
             raise LockNotOwnedError(
-                "cannot wait on a condition without holding its lock", key=self.key, server=self._registry.server
+                "cannot wait on a condition without holding its lock", key=self.key, server=self._context.server
             )
         count = self._count
         try:
@@ -510,15 +516,16 @@ class HybridLock(ServerLease, JavaStyleLock):
             raise LockLostError(
                 "the lock's lease had ended before Condition.wait() released it; it is held again now",
                 key=self.key,
-                server=self._registry.server,
+                server=self._context.server,
             )
 
     # -- fork ------------------------------------------------------------------------------------------------------
 
-    def _reset_after_fork(self) -> None:
+    def _reset_after_fork(self, context: LockContext) -> None:
         # The child process owns none of its parent's locks, not even in the thread that forked: it gets a fresh
-        # mutex (the parent's may have been held at fork time) and, through the registry, a new client_id.
-        self._mutex = FifoMutex(self._registry._handoff_barge_window)
+        # mutex (the parent's may have been held at fork time) and the child's context (a new client_id).
+        self._context = context
+        self._mutex = FifoMutex(context.config.handoff_barge_window)
         self._owner = None
         self._count = 0
         self._forget_lease_after_fork()

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING
 from ._core.config import validate_timeout
 from ._core.names import LockNames
 from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
+from ._waiting import acquire_remote
 from .backends.base import AcquireManyResult, AcquireResult
-from .errors import HybridLockError, InvalidArgumentError, LockNotOwnedError
+from .errors import HybridLockError, LockNotOwnedError
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._context import LockContext
 
 __all__ = ["MultiLock"]
 
@@ -33,15 +34,11 @@ __all__ = ["MultiLock"]
 class MultiLock(JavaStyleLock):
     """Several registry locks taken and released as one. Reentrant per thread, like its parts."""
 
-    def __init__(self, registry: LockRegistry, keys: Iterable[str]) -> None:
-        if isinstance(keys, str):
-            raise InvalidArgumentError("obtain_many needs a collection of keys, not one str")
-        unique = {registry.obtain(key).key: registry.obtain(key) for key in keys}
-        if not unique:
-            raise InvalidArgumentError("obtain_many needs at least one key")
+    def __init__(self, context: LockContext, locks: Iterable[HybridLock]) -> None:
+        """Over ``locks`` (distinct keys of one registry, at least one: ``registry.obtain_many`` checks)."""
         # The global order: by server name, which is what every process sorts by too.
-        self._locks: list[HybridLock] = sorted(unique.values(), key=lambda lock: lock._names.lock)
-        self._registry = registry
+        self._locks: list[HybridLock] = sorted(locks, key=lambda lock: lock._names.lock)
+        self._context = context
         self._atomic: bool | None = None  # whether the backend takes all keys in one step (asked at first use)
 
     @property
@@ -58,7 +55,7 @@ class MultiLock(JavaStyleLock):
         wait = validate_timeout(blocking, timeout)
         deadline = None if wait is None else time.monotonic() + wait
         if self._atomic is None:
-            self._atomic = self._registry.backend.can_acquire_together([lock._names for lock in self._locks])
+            self._atomic = self._context.backend.can_acquire_together([lock._names for lock in self._locks])
         if self._atomic:
             return self._acquire_together(blocking, deadline)
         return self._acquire_in_order(blocking, deadline)
@@ -88,13 +85,13 @@ class MultiLock(JavaStyleLock):
         self, pending: list[HybridLock], blocking: bool, deadline: float | None, me: int, start: float
     ) -> bool:
         """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
-        registry = self._registry
+        context = self._context
         names = [lock._names for lock in pending]
         outcome: list[AcquireManyResult] = []
         queued_for: set[int] = set()
 
         def attempt() -> AcquireResult:
-            result = registry.backend.try_acquire_many(names, registry.client_id, registry._lease_ms, blocking)
+            result = context.backend.try_acquire_many(names, context.client_id, context.config.lease_ms, blocking)
             outcome[:] = [result]
             if not result.acquired:
                 queued_for.add(result.blocked_by)
@@ -105,9 +102,9 @@ class MultiLock(JavaStyleLock):
 
         def give_up() -> None:
             for index in sorted(queued_for):
-                registry.backend.cancel_wait(names[index], registry.client_id)
+                context.backend.cancel_wait(names[index], context.client_id)
 
-        if registry._acquire_remote(names[0], blocking, deadline, attempt, blocked_on, give_up) is None:
+        if acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up) is None:
             return False
         for lock, part in zip(pending, outcome[0].parts, strict=True):
             lock._start_tenancy(me, part.fencing_token, part.contended, start)
@@ -149,7 +146,7 @@ class MultiLock(JavaStyleLock):
         """Release every key (newest first). Raises the first error met after releasing all of them."""
         if not all(lock.is_held_by_current_thread() for lock in self._locks):
             raise LockNotOwnedError(
-                f"cannot release keys this thread does not hold: {self.keys}", server=self._registry.server
+                f"cannot release keys this thread does not hold: {self.keys}", server=self._context.server
             )
         first_error: BaseException | None = None
         for lock in reversed(self._locks):

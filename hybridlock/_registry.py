@@ -24,32 +24,21 @@ import atexit
 import logging
 import os
 import threading
-import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ._core.config import MIN_LEASE, LockType, RegistryConfig, validate_seconds
+from ._context import LockContext
+from ._core.config import LockType, RegistryConfig
 from ._core.names import LockNames, lock_names, read_write_names, validate_key
 from ._decorator import execute_locked, synchronized
-from ._lease import LostCallback
+from ._leases import HeldLease, LostCallback
 from ._lock import HybridLock
 from ._multi import MultiLock
-from ._renewal import HeldLease, LeaseRenewer
-from ._retention import RetentionReaper
 from ._rwlock import ReadWriteLock
-from ._wait_keeper import WaitingPlace, WaitKeeper
-from .backends.base import AcquireResult, LockBackend, ReleaseWatch
+from .backends.base import LockBackend
 from .backends.memory import MemoryBackend
-from .errors import (
-    BackendUnavailableError,
-    HybridLockError,
-    InvalidArgumentError,
-    LockLostError,
-    LockNotOwnedError,
-    RegistryClosedError,
-)
+from .errors import InvalidArgumentError, LockNotOwnedError
 
 __all__ = ["LocalLockRegistry", "LockRegistry"]
 
@@ -125,64 +114,43 @@ class LockRegistry:
 
     def _setup(self, config: RegistryConfig, connection: Any) -> None:
         self._config = config
-        self._registry_key = config.registry_key
-        self._expire_after = config.expire_after
-        self._lease_ms = config.lease_ms
-        self._lock_type = config.lock_type
-        self._max_hold = config.max_hold
-        self._handoff_window = config.handoff_window
-        self._handoff_limit = config.handoff_limit
-        self._handoff_barge_window = config.handoff_barge_window
-        self._retain_for = config.retain_for
-        self._backend = _make_backend(connection)
-        self._init_state()
-        self._closed = False
-        self._closed_event = threading.Event()
-        self._wait_policy = config.wait_policy
-        self._lost_callbacks: list[LostCallback] = []
-        self._renewer = LeaseRenewer(self) if config.auto_renew else None
-        self._retention = RetentionReaper(self)
-        self._wait_keeper = WaitKeeper(self)
-        if self._retain_for and config.lock_type == "pubsub":
-            self._backend.on_wanted(self._retention.poke)
-        _live_registries.add(self)
-
-    def _init_state(self) -> None:
-        # Everything that must be new in a forked child.
-        self._client_id = str(uuid.uuid4())
+        self._context = LockContext(config, _make_backend(connection), self)
         self._mutex = threading.Lock()
         self._locks: weakref.WeakValueDictionary[str, HybridLock] = weakref.WeakValueDictionary()
         self._rw_locks: weakref.WeakValueDictionary[str, ReadWriteLock] = weakref.WeakValueDictionary()
-        # Everything holding a lease in the server, by server key: plain locks and read-write halves.
-        self._held: dict[str, HeldLease] = {}
+        if config.retain_for and config.lock_type == "pubsub":
+            # Through the registry, so the child of a fork pokes its own context's reaper.
+            self._context.backend.on_wanted(lambda: self._context.retention.poke())
+        _live_registries.add(self)
 
     # -- public surface ------------------------------------------------------------------------------------------
 
     @property
     def client_id(self) -> str:
         """This registry's owner identity in this process: the value of every server key it holds."""
-        return self._client_id
+        return self._context.client_id
 
     @property
     def registry_key(self) -> str:
-        return self._registry_key
+        return self._config.registry_key
 
     @property
     def expire_after(self) -> float:
-        return self._expire_after
+        """The lease in seconds (``inf`` for a registry whose locks never expire)."""
+        return self._config.expire_after
 
     @property
     def server(self) -> str:
         """The lock server's address, as error messages give it."""
-        return self._backend.address
+        return self._context.server
 
     @property
     def backend(self) -> LockBackend:
-        return self._backend
+        return self._context.backend
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._context.closed.is_set()
 
     def obtain(self, key: str) -> HybridLock:
         """The lock for ``key``: the same object for as long as the program references it or anyone holds it."""
@@ -191,7 +159,7 @@ class LockRegistry:
         with self._mutex:
             lock = self._locks.get(key)
             if lock is None:
-                lock = HybridLock(self, self._names(key))
+                lock = HybridLock(self._context, self._names(key))
                 self._locks[key] = lock
             return lock
 
@@ -203,17 +171,22 @@ class LockRegistry:
         with self._mutex:
             rw = self._rw_locks.get(key)
             if rw is None:
-                rw = self._rw_locks[key] = ReadWriteLock(self, read_write_names(self._registry_key, key))
+                rw = self._rw_locks[key] = ReadWriteLock(self._context, read_write_names(self.registry_key, key))
             return rw
 
     def obtain_many(self, keys: Iterable[str]) -> MultiLock:
         """A lock over several keys, taken all or nothing in one global order (no deadlock between callers
         asking for overlapping sets in different orders); its timeout covers the whole attempt."""
         self._check_open()
-        return MultiLock(self, keys)
+        if isinstance(keys, str):
+            raise InvalidArgumentError("obtain_many needs a collection of keys, not one str")
+        locks = {lock.key: lock for lock in map(self.obtain, keys)}
+        if not locks:
+            raise InvalidArgumentError("obtain_many needs at least one key")
+        return MultiLock(self._context, list(locks.values()))
 
     def _names(self, key: str) -> LockNames:
-        return lock_names(self._registry_key, key)
+        return lock_names(self.registry_key, key)
 
     def expire_unused_older_than(self, age: float) -> int:
         """Kept for compatibility; does nothing and returns 0.
@@ -230,10 +203,11 @@ class LockRegistry:
         """Renew the lease of ``key``'s lock, held by some thread of this registry, by hand (see
         ``HybridLock.renew``)."""
         key = validate_key(key)
-        lock = self._held.get(self._names(key).lock)
+        leases = self._context.leases
+        lock = leases.get(self._names(key))
         if lock is None:
             raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=key, server=self.server)
-        self._renew_by_hand(lock, expire_after)
+        leases.renew_by_hand(lock, expire_after)
 
     def synchronized(self, template: str, *, timeout: float | None = None) -> Callable[[F], F]:
         """Decorator: run the function holding the lock whose key ``template`` builds from its arguments.
@@ -254,17 +228,11 @@ class LockRegistry:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""
         if not callable(callback):
             raise InvalidArgumentError("on_lost needs a callable")
-        self._lost_callbacks.append(callback)
+        self._context.leases.lost_callbacks.append(callback)
 
     def held_locks(self) -> list[HeldLease]:
         """The locks some thread of this registry holds right now (not leases kept idle by ``retain_for``)."""
-        with self._mutex:
-            return [lease for lease in self._held.values() if lease._retained_until is None]
-
-    def _server_leases(self) -> list[HeldLease]:
-        """Every lease this registry holds in the server, retained ones included (for the renewer)."""
-        with self._mutex:
-            return list(self._held.values())
+        return self._context.leases.held()
 
     def __len__(self) -> int:
         """How many lock objects the registry knows (held, or still referenced)."""
@@ -279,15 +247,15 @@ class LockRegistry:
         Afterwards ``obtain`` and ``acquire`` raise ``RegistryClosedError``. Locks still held stay held until
         their holders release them (the compare-and-delete is still sent, so no key is left behind) or their
         lease ends, since nothing renews them any more. Idempotent."""
-        if self._closed:
+        context = self._context
+        if context.closed.is_set():
             return
-        self._closed = True
-        self._closed_event.set()
-        self._retention.stop()  # give retained leases back while the connection is still open
-        self._wait_keeper.stop()
-        if self._renewer is not None:
-            self._renewer.stop()
-        self._backend.close()
+        context.closed.set()
+        context.retention.stop()  # give retained leases back while the connection is still open
+        context.wait_keeper.stop()
+        if context.renewer is not None:
+            context.renewer.stop()
+        context.backend.close()
         _live_registries.discard(self)
 
     def __enter__(self) -> LockRegistry:
@@ -297,227 +265,27 @@ class LockRegistry:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._held)} held"
+        state = "closed" if self.closed else f"{len(self._context.leases)} held"
         return (
-            f"<hybridlock.{type(self).__name__} {self._registry_key!r} on {self.server} client_id={self._client_id} "
+            f"<hybridlock.{type(self).__name__} {self.registry_key!r} on {self.server} client_id={self.client_id} "
             f"{state}>"
         )
 
-    # -- used by the locks ---------------------------------------------------------------------------------------
-
     def _check_open(self, key: str | None = None) -> None:
-        if self._closed:
-            raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
-
-    def _acquire_remote(
-        self,
-        names: LockNames,
-        blocking: bool,
-        deadline: float | None,
-        attempt: Callable[[], AcquireResult] | None = None,
-        blocked_on: Callable[[], LockNames] | None = None,
-        give_up: Callable[[], None] | None = None,
-        queues: bool = True,
-    ) -> AcquireResult | None:
-        """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
-
-        ``attempt`` makes one try (default: the plain lock's). After a failed try, ``blocked_on()`` names the lock
-        whose release to wait for (default: ``names``; a multi-key attempt is blocked by one key at a time).
-        ``give_up()`` is called when a blocking wait ends without the lock, to leave the server's queue (default:
-        the plain lock's queue). ``queues``: a refused blocking attempt takes a place in the queue of the lock
-        ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
-        the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). Returns the
-        successful result, or None when not blocking or out of time."""
-        backend = self._backend
-        if attempt is None:
-
-            def attempt() -> AcquireResult:
-                return backend.try_acquire(names, self._client_id, self._lease_ms, blocking)
-
-        if give_up is None:
-
-            def give_up() -> None:
-                backend.cancel_wait(names, self._client_id)
-
-        queued = False  # a refused blocking attempt put us in the server's queue
-        place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
-
-        def tracked_attempt() -> AcquireResult:
-            nonlocal queued, place
-            result = attempt()
-            if blocking and not result.acquired:
-                queued = True
-                if queues:
-                    target = names if blocked_on is None else blocked_on()
-                    if place is None:
-                        place = self._wait_keeper.begin(target)
-                    else:
-                        place.names = target
-            return result
-
-        try:
-            result = self._wait_for_lock(names, blocking, deadline, tracked_attempt, blocked_on)
-        except BackendUnavailableError:
-            raise  # the server is out of reach: our place in its queue lapses by itself
-        except BaseException:
-            if queued:
-                self._give_up_quietly(give_up)
-            raise
-        finally:
-            if place is not None:
-                self._wait_keeper.end(place)
-        if result is None and queued:
-            self._give_up_quietly(give_up)
-        return result
-
-    @staticmethod
-    def _give_up_quietly(give_up: Callable[[], None]) -> None:
-        try:
-            give_up()
-        except HybridLockError:
-            pass  # best effort: a place left in the queue lapses by itself within seconds
-
-    def _wait_for_lock(
-        self,
-        names: LockNames,
-        blocking: bool,
-        deadline: float | None,
-        attempt: Callable[[], AcquireResult],
-        blocked_on: Callable[[], LockNames] | None,
-    ) -> AcquireResult | None:
-        backend = self._backend
-
-        watch: ReleaseWatch | None = None
-        watching: str | None = None  # the channel ``watch`` listens on
-        tries = 0
-        notified_wakeup = False  # the last wait ended on a notification
-        spurious = 0  # notified wake-ups in a row whose retry was refused
-        try:
-            while True:
-                epoch_before = None if watch is None else watch.epoch()
-                result = attempt()
-                if result.acquired:
-                    return result
-                if not blocking:
-                    return None
-                spurious = spurious + 1 if notified_wakeup else 0
-                notified_wakeup = False
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    return None
-                target = names if blocked_on is None else blocked_on()
-                if self._lock_type == "pubsub" and watching != target.channel:
-                    if watch is not None:
-                        watch.close()
-                    watch, watching = backend.watch(target, self._client_id), target.channel
-                    if watch is not None:
-                        # Subscribed now: try once more before sleeping, or a release that landed between the
-                        # failed attempt and the subscription would never wake us.
-                        continue
-                epoch = None if watch is None else watch.epoch()
-                if epoch is not None and epoch != epoch_before:
-                    continue  # the subscription came (back) up after that attempt: same reasoning, retry first
-                notified = epoch is not None
-                delay = self._wait_policy.delay(tries, result.holder_ttl, notified)
-                tries += 1
-                if deadline is not None:
-                    delay = min(delay, deadline - now)
-                if watch is not None:
-                    # Spurious wake-ups (faked announcements, or another owner got in first) back off as polling
-                    # does before the next notification is acted on: a flood costs at most the spin rate.
-                    pause = min(self._wait_policy.pause_after_spurious(spurious, result.holder_ttl), delay)
-                    if pause > 0 and self._closed_event.wait(pause):
-                        self._check_open(names.key)
-                    # Also returns early when the subscription's state changes, or at once for a notification that
-                    # arrived during the pause.
-                    notified_wakeup = watch.wait(delay - pause)
-                else:
-                    self._closed_event.wait(delay)
-                self._check_open(names.key)
-        finally:
-            if watch is not None:
-                watch.close()
-
-    def _contention_watch(self, names: LockNames) -> ReleaseWatch | None:
-        """A subscription that tells a holder passing the lock around when another owner wants it."""
-        return self._backend.watch(names, self._client_id) if self._lock_type == "pubsub" else None
-
-    def _release_remote(self, names: LockNames) -> bool:
-        return self._backend.release(names, self._client_id, notify=True)
-
-    def _valid_until(self, start: float, lease: float | None = None) -> float:
-        return self._config.valid_until(start, lease)
-
-    def _track_held(self, lock: HeldLease) -> None:
-        """From now until ``_untrack_held``, ``lock`` holds a lease in the server that the renewer keeps alive."""
-        with self._mutex:
-            self._held[lock._names.lock] = lock
-        if self._renewer is not None:
-            self._renewer.ensure_started()
-
-    def _untrack_held(self, lock: HeldLease) -> None:
-        with self._mutex:
-            if self._held.get(lock._names.lock) is lock:
-                del self._held[lock._names.lock]
-            nothing_held = not self._held
-        if nothing_held and self._renewer is not None:
-            self._renewer.nothing_held()  # so that its thread can end soon instead of sleeping a whole period
-
-    def _renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
-        lease = (
-            self._expire_after
-            if expire_after is None
-            else validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
-        )
-        assert lease is not None
-        if lock._owner is None:
-            raise LockNotOwnedError(
-                "cannot renew a lock this registry does not hold", key=lock.key, server=self.server
-            )
-        if lock.lost:
-            raise LockLostError("the lock's lease has already ended", key=lock.key, server=self.server)
-        start = time.monotonic()
-        tenancy = lock._tenancy
-        if self._lease_ms is None:
-            # A registry without expiry (LocalLockRegistry): its leases never end, and renewing must not give them
-            # an end either.
-            lock._renewed(tenancy, start)
-            return
-        (renewed,) = self._backend.renew([lock._names], self._client_id, max(1, round(lease * 1000)))
-        if not renewed:
-            lock._mark_lost(tenancy)
-            raise LockLostError(
-                "the lock's lease had ended before renewal: another owner may have held it meanwhile",
-                key=lock.key,
-                server=self.server,
-            )
-        lock._renewed(tenancy, start, lease)
-
-    def _report_lost(self, lock: Any, callbacks: list[LostCallback]) -> None:
-        logger.warning("hybridlock: lease of %r on %s was lost while held", lock.key, self.server)
-        for callback in callbacks + self._lost_callbacks:
-            try:
-                callback(lock)
-            except Exception:
-                logger.exception("hybridlock: on_lost callback %r failed for %r", callback, lock.key)
+        self._context.check_open(key)
 
     # -- fork ------------------------------------------------------------------------------------------------------
 
     def _after_fork_in_child(self) -> None:
-        locks = list(self._locks.values())
-        rw_locks = list(self._rw_locks.values())
-        self._init_state()
-        for lock in locks:
-            lock._reset_after_fork()
-            self._locks[lock.key] = lock
-        for rw in rw_locks:
-            rw._reset_after_fork()
-            self._rw_locks[rw.key] = rw
-        if self._renewer is not None:
-            self._renewer.after_fork_in_child()
-        self._retention.after_fork_in_child()
-        self._wait_keeper.after_fork_in_child()
-        after_fork = getattr(self._backend, "after_fork_in_child", None)
+        # The child holds none of its parent's leases and runs none of its threads: it continues with a new
+        # context (a new owner identity), which every lock is handed as it forgets its parent's state.
+        self._context = context = self._context.forked()
+        self._mutex = threading.Lock()
+        for lock in list(self._locks.values()):
+            lock._reset_after_fork(context)
+        for rw in list(self._rw_locks.values()):
+            rw._reset_after_fork(context)
+        after_fork = getattr(context.backend, "after_fork_in_child", None)
         if after_fork is not None:
             after_fork()
 
@@ -567,7 +335,7 @@ def _give_back_retained_leases_at_exit() -> None:
     # other owners out for up to a whole lease. (A crash still does; so does os._exit.)
     for registry in list(_live_registries):
         try:
-            registry._retention.stop()
+            registry._context.retention.stop()
         except Exception:  # at exit there is nobody left to raise to
             logger.debug("hybridlock: could not give back retained leases at exit", exc_info=True)
 

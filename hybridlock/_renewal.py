@@ -23,40 +23,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
-
-from ._core.names import LockNames
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._context import LockContext
+    from ._leases import HeldLease
 
-__all__ = ["HeldLease", "LeaseRenewer"]
+__all__ = ["LeaseRenewer"]
 
 logger = logging.getLogger("hybridlock")
 
 _IDLE_LINGER = 0.15  # seconds the thread waits, with nothing held, before it ends (a quick re-acquire reuses it)
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
 _LONGEST_WAIT = threading.TIMEOUT_MAX / 2  # a huge expire_after must not overflow the wait
-
-
-class HeldLease(Protocol):
-    """What the renewer needs of anything holding a lease: a plain lock, or a half of a read-write lock."""
-
-    _names: LockNames  # ``_names.lock`` is the server key the lease lives in
-    _tenancy: int  # counts server tenancies; results for an earlier one are ignored
-    _acquired_at: float | None
-    _valid_until: float | None
-    _retained_until: float | None  # set while the lease is kept idle (retain_for)
-
-    @property
-    def key(self) -> str: ...
-
-    @property
-    def lost(self) -> bool: ...
-
-    def _mark_lost(self, tenancy: int) -> None: ...
-
-    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
 
 
 class LeaseRenewer:
@@ -67,9 +46,9 @@ class LeaseRenewer:
     fails, whatever the reason, is logged (once per streak of failures) and retried, and a lease that could not
     be renewed before its ``valid_until`` is reported lost to its holder like any other loss."""
 
-    def __init__(self, registry: LockRegistry) -> None:
-        self._registry = registry
-        self._period = registry.expire_after / 3
+    def __init__(self, context: LockContext) -> None:
+        self._context = context
+        self._period = context.config.renew_period
         self._init_thread_state()
         #: Completed renewal rounds and backend calls made (for statistics and benchmarks).
         self.rounds = 0
@@ -92,7 +71,7 @@ class LeaseRenewer:
         with self._cond:
             if self._thread is None and not self._stopped:
                 thread = threading.Thread(
-                    target=self._run, name=f"hybridlock-renewer-{self._registry.registry_key}", daemon=True
+                    target=self._run, name=f"hybridlock-renewer-{self._context.config.registry_key}", daemon=True
                 )
                 self._thread = thread
                 thread.start()
@@ -113,14 +92,9 @@ class LeaseRenewer:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
 
-    def after_fork_in_child(self) -> None:
-        # The parent's thread does not exist in the child, and its condition may have been held at fork time; start
-        # a new thread when the child first holds a lock. (Only open registries are reset after a fork.)
-        self._init_thread_state()
-
     def _run(self) -> None:
         me = threading.current_thread()
-        registry = self._registry
+        leases = self._context.leases
         lingering = False  # the last wait began with nothing held
         while True:
             with self._cond:
@@ -128,11 +102,11 @@ class LeaseRenewer:
                     return
                 # Set before looking, so a release emptying the table after the look sees it and wakes us.
                 self._sleeping_with_leases = True
-                if not registry._held:
+                if not leases:
                     self._sleeping_with_leases = False
                     if lingering:
                         self._thread = None  # from here on, a new lease starts a new thread (see _init_thread_state)
-                        if not registry._held:
+                        if not leases:
                             return
                         self._thread = me
                     lingering = True
@@ -163,8 +137,8 @@ class LeaseRenewer:
                 logger.warning(
                     "hybridlock: renewing the leases of registry %r on %s failed; retrying (logged once until it "
                     "works again)",
-                    self._registry.registry_key,
-                    self._registry.server,
+                    self._context.config.registry_key,
+                    self._context.server,
                     exc_info=exc,
                 )
             self._delay = self._retry_delay()
@@ -173,18 +147,18 @@ class LeaseRenewer:
             self._failing = False
             logger.warning(
                 "hybridlock: renewing the leases of registry %r on %s works again",
-                self._registry.registry_key,
-                self._registry.server,
+                self._context.config.registry_key,
+                self._context.server,
             )
         self._delay = self._period
 
     def _renew_all(self) -> bool:
         """One round; returns whether it asked the server (False: nothing to renew)."""
-        registry = self._registry
+        context = self._context
         now = time.monotonic()
-        max_hold = registry._max_hold
+        max_hold = context.config.max_hold
         locks = []
-        for lock in registry._server_leases():
+        for lock in context.leases.in_server():
             tenancy, acquired_at, valid_until = lock._tenancy, lock._acquired_at, lock._valid_until
             if lock.lost:
                 continue
@@ -194,12 +168,12 @@ class LeaseRenewer:
                     lock._mark_lost(tenancy)
                 continue
             locks.append((lock, tenancy))
-        lease_ms = registry._config.lease_ms
+        lease_ms = context.config.lease_ms
         if not locks or lease_ms is None:  # (a registry whose leases never end has no renewer)
             return False
         start = time.monotonic()
         try:
-            flags = registry.backend.renew([lock._names for lock, _ in locks], registry.client_id, lease_ms)
+            flags = context.backend.renew([lock._names for lock, _ in locks], context.client_id, lease_ms)
         except Exception:
             # Whatever the cause (an unreachable server, an untranslated client error): the leases keep running
             # out, and any that certainly ended is lost, because another owner may have taken the key by now.
@@ -227,7 +201,7 @@ class LeaseRenewer:
         now = time.monotonic()
         delay = self._period
         try:
-            for lock in self._registry._server_leases():
+            for lock in self._context.leases.in_server():
                 until = lock._valid_until
                 if until is not None and not lock.lost:
                     delay = min(delay, until - now)

@@ -25,8 +25,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._context import LockContext
     from ._lock import HybridLock
-    from ._registry import LockRegistry
 
 __all__ = ["RetentionReaper"]
 
@@ -40,8 +40,8 @@ class RetentionReaper:
     # Lock order: the reaper's condition is never held while calling into a lock or the backend (the backend calls
     # poke() with its own lock held), except for _wanted_elsewhere(), which takes no lock.
 
-    def __init__(self, registry: LockRegistry) -> None:
-        self._registry = registry
+    def __init__(self, context: LockContext) -> None:
+        self._context = context
         self._cond = threading.Condition(threading.Lock())
         self._retained: dict[HybridLock, None] = {}  # an ordered set
         self._poked = False  # an announcement arrived: check the retained locks' watches
@@ -65,7 +65,7 @@ class RetentionReaper:
             self._changed = True
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name=f"hybridlock-retention-{self._registry.registry_key}", daemon=True
+                    target=self._run, name=f"hybridlock-retention-{self._context.config.registry_key}", daemon=True
                 )
                 self._thread.start()
             self._cond.notify()
@@ -155,10 +155,3 @@ class RetentionReaper:
                 if self._end(lock):
                     break
                 time.sleep(_BUSY_RETRY)
-
-    def after_fork_in_child(self) -> None:
-        # The child holds none of its parent's leases, and the parent's thread does not exist here.
-        self._cond = threading.Condition(threading.Lock())
-        self._retained = {}
-        self._poked = self._changed = False
-        self._thread = None

@@ -34,11 +34,12 @@ from ._core.config import validate_timeout
 from ._core.names import LockNames, ReadWriteNames
 from ._lease import ServerLease
 from ._lock import JavaStyleLock
+from ._waiting import acquire_remote, contention_watch
 from .backends.base import AcquireResult, ReleaseWatch
 from .errors import LockNotOwnedError, LockUpgradeError
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._context import LockContext
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 
@@ -51,7 +52,7 @@ class _Half(ServerLease, JavaStyleLock):
     _waits_in_server = False  # whether a refused blocking attempt takes a place in the server (see _acquire_remote)
 
     def __init__(self, parent: ReadWriteLock, names: LockNames) -> None:
-        super().__init__(parent._registry, names)
+        super().__init__(parent._context, names)
         self._parent = parent
 
     @property
@@ -63,7 +64,7 @@ class _Half(ServerLease, JavaStyleLock):
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait."""
         wait = validate_timeout(blocking, timeout)
-        self._registry._check_open(self.key)
+        self._context.check_open(self.key)
         deadline = None if wait is None else time.monotonic() + wait
         return self._acquire(threading.get_ident(), blocking, deadline)
 
@@ -83,13 +84,14 @@ class _Half(ServerLease, JavaStyleLock):
     # -- one server tenancy ------------------------------------------------------------------------------------------
 
     def _remote(self, blocking: bool, deadline: float | None) -> AcquireResult | None:
-        registry = self._registry
-        return registry._acquire_remote(
+        context = self._context
+        return acquire_remote(
+            context,
             self._names,
             blocking,
             deadline,
-            attempt=lambda: self._try_once(registry.client_id, blocking),
-            give_up=lambda: self._give_up(registry.client_id),
+            attempt=lambda: self._try_once(context.client_id, blocking),
+            give_up=lambda: self._give_up(context.client_id),
             queues=self._waits_in_server,
         )
 
@@ -125,7 +127,7 @@ class ReadLock(_Half):
         return self._parent._readers.get(threading.get_ident(), 0)
 
     def _try_once(self, owner: str, wait: bool) -> AcquireResult:
-        return self._registry.backend.try_acquire_read(self._parent._names, owner, self._registry._lease_ms)
+        return self._context.backend.try_acquire_read(self._parent._names, owner, self._context.config.lease_ms)
 
     def _writer_elsewhere_waits(self) -> bool:
         return self._watch is not None and self._watch.contended()
@@ -171,7 +173,7 @@ class ReadLock(_Half):
                     rw._read_hold = "held"
                     rw._readers[me] = 1
                     self._begin_lease(result.fencing_token, start)
-                    self._watch = self._registry._contention_watch(self._names)
+                    self._watch = contention_watch(self._context, self._names)
                 else:
                     rw._read_hold = "none"
                 rw._cond.notify_all()
@@ -183,7 +185,7 @@ class ReadLock(_Half):
             depth = rw._readers.get(me, 0)
             if not depth:
                 raise LockNotOwnedError(
-                    "cannot release a read lock this thread does not hold", key=self.key, server=self._registry.server
+                    "cannot release a read lock this thread does not hold", key=self.key, server=self._context.server
                 )
             if depth > 1:
                 rw._readers[me] = depth - 1
@@ -195,7 +197,7 @@ class ReadLock(_Half):
             was_lost = self._give_back_lease()
         released = False
         try:
-            released = self._registry.backend.release_read(rw._names, self._registry.client_id)
+            released = self._context.backend.release_read(rw._names, self._context.client_id)
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -228,11 +230,12 @@ class WriteLock(_Half):
         return self._fencing_token if self._parent._writer is not None else None
 
     def _try_once(self, owner: str, wait: bool) -> AcquireResult:
-        return self._registry.backend.try_acquire_write(self._parent._names, owner, self._registry._lease_ms, wait)
+        context = self._context
+        return context.backend.try_acquire_write(self._parent._names, owner, context.config.lease_ms, wait)
 
     def _give_up(self, owner: str) -> None:
         # We may be recorded as a waiting writer: stop holding back other owners' readers.
-        self._registry.backend.cancel_write_wait(self._parent._names, owner)
+        self._context.backend.cancel_write_wait(self._parent._names, owner)
 
     def _acquire(self, me: int, blocking: bool, deadline: float | None) -> bool:
         rw = self._parent
@@ -248,7 +251,7 @@ class WriteLock(_Half):
                     "this thread holds the read lock: release it before taking the write lock (upgrading could "
                     "deadlock with another upgrading reader)",
                     key=self.key,
-                    server=self._registry.server,
+                    server=self._context.server,
                 )
 
             def may_enter() -> bool:
@@ -285,16 +288,16 @@ class WriteLock(_Half):
         with rw._cond:
             if rw._writer != me:
                 raise LockNotOwnedError(
-                    "cannot release a write lock this thread does not hold", key=self.key, server=self._registry.server
+                    "cannot release a write lock this thread does not hold", key=self.key, server=self._context.server
                 )
             if rw._write_count > 1:
                 rw._write_count -= 1
                 return
             was_lost = self._give_back_lease()
-        registry = self._registry
+        context = self._context
         released = False
         try:
-            released = registry.backend.release_write(rw._names, registry.client_id)
+            released = context.backend.release_write(rw._names, context.client_id)
         finally:
             with rw._cond:
                 self._end_lease()
@@ -311,8 +314,8 @@ class ReadWriteLock:
     ``with rw.write_lock(): ...`` admits one writer and no reader.
     """
 
-    def __init__(self, registry: LockRegistry, names: ReadWriteNames) -> None:
-        self._registry = registry
+    def __init__(self, context: LockContext, names: ReadWriteNames) -> None:
+        self._context = context
         self._names = names
         self._reset_local_state()
         self._read = ReadLock(self)
@@ -337,8 +340,10 @@ class ReadWriteLock:
     def write_lock(self) -> WriteLock:
         return self._write
 
-    def _reset_after_fork(self) -> None:
+    def _reset_after_fork(self, context: LockContext) -> None:
+        self._context = context
         self._reset_local_state()
+        self._read._context = self._write._context = context
         for half in (self._read, self._write):
             half._forget_lease_after_fork()
         self._read._watch = None

@@ -33,7 +33,7 @@ from ._core.names import LockNames
 from .errors import HybridLockError
 
 if TYPE_CHECKING:
-    from ._registry import LockRegistry
+    from ._context import LockContext
 
 __all__ = ["REFRESH_INTERVAL", "WaitKeeper", "WaitingPlace"]
 
@@ -56,8 +56,8 @@ class WaitingPlace:
 class WaitKeeper:
     """Keeps the places of a registry's waits in progress alive; see the module docstring."""
 
-    def __init__(self, registry: LockRegistry) -> None:
-        self._registry = registry
+    def __init__(self, context: LockContext) -> None:
+        self._context = context
         self._init_state()
 
     def _init_state(self) -> None:
@@ -92,12 +92,6 @@ class WaitKeeper:
             self._places.clear()
             self._cond.notify_all()
 
-    def after_fork_in_child(self) -> None:
-        # The child waits for nothing yet (the forking thread was not waiting), and the parent's thread is not here.
-        stopped = self._stopped
-        self._init_state()
-        self._stopped = stopped
-
     @property
     def running(self) -> bool:
         """Whether the keeper thread is alive (for tests)."""
@@ -112,10 +106,10 @@ class WaitKeeper:
                     self._thread = None
                     return
                 names = list({place.names.queue: place.names for place in self._places}.values())
-            registry = self._registry
+            context = self._context
             try:
-                registry.backend.keep_waiting(names, registry.client_id)
+                context.backend.keep_waiting(names, context.client_id)
             except HybridLockError:
-                logger.debug("hybridlock: could not keep waiting places on %s", registry.server, exc_info=True)
+                logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
             except Exception:  # a bug must not end the thread while waits still count on it
-                logger.exception("hybridlock: keeping waiting places on %s failed", registry.server)
+                logger.exception("hybridlock: keeping waiting places on %s failed", context.server)

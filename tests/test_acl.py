@@ -123,7 +123,7 @@ def test_the_documented_acl_runs_every_lock_kind(acl_server, monkeypatch):
         # Renewing more than 500 locks pipelines several scripts: after a flush, SCRIPT LOAD, then EVALSHA again.
         with mine.obtain_many([f"many:{i}" for i in range(501)]) as many:
             admin.script_flush()
-            mine._renewer.renew_once()
+            mine._context.renewer.renew_once()
             assert not any(lock.lost for lock in many.locks)
         # Channels nobody waits on any more are unsubscribed after a while (shortened here).
         deadline = time.monotonic() + 10

@@ -356,7 +356,7 @@ def test_the_longest_lease_works_on_a_real_server(server):
             ]
             for lock, theirs in pairs:
                 assert lock.acquire(timeout=5)
-                assert reg.backend.renew([lock._names], reg.client_id, reg._lease_ms) == [True]
+                assert reg.backend.renew([lock._names], reg.client_id, reg._context.config.lease_ms) == [True]
                 assert not theirs.acquire(timeout=0.2)  # queued as a waiter with that lease, then gave up
                 lock.release()
                 assert theirs.acquire(timeout=5)

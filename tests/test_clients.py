@@ -240,7 +240,7 @@ def test_a_valkey_client_survives_a_cold_script_cache(server, redis_client):
                 pass
             with registry.obtain_many(["a", "b"]) as both:
                 redis_client.script_flush()
-                registry._renewer.renew_once()
+                registry._context.renewer.renew_once()
                 assert not any(part.lost for part in both.locks)
         # The pipelined form (many scripts in one round trip, as a renewal of thousands of locks sends).
         runner = ScriptRunner(client)

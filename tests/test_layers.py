@@ -52,17 +52,8 @@ PURE_LAYERS = {"errors", "core", "protocol"}
 #: What a pure module may not import: anything that waits, reads a clock, does I/O or talks to a server.
 IMPURE = {"threading", "asyncio", "time", "socket", "subprocess", "select", "redis", "valkey", "anyio", "trio", "os"}
 
-#: Modules that still name the registry in annotations, until the locks are handed a context instead.
-REGISTRY_IMPORTERS_ALLOWED: set[str] = {
-    "hybridlock._decorator",
-    "hybridlock._lease",
-    "hybridlock._lock",
-    "hybridlock._multi",
-    "hybridlock._renewal",
-    "hybridlock._retention",
-    "hybridlock._rwlock",
-    "hybridlock._wait_keeper",
-}
+#: Modules below the registry allowed to import it: none (locks are handed a LockContext instead).
+REGISTRY_IMPORTERS_ALLOWED: set[str] = set()
 
 
 def _module_name(path: Path) -> str:

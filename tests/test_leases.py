@@ -218,15 +218,19 @@ def test_a_renewal_reply_racing_a_release_is_not_a_loss(any_registry_factory):
     lock.on_lost(called.append)
     lock.acquire()
     snapshot = lock._tenancy  # what a renewal round in flight remembers
-    release_remote = registry._release_remote
+    backend = registry.backend
+    release = backend.release
 
-    def release_then_late_renewal_reply(names):  # type: ignore[no-untyped-def]
-        released = release_remote(names)
+    def release_then_late_renewal_reply(*args, **kwargs):  # type: ignore[no-untyped-def]
+        released = release(*args, **kwargs)
         lock._mark_lost(snapshot)  # the renewal reply for the key we just deleted arrives now
         return released
 
-    registry._release_remote = release_then_late_renewal_reply
-    lock.release()  # must not raise LockLostError
+    backend.release = release_then_late_renewal_reply
+    try:
+        lock.release()  # must not raise LockLostError
+    finally:
+        del backend.release
     assert called == []
     assert not lock.lost
 
@@ -251,7 +255,7 @@ def test_a_renewal_round_that_starts_during_the_release_is_not_a_loss(make_regis
 
     def release_then_renewal_round(*args, **kwargs):  # type: ignore[no-untyped-def]
         released = real_release(*args, **kwargs)
-        registry._renewer.renew_once()  # a full round, snapshot and RENEW, landing after our RELEASE
+        registry._context.renewer.renew_once()  # a full round, snapshot and RENEW, landing after our RELEASE
         return released
 
     setattr(backend, method, release_then_renewal_round)
@@ -275,7 +279,7 @@ def test_a_reentrant_acquire_of_a_lock_known_lost_raises(make_registry, redis_cl
         server_key = "hybridlock:{gone}:" + ("writer" if kind == "write" else "readers")
     lock.acquire()
     redis_client.delete(server_key)  # an operator, an eviction or a FLUSHALL
-    registry._renewer.renew_once()
+    registry._context.renewer.renew_once()
     assert part.lost
     with pytest.raises(hybridlock.LockLostError) as raised:
         lock.acquire()
@@ -294,7 +298,7 @@ def test_a_new_reader_thread_does_not_join_a_lost_read_hold(make_registry, redis
     read = registry.obtain_read_write("gone").read_lock()
     read.acquire()
     redis_client.delete("hybridlock:{gone}:readers")
-    registry._renewer.renew_once()
+    registry._context.renewer.renew_once()
     assert read.lost
     joined = []
     late = threading.Thread(target=lambda: joined.append(read.acquire(timeout=0.3)))
@@ -344,7 +348,7 @@ def test_a_renewal_that_raises_anything_reports_the_loss_and_the_renewer_carries
     lost: list[object] = []
     lock.on_lost(lost.append)
     assert lock.acquire(timeout=5)
-    renewer = registry._renewer
+    renewer = registry._context.renewer
     assert renewer is not None
     thread = renewer._thread
     assert thread is not None
@@ -379,7 +383,7 @@ def test_a_huge_lease_does_not_overflow_the_renewers_wait(make_registry):
     lock = registry.obtain("forever")
     with lock:
         time.sleep(0.1)
-        renewer = registry._renewer
+        renewer = registry._context.renewer
         assert renewer is not None
         assert renewer._thread is not None
         assert renewer._thread.is_alive()

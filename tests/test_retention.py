@@ -142,8 +142,8 @@ def test_a_lease_lost_while_retained_is_taken_afresh_without_callbacks(make_regi
     with lock:
         token = lock.fencing_token
     redis_client.delete("hybridlock:{lost}")  # the idle lease ends behind our back
-    assert registry._renewer is not None
-    registry._renewer.renew_once()
+    assert registry._context.renewer is not None
+    registry._context.renewer.renew_once()
     assert lock.lost
     assert calls == []  # nobody held it: nobody to tell
     with lock:  # no LockLostError: nobody was inside on the lost lease
@@ -297,7 +297,7 @@ def test_close_during_a_busy_retry_still_gives_the_lease_back():
     lock = registry.obtain("busy")
     with lock:
         pass
-    reaper = registry._retention
+    reaper = registry._context.retention
     real_end = lock._end_retention
     calls: list[str] = []
 

@@ -120,7 +120,9 @@ def test_a_live_waiter_keeps_its_place_past_the_keep_time(any_registry_factory, 
         thread.join(30)
     assert order == ["first", "second", "late"]
     # The keeper threads stop once their registry waits for nothing.
-    _wait_until(lambda: not any(r._wait_keeper.running for r in (first, second, late)), 0.5, "the keepers to stop")
+    _wait_until(
+        lambda: not any(r._context.wait_keeper.running for r in (first, second, late)), 0.5, "the keepers to stop"
+    )
 
 
 def test_a_live_waiting_writer_holds_back_new_readers_past_the_keep_time(any_registry_factory):
@@ -137,7 +139,7 @@ def test_a_live_waiting_writer_holds_back_new_readers_past_the_keep_time(any_reg
 
     thread = threading.Thread(target=write)
     thread.start()
-    _wait_until(lambda: writer._wait_keeper.running, 5, "the writer to wait")
+    _wait_until(lambda: writer._context.wait_keeper.running, 5, "the writer to wait")
     time.sleep(QUEUE_PLACE_KEEP_MS / 1000 + 1.0)
     try:
         # Without the keeper the writer's record would have lapsed by now, and a new reader would get in first.
@@ -153,15 +155,15 @@ def test_the_keeper_runs_only_while_a_wait_is_in_progress(any_registry_factory):
     lock = holder.obtain("keeper")
     with lock:
         pass
-    assert not holder._wait_keeper.running  # an uncontended acquire waits for nothing
+    assert not holder._context.wait_keeper.running  # an uncontended acquire waits for nothing
     lock.acquire()
     outcome: list[bool] = []
     thread = threading.Thread(target=lambda: outcome.append(waiter.obtain("keeper").acquire(timeout=0.5)))
     thread.start()
-    _wait_until(lambda: waiter._wait_keeper.running, 5, "the keeper to start")
+    _wait_until(lambda: waiter._context.wait_keeper.running, 5, "the keeper to start")
     thread.join(10)
     assert outcome == [False]
-    _wait_until(lambda: not waiter._wait_keeper.running, 0.2, "the keeper to stop after the wait timed out")
+    _wait_until(lambda: not waiter._context.wait_keeper.running, 0.2, "the keeper to stop after the wait timed out")
     lock.release()
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -195,8 +197,20 @@ def check_client_settings(client: Any, server: str) -> None:
         f"({cost}). Pass socket_timeout=..., socket_connect_timeout=... and retry=Retry(NoBackoff(), 1) "
         "(from redis.retry and redis.backoff), or give hybridlock a URL",
         ClientSettingsWarning,
-        stacklevel=4,
+        stacklevel=_caller_stacklevel(),
     )
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside hybridlock (the user's own line),
+    however many of the package's frames lie between."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def _retries(client: Any, kwargs: dict[str, Any]) -> int | None:
