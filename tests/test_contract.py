@@ -18,6 +18,7 @@ import redis
 
 import hybridlock
 from hybridlock._server import EmbeddedServer
+from tests._stats import script_runs
 
 # The fixture's params, with the server mark on the Redis case so ``-m "not server"`` still runs the memory case.
 over_backends = pytest.mark.parametrize(
@@ -863,11 +864,6 @@ def test_local_lock_registries_are_separate():
 # -- what it costs the server, and where its keys live -----------------------------------------------------------------
 
 
-def script_calls(client) -> int:
-    stats = client.info("commandstats")
-    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
-
-
 @pytest.mark.server
 @pytest.mark.parametrize("lock_type", ["pubsub", "spin"])
 def test_waiting_for_another_owner_does_not_poll_every_few_milliseconds(make_registry, redis_client, lock_type):
@@ -883,14 +879,14 @@ def test_waiting_for_another_owner_does_not_poll_every_few_milliseconds(make_reg
     thread = threading.Thread(target=hold, daemon=True)
     thread.start()
     assert held.wait(5)
-    before = script_calls(redis_client)
+    before = script_runs(redis_client)
     timer = threading.Timer(1.0, release_now.set)
     timer.start()
     start = time.monotonic()
     try:
         assert lock.acquire(timeout=10)
         waited = time.monotonic() - start
-        calls = script_calls(redis_client) - before
+        calls = script_runs(redis_client) - before
         lock.release()
     finally:
         release_now.set()

@@ -9,13 +9,9 @@ import pytest
 import redis
 
 import hybridlock
+from tests._stats import script_runs
 
 pytestmark = pytest.mark.server
-
-
-def _script_calls(client: redis.Redis) -> int:
-    stats = client.info("commandstats")
-    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
 def _contend(lock: hybridlock.HybridLock, threads: int, cycles: int, body=None) -> list[int]:  # type: ignore[no-untyped-def]
@@ -56,7 +52,7 @@ def test_contending_threads_share_one_tenancy_and_few_round_trips(make_registry,
     lock = registry.obtain("cohort")
     redis_client.config_resetstat()
     tokens = _contend(lock, threads=6, cycles=50)
-    calls = _script_calls(redis_client)
+    calls = script_runs(redis_client)
     # 300 critical sections: without hand-off that is 600 script calls; with it, a handful of tenancies.
     assert calls < 60, f"{calls} script calls for 300 cycles"
     assert len(set(tokens)) < 30
@@ -85,7 +81,7 @@ def test_switched_off_every_final_release_reaches_the_server(make_registry, redi
         pass  # load the scripts
     redis_client.config_resetstat()
     _contend(lock, threads=4, cycles=25)
-    assert _script_calls(redis_client) >= 2 * 100  # one acquire and one release per cycle (plus failed tries)
+    assert script_runs(redis_client) >= 2 * 100  # one acquire and one release per cycle (plus failed tries)
     assert len(set(_contend(lock, threads=2, cycles=5))) == 10
 
 

@@ -6,14 +6,9 @@ import threading
 import time
 
 import pytest
-import redis
 
 import hybridlock
-
-
-def _script_calls(client: redis.Redis) -> int:
-    stats = client.info("commandstats")
-    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+from tests._stats import script_runs
 
 
 def _waiter(registry: hybridlock.LockRegistry, key: str, order: list[str], name: str, timeout: float = 15):
@@ -117,5 +112,5 @@ def test_a_release_wakes_only_the_head_of_the_queue(make_registry, redis_client)
     assert order == ["w0", "w1", "w2", "w3"]
     # Four releases (the holder's and three waiters') each wake one waiter: about one attempt per hand-over, where
     # waking everyone would cost 4 + 3 + 2 + 1 attempts.
-    acquires_and_releases = _script_calls(redis_client)
+    acquires_and_releases = script_runs(redis_client)
     assert acquires_and_releases <= 4 + 4 + 3, acquires_and_releases

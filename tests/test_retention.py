@@ -9,17 +9,12 @@ import threading
 import time
 
 import pytest
-import redis
 
 import hybridlock
 from hybridlock.backends.memory import MemoryBackend
+from tests._stats import script_runs
 
 pytestmark = pytest.mark.server
-
-
-def _script_calls(client: redis.Redis) -> int:
-    stats = client.info("commandstats")
-    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
 def _wait_for(condition, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
@@ -40,7 +35,7 @@ def test_a_relocking_loop_costs_no_round_trip_while_retained(make_registry, redi
     for _ in range(200):
         with lock:
             assert lock.fencing_token == token  # one tenancy throughout
-    assert _script_calls(redis_client) == 0
+    assert script_runs(redis_client) == 0
     assert lock.statistics().retained
 
 
@@ -55,7 +50,7 @@ def test_the_hand_off_budget_bounds_a_retained_tenancy(make_registry, redis_clie
     # 10 cycles per tenancy (the first plus 9 kept): 10 tenancies, each an acquire and a release script.
     assert len(set(tokens)) == 10
     assert all(tokens.count(token) == 10 for token in set(tokens))
-    assert _script_calls(redis_client) <= 2 * 10
+    assert script_runs(redis_client) <= 2 * 10
 
 
 def test_a_retained_lock_is_not_held(make_registry):

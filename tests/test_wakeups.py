@@ -13,15 +13,11 @@ import redis
 
 import hybridlock
 from tests import _wake_workers
+from tests._stats import script_runs
 
 pytestmark = pytest.mark.server
 
 CTX = multiprocessing.get_context("spawn")
-
-
-def _script_calls(client: redis.Redis) -> int:
-    stats = client.info("commandstats")
-    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
 
 
 def test_waiter_in_another_process_wakes_promptly_on_release(server, make_registry, redis_client):
@@ -43,7 +39,7 @@ def test_waiter_in_another_process_wakes_promptly_on_release(server, make_regist
             holder.join(20)
         delays.append(acquired_at - released_at.value)
         # Waiting for ~1 s cost a handful of attempts, not a poll every few milliseconds.
-        assert _script_calls(redis_client) <= 8
+        assert script_runs(redis_client) <= 8
     assert statistics.median(delays) < 0.05  # about a round trip; polling would be tens of ms
 
 
