@@ -2,6 +2,7 @@
 
 Registries made by one ``any_registry_factory`` share one store, so two of them are two owners of the same keys,
 as two processes are. Every concurrency test uses real threads, checks an invariant, and bounds its run time.
+``test_contract_kinds.py`` runs the behaviours every lock kind shares over every kind and every backend.
 """
 
 from __future__ import annotations
