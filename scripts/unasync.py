@@ -146,6 +146,20 @@ def _diff_summary(path: str, want: str, have: str, max_lines: int) -> list[str]:
     return ["    " + line for line in lines]
 
 
+def orphans(expected: Expected, sync_files: Iterable[str], trees: Sequence[tuple[str, str]] = TREES) -> list[str]:
+    """Files in a sync tree that are neither hand-written nor generated from an existing source."""
+    found = []
+    for path in sorted(sync_files):
+        if path in expected.files:
+            continue
+        for _, sync_root in trees:
+            if path.startswith(sync_root + "/"):
+                if not is_hand_written(path[len(sync_root) + 1 :]):
+                    found.append(path)
+                break
+    return found
+
+
 def find_problems(
     expected: Expected,
     sync_files: Mapping[str, str],
@@ -164,14 +178,8 @@ def find_problems(
         elif have != want:
             problems.append(f"stale: {path} differs from what its source generates (run scripts/unasync.py):")
             problems.extend(_diff_summary(path, want, have, max_diff_lines))
-    for path in sorted(sync_files):
-        if path in expected.files:
-            continue
-        for _, sync_root in trees:
-            if path.startswith(sync_root + "/"):
-                if not is_hand_written(path[len(sync_root) + 1 :]):
-                    problems.append(f"orphan: {path} has no source in the async tree (delete it, or run the script)")
-                break
+    for path in orphans(expected, sync_files, trees):
+        problems.append(f"orphan: {path} has no source in the async tree (delete it, or run the script)")
     for path in sorted(expected.shim_partners - set(sync_files)):
         problems.append(f"missing shim: {path} (each side hand-writes its own {SHIM_NAME})")
     for index, (old, new) in enumerate(rules):
@@ -205,8 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root: Path = args.root
     sources, sync_files = _read_all(root, TREES)
-    expected = expected_outputs(sources)
-    problems = find_problems(expected, sync_files)
+    # The table is read here, at call time, so that a test can run main() with a table of its own.
+    expected = expected_outputs(sources, TREES, RULES)
+    problems = find_problems(expected, sync_files, TREES, RULES)
     if args.check:
         if problems:
             print("scripts/unasync.py --check: the generated sync code is out of date", file=sys.stderr)
@@ -224,17 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             written += 1
     removed = 0
     remaining: list[str] = []
-    for line in problems:
-        if line.startswith("orphan: "):
-            path = line.split()[1]
-            # Only a file this script wrote is deleted; anything else in the sync tree is reported, never lost.
-            if sync_files[path].startswith(HEADER_TEMPLATE.split("{", 1)[0]):
-                (root / path).unlink()
-                removed += 1
-                continue
-            remaining.append(line.replace("(delete it, or run the script)", "(not generated: move or delete it)"))
-        elif line.startswith(("unused rule", "missing shim")):
-            remaining.append(line)  # what writing cannot fix still fails the run
+    for path in orphans(expected, sync_files):
+        # Only a file this script wrote is deleted; anything else in the sync tree is reported, never lost.
+        if sync_files[path].startswith(HEADER_TEMPLATE.split("{", 1)[0]):
+            (root / path).unlink()
+            removed += 1
+        else:
+            remaining.append(f"orphan: {path} was not generated and has no source (move or delete it)")
+    # What writing cannot fix still fails the run.
+    remaining += [line for line in problems if line.startswith(("unused rule", "missing shim"))]
     print(f"scripts/unasync.py: {written} written, {removed} orphans removed, {len(expected.files)} generated in all")
     for line in remaining:
         print(line, file=sys.stderr)
