@@ -207,9 +207,7 @@ def _read_all(root: Path, trees: Iterable[tuple[str, str]]) -> tuple[dict[str, s
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is out of date")
-    parser.add_argument(
-        "--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the repository root"
-    )
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the repository root")
     args = parser.parse_args(argv)
     root: Path = args.root
     sources, sync_files = _read_all(root, TREES)
