@@ -217,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         if problems:
             print("scripts/unasync.py --check: the generated sync code is out of date", file=sys.stderr)
+            if not expected.files:
+                print("(no async sources yet: every rule stays unused until the first one lands)", file=sys.stderr)
             for line in problems:
                 print(line, file=sys.stderr)
             return 1

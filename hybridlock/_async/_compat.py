@@ -44,7 +44,8 @@ async def shielded(awaitable: Awaitable[T]) -> T:
     For cleanup I/O that must not be cut in half (a release sent to the server). ``asyncio.shield`` alone is not
     enough: it lets the cancelled caller go on at once while the work still runs, so the caller's next step would
     race its own cleanup. Here the caller waits for the work, then sees its ``CancelledError``. The work runs in a
-    task of its own, so inside it ``current_owner()`` is that task, not the caller: read the owner before.
+    task of its own, so inside it ``current_owner()`` is that task, not the caller: read the owner before. The
+    caller waits as long as the work takes, so bound the work itself (a socket timeout, ``asyncio.wait_for``).
     (The sync twin is ``shielded(value) -> value``: a thread cannot be cancelled, and by the time it is called the
     work has been done.)"""
     task = asyncio.ensure_future(awaitable)
