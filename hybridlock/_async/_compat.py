@@ -1,0 +1,297 @@
+"""The asyncio half of the paired shims: what generated code needs and cannot spell the same way on both sides.
+
+Hand-written, never generated. ``hybridlock/_sync/_compat.py`` holds the thread half under the partner names that
+``scripts/unasync.py`` renames to (``AsyncFifoMutex`` -> ``FifoMutex``, ``AsyncWorker`` -> ``Worker``); names that
+mean the same on both sides are spelled the same (``current_owner``, ``monotonic``, ``sleep``, ``shielded``). Both
+halves keep the same signatures, so code written against one runs against the other once ``async``/``await`` are
+taken out.
+
+Cancellation is the one thing threads do not have. ``AsyncFifoMutex.acquire`` is cancellation-safe (a waiter
+cancelled after the mutex was handed to it hands it on), and ``shielded()`` lets cleanup I/O finish even when the
+task awaiting it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, final
+
+__all__ = ["AsyncFifoMutex", "AsyncWorker", "current_owner", "monotonic", "shielded", "sleep"]
+
+T = TypeVar("T")
+
+monotonic = time.monotonic  # the same clock on both sides, so deadlines computed in shared code compare
+sleep = asyncio.sleep
+
+
+def current_owner() -> object:
+    """Who is running: the current asyncio task (the thread's ident on the sync side). Compare with ``==``.
+
+    Raises ``RuntimeError`` outside a task. The task object itself is returned (not its ``id()``, which a later task
+    could reuse), so whoever stores it keeps the task alive until it lets go."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("current_owner() called outside an asyncio task")
+    return task
+
+
+async def shielded(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the calling task is cancelled meanwhile; then re-raise the cancellation.
+
+    For cleanup I/O that must not be cut in half (a release sent to the server). ``asyncio.shield`` alone is not
+    enough: it lets the cancelled caller go on at once while the work still runs, so the caller's next step would
+    race its own cleanup. Here the caller waits for the work, then sees its ``CancelledError``. The work runs in a
+    task of its own, so inside it ``current_owner()`` is that task, not the caller: read the owner before. The
+    caller waits as long as the work takes, so bound the work itself (a socket timeout, ``asyncio.wait_for``).
+    (The sync twin is ``shielded(value) -> value``: a thread cannot be cancelled, and by the time it is called the
+    work has been done.)"""
+    task = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            # asyncio.wait never cancels what it waits for, unlike wait_for or awaiting the task directly.
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        if not task.cancelled() and task.exception() is not None:
+            # Keep the cleanup's own failure visible, but the cancellation is what the caller must see.
+            cancelled.__context__ = task.exception()
+        raise cancelled
+    return task.result()
+
+
+class _Ticket:
+    """One waiting task: it awaits ``wakeup`` until a release (or its deadline) sets it."""
+
+    __slots__ = ("granted", "wakeup")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.wakeup: asyncio.Future[None] = loop.create_future()
+        self.granted = False  # the mutex was handed to this task
+
+    def wake(self) -> None:
+        if not self.wakeup.done():
+            self.wakeup.set_result(None)
+
+
+@final
+class AsyncFifoMutex:
+    """A non-reentrant mutex for the tasks of one event loop, with FIFO hand-off: ``hybridlock._local.FifoMutex``
+    for asyncio, with the same methods (only ``acquire`` is a coroutine).
+
+    ``release()`` hands the mutex straight to the longest-waiting task; ``pass_on()`` may instead leave it free for
+    a barge window, exactly as the thread version does (read that module's docstring). It does not know who holds
+    it (any task may release it): the lock above it tracks its owner with ``current_owner()``.
+
+    Cancellation-safe: a task cancelled while queued leaves the queue; a task cancelled after the mutex was already
+    handed to it (the hand-off and the cancel raced) hands it on to the next waiter, so a cancelled ``acquire()``
+    never leaves the mutex held by nobody. An uncontended ``acquire()`` returns without yielding to the loop.
+    Not thread-safe: use it from its loop's thread only.
+    """
+
+    __slots__ = ("_barge_window", "_head_passed_over_since", "_locked", "_waiters", "_woken")
+
+    def __init__(self, barge_window: float = 0.0) -> None:
+        self._locked = False
+        self._waiters: deque[_Ticket] = deque()
+        # The task woken by pass_on() to take the free mutex, until it has looked (it is no longer in _waiters).
+        self._woken: _Ticket | None = None
+        self._barge_window = barge_window
+        # When pass_on() first let a running task go ahead of the current longest waiter (None: it has not).
+        self._head_passed_over_since: float | None = None
+
+    def __repr__(self) -> str:
+        state = "locked" if self._locked else "unlocked"
+        return f"<{state} {type(self).__name__} at {id(self):#x} with {self.waiting} waiting>"
+
+    @property
+    def waiting(self) -> int:
+        """How many tasks are waiting (queued, or woken and about to look)."""
+        return len(self._waiters) + (self._woken is not None)
+
+    def locked(self) -> bool:
+        return self._locked
+
+    async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the mutex; with ``timeout >= 0`` give up after that many seconds (False). As ``FifoMutex.acquire``."""
+        if not self._locked:
+            self._locked = True
+            return True
+        if not blocking:
+            return False
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(loop)
+        self._waiters.append(ticket)
+        deadline = None if timeout < 0 else loop.time() + timeout
+        try:
+            while True:
+                timer = None if deadline is None else loop.call_at(deadline, ticket.wake)
+                try:
+                    await ticket.wakeup
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                # NOTE: from here to the return nothing awaits, so no other task runs and no cancellation lands.
+                if ticket.granted:
+                    return True
+                if self._woken is ticket:
+                    # pass_on() left the mutex free for us; if it still is, it is ours even if the deadline passed
+                    # meanwhile (the releasing task counted on someone taking it).
+                    self._woken = None
+                    if not self._locked:
+                        self._locked = True
+                        self._head_passed_over_since = None
+                        return True
+                    # A running task took it first: wait again, still first in line.
+                    if deadline is not None and loop.time() >= deadline:
+                        return False
+                    ticket.wakeup = loop.create_future()
+                    self._waiters.appendleft(ticket)
+                    continue
+                # The deadline woke us while still queued.
+                self._waiters.remove(ticket)
+                return False
+        except BaseException:
+            self._abandon(ticket)
+            raise
+
+    def _abandon(self, ticket: _Ticket) -> None:
+        """Undo a wait cut short (cancelled): leave the queue, or pass on what was already handed to us."""
+        if ticket.granted:
+            self.release()  # hands it to the next waiter, or unlocks
+        elif self._woken is ticket:
+            self._woken = None
+            if not self._locked:
+                # We were the one chosen to take the free mutex: take it and release it, waking the next in line.
+                self._locked = True
+                self.release()
+        elif ticket in self._waiters:
+            self._waiters.remove(ticket)
+        # Otherwise the ticket was already dropped (its wake-up future was cancelled): nothing to undo.
+
+    def _next_live(self) -> _Ticket | None:
+        """Pop the longest waiter whose task is still waiting (a cancelled wake-up means its task is leaving)."""
+        while self._waiters:
+            ticket = self._waiters.popleft()
+            if not ticket.wakeup.cancelled():
+                return ticket
+        return None
+
+    def _grant_next(self) -> bool:
+        """Hand the (locked) mutex to the longest-waiting task; False when nobody waits."""
+        woken = self._woken
+        if woken is not None:
+            # Already awake (or waking): it will find the grant when it runs.
+            self._woken = None
+            woken.granted = True
+        else:
+            ticket = self._next_live()
+            if ticket is None:
+                return False
+            ticket.granted = True
+            ticket.wake()
+        self._head_passed_over_since = None
+        return True
+
+    def pass_on(self) -> bool:
+        """Release to a waiting task, if there is one (True); else keep the mutex locked (False).
+
+        Within the barge window the mutex is left free with the longest waiter woken; after it, or with a window
+        of 0, the mutex is handed to that waiter directly."""
+        while self._waiters and self._waiters[0].wakeup.cancelled():
+            self._waiters.popleft()
+        if self._woken is None and not self._waiters:
+            self._head_passed_over_since = None
+            return False
+        if self._barge_window > 0:
+            now = monotonic()
+            since = self._head_passed_over_since
+            if since is None:
+                self._head_passed_over_since = since = now
+            if now - since < self._barge_window:
+                self._locked = False
+                if self._woken is None:
+                    ticket = self._waiters.popleft()  # live: cancelled heads were dropped above
+                    self._woken = ticket
+                    ticket.wake()
+                return True
+        return self._grant_next()
+
+    def release(self) -> None:
+        """Release, handing the mutex straight to the longest-waiting task if there is one."""
+        if not self._locked:
+            raise RuntimeError("release of an unlocked AsyncFifoMutex")
+        if not self._grant_next():
+            self._locked = False
+            self._head_passed_over_since = None
+
+
+@final
+class AsyncWorker:
+    """A background task that calls ``step()`` until stopped: the asyncio twin of the thread ``Worker``.
+
+    ``step`` is awaited, then the worker sleeps for the number of seconds it returned (``None``: it is done, the
+    worker ends). ``wake()`` cuts the sleep short (run the step now); ``stop()`` asks the worker to end after the
+    step in progress and waits for it. The step must handle its own errors: one that escapes ends the worker and
+    is kept in ``error``. Stopping is cooperative, as with threads: a step in progress is not cancelled.
+    """
+
+    __slots__ = ("_stop_requested", "_task", "_wakeup", "error", "name", "step")
+
+    def __init__(self, step: Callable[[], Awaitable[float | None]], name: str) -> None:
+        self.step = step
+        self.name = name
+        self.error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop_requested = False
+        self._wakeup: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {'running' if self.running else 'idle'}>"
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start the task on the running loop (once)."""
+        if self._task is not None:
+            raise RuntimeError(f"{self!r} was already started")
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    def wake(self) -> None:
+        """Run the next step now instead of at the end of the current sleep."""
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def stop(self, timeout: float | None = None) -> bool:
+        """Ask the worker to end and wait up to ``timeout`` seconds for it; True if it has ended (or never ran)."""
+        self._stop_requested = True
+        self.wake()
+        task = self._task
+        if task is None or task.done() or task is asyncio.current_task():
+            return task is None or task.done()
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+        return bool(done)
+
+    async def _run(self) -> None:
+        wakeup = self._wakeup
+        assert wakeup is not None
+        while not self._stop_requested:
+            try:
+                delay = await self.step()
+            except Exception as exc:
+                self.error = exc
+                return
+            if delay is None or self._stop_requested:
+                return
+            try:
+                await asyncio.wait_for(wakeup.wait(), max(0.0, delay))
+            except asyncio.TimeoutError:
+                pass
+            wakeup.clear()
