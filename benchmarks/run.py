@@ -31,7 +31,7 @@ from benchmarks import report
 from benchmarks.contenders import CONTENDERS, contender_available
 from benchmarks.measure import median_of_rounds
 from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings
-from hybridlock._server import EmbeddedServer, ServerNotFoundError
+from hybridlock.testing.server import EmbeddedServer, ServerNotFoundError
 
 REPO = Path(__file__).resolve().parent.parent
 #: The contenders of every workload, in table order; in-process ones only where the workload allows.

@@ -13,10 +13,10 @@ process.
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from ._lock import HybridLock, LockStatistics
-from ._multi import MultiLock
-from ._registry import LocalLockRegistry, LockRegistry
-from ._rwlock import ReadLock, ReadWriteLock, WriteLock
+from ._sync.lock import HybridLock, LockStatistics
+from ._sync.multi import MultiLock
+from ._sync.registry import LocalLockRegistry, LockRegistry
+from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
 from .errors import (
     BackendUnavailableError,
     ClientSettingsWarning,

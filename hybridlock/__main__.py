@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import __version__, _demo
+from . import __version__
+from ._cli import demo as _demo
 
 __all__ = ["main"]
 

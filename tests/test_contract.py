@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import hybridlock
-from hybridlock._server import EmbeddedServer
+from hybridlock.testing.server import EmbeddedServer
 from tests._stats import script_runs
 
 # The fixture's params, with the server mark on the Redis case so ``-m "not server"`` still runs the memory case.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import hybridlock
-from hybridlock._server import EmbeddedServer
+from hybridlock.testing.server import EmbeddedServer
 
 lock_tests = pytest.importorskip("test.lock_tests", reason="this Python has no test package (Lib/test)")
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hybridlock.__main__ import main
-from hybridlock._demo import DemoSettings, _report
+from hybridlock._cli.demo import DemoSettings, _report
 
 
 @pytest.mark.server

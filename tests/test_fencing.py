@@ -11,8 +11,8 @@ import pytest
 import redis
 
 import hybridlock
-from hybridlock._server import EmbeddedServer
 from hybridlock.fencing import fenced_set
+from hybridlock.testing.server import EmbeddedServer
 from tests import _wake_workers
 
 CTX = multiprocessing.get_context("spawn")

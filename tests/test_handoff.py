@@ -289,7 +289,7 @@ def test_expire_unused_never_drops_a_lock_in_a_streak(make_registry):
 
 
 def test_a_thread_interrupted_as_the_lock_reaches_it_strands_no_lease(make_registry, redis_client, monkeypatch):
-    from hybridlock import _local
+    from hybridlock._sync import _compat as _local
 
     class InterruptedWakeup:
         """Waits like the real wake-up lock, then is interrupted (as by KeyboardInterrupt) once woken."""

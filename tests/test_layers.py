@@ -24,28 +24,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("protocol", ("hybridlock._protocol",)),
     ("backends", ("hybridlock.backends",)),
     ("fencing", ("hybridlock.fencing",)),
-    (
-        "locks",
-        (
-            "hybridlock._async",
-            "hybridlock._sync",
-            "hybridlock._local",
-            "hybridlock._lease",
-            "hybridlock._context",
-            "hybridlock._leases",
-            "hybridlock._waiting",
-            "hybridlock._lock",
-            "hybridlock._rwlock",
-            "hybridlock._multi",
-            "hybridlock._renewal",
-            "hybridlock._retention",
-            "hybridlock._wait_keeper",
-            "hybridlock._decorator",
-        ),
-    ),
-    ("registry", ("hybridlock._registry",)),
-    ("faces", ("hybridlock.__init__", "hybridlock.testing", "hybridlock._server")),
-    ("cli", ("hybridlock._cli", "hybridlock._demo", "hybridlock.__main__")),
+    ("locks", ("hybridlock._async", "hybridlock._sync")),
+    ("registry", ("hybridlock._sync.registry", "hybridlock._async.registry")),
+    ("faces", ("hybridlock.__init__", "hybridlock.testing")),
+    ("cli", ("hybridlock._cli", "hybridlock.__main__")),
 ]
 
 PURE_LAYERS = {"errors", "core", "protocol"}
@@ -62,9 +44,14 @@ def _module_name(path: Path) -> str:
 
 
 def _layer(module: str) -> int:
+    # The most specific prefix wins (``hybridlock._sync.registry`` over ``hybridlock._sync``).
+    best: tuple[int, int] | None = None
     for index, (_name, prefixes) in enumerate(LAYERS):
-        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
-            return index
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    if best is not None:
+        return best[0]
     raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py")
 
 
@@ -126,8 +113,8 @@ def test_imports_point_down(path: Path) -> None:
             if LAYERS[layer][0] in PURE_LAYERS:
                 assert target.split(".")[0] not in IMPURE, f"{module} is pure but imports {target}"
             continue
-        if internal.startswith("hybridlock._registry"):
-            registry_layer = _layer("hybridlock._registry")
+        if _layer(internal) == _layer("hybridlock._sync.registry"):
+            registry_layer = _layer("hybridlock._sync.registry")
             assert layer >= registry_layer or module in REGISTRY_IMPORTERS_ALLOWED, f"{module} imports the registry"
             continue
         if typing_only:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
-from hybridlock._local import FifoMutex
+from hybridlock._sync._compat import FifoMutex
 
 
 def test_waiters_get_the_mutex_in_arrival_order():
@@ -253,7 +254,7 @@ def test_an_interrupt_inside_acquire_never_leaves_the_mutex_locked():
                 tb = exc.__traceback__
                 inside = False
                 while tb is not None:
-                    inside = inside or tb.tb_frame.f_code.co_filename.endswith("_local.py")
+                    inside = inside or tb.tb_frame.f_code.co_filename.endswith(os.path.join("_sync", "_compat.py"))
                     tb = tb.tb_next
                 if inside:
                     interrupted += 1

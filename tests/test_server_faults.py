@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import hybridlock
-from hybridlock._server import EmbeddedServer
+from hybridlock.testing.server import EmbeddedServer
 
 pytestmark = pytest.mark.server
 

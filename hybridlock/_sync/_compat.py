@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TypeVar, final
-
-from .._local import FifoMutex
 
 __all__ = ["FifoMutex", "Worker", "current_owner", "monotonic", "shielded", "sleep"]
 
@@ -94,3 +93,162 @@ class Worker:
                 return
             self._wakeup.wait(max(0.0, delay))
             self._wakeup.clear()
+
+
+# -- FifoMutex --------------------------------------------------------------------------------------------
+# The per-key local mutex: first come, first served among the threads of one process.
+#
+# ``threading.Lock`` lets a releasing thread take the lock straight back (barging), so under contention one thread
+# can wait for seconds while others cycle. Here ``release()`` hands the mutex directly to the longest-waiting thread,
+# so a thread's wait is bounded by the critical sections queued before it.
+#
+# Strict hand-off has a price: the mutex belongs to a sleeping thread until the operating system runs it, tens of
+# microseconds in which nobody is inside. ``pass_on()``, used when the server lease stays with this process (a
+# hand-off streak), may instead leave the mutex free for a short *barge window*: the longest-waiting thread is woken
+# and takes it if it is still free when it runs, but a thread already running (typically the releasing one, coming
+# straight back) may take it first. Once the waiting thread has been passed over for ``barge_window`` seconds, the
+# next release hands the mutex to it directly. Waiting threads are always served in arrival order; only a thread
+# that is running, not waiting, can go ahead of them, and only within the window.
+
+
+class _Ticket:
+    """One waiting thread: it sleeps on ``wakeup`` (acquired at creation) until a release wakes it."""
+
+    __slots__ = ("granted", "wakeup")
+
+    def __init__(self) -> None:
+        self.wakeup = threading.Lock()
+        self.wakeup.acquire()
+        self.granted = False  # the mutex was handed to this thread; set under the mutex's guard
+
+
+class FifoMutex:
+    """A non-reentrant mutex with FIFO hand-off; ``acquire(blocking, timeout)`` as ``threading.Lock``."""
+
+    __slots__ = ("_barge_window", "_guard", "_head_passed_over_since", "_locked", "_waiters", "_woken")
+
+    def __init__(self, barge_window: float = 0.0) -> None:
+        self._guard = threading.Lock()
+        self._locked = False
+        self._waiters: deque[_Ticket] = deque()
+        # The thread woken by pass_on() to take the free mutex, until it has looked (it is no longer in _waiters).
+        self._woken: _Ticket | None = None
+        self._barge_window = barge_window
+        # When pass_on() first let a running thread go ahead of the current longest waiter (None: it has not).
+        self._head_passed_over_since: float | None = None
+
+    @property
+    def waiting(self) -> int:
+        """How many threads are waiting (queued, or woken and about to look)."""
+        return len(self._waiters) + (self._woken is not None)
+
+    def locked(self) -> bool:
+        return self._locked
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        guard = self._guard
+        # `took` is set in the same statement that locks the mutex for us (no call in between, so no signal handler
+        # can run there): an interruption at any later point, the guard's exit included, knows to pass it on.
+        took = False
+        ticket: _Ticket | None = None
+        try:
+            with guard:
+                if not self._locked:
+                    self._locked = took = True
+                    return True
+                if not blocking:
+                    return False
+                ticket = _Ticket()
+                self._waiters.append(ticket)
+            deadline = None if timeout < 0 else time.monotonic() + timeout
+            while True:
+                woke = ticket.wakeup.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic()))
+                with guard:
+                    if ticket.granted:
+                        return True
+                    if self._woken is ticket:
+                        # pass_on() left the mutex free for us. We were chosen, so if it is still free it is ours
+                        # even if our timeout ran out meanwhile (a hair late, as with a hand-off): the releasing
+                        # thread counted on someone taking it.
+                        self._woken = None
+                        if not self._locked:
+                            self._locked = took = True
+                            self._head_passed_over_since = None
+                            return True
+                        # A running thread took it first; wait again, still first in line. (Our wake-up consumed
+                        # the release, so the ticket is armed again as it is.)
+                        if not woke or (deadline is not None and time.monotonic() >= deadline):
+                            return False
+                        self._waiters.appendleft(ticket)
+                        continue
+                    # Timed out while still queued.
+                    self._waiters.remove(ticket)
+                    return False
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, say): leave the queue, or pass on what was handed to us.
+            with guard:
+                owned = took
+                if ticket is None or owned:
+                    pass
+                elif ticket.granted or (self._woken is ticket and not self._locked):
+                    if self._woken is ticket:
+                        self._woken = None
+                    self._locked = True
+                    owned = True
+                elif self._woken is ticket:
+                    self._woken = None
+                elif ticket in self._waiters:
+                    self._waiters.remove(ticket)
+                # Otherwise we had already left the queue (timed out, or found the mutex taken after a wake-up and
+                # not yet queued again): nothing of ours to undo.
+            if owned:
+                self.release()
+            raise
+
+    def _grant_next(self) -> bool:
+        """Hand the (locked) mutex to the longest-waiting thread; False when nobody waits. Call under the guard."""
+        woken = self._woken
+        if woken is not None:
+            # Already awake (or waking): it will find the grant when it looks.
+            self._woken = None
+            woken.granted = True
+        elif self._waiters:
+            ticket = self._waiters.popleft()
+            ticket.granted = True
+            ticket.wakeup.release()
+        else:
+            return False
+        self._head_passed_over_since = None
+        return True
+
+    def pass_on(self) -> bool:
+        """Release to a waiting thread, if there is one (True); else keep the mutex locked (False).
+
+        Within the barge window the mutex is left free with the longest waiter woken (see the module docstring);
+        after it, or with a window of 0, the mutex is handed to that waiter directly."""
+        with self._guard:
+            if self._woken is None and not self._waiters:
+                self._head_passed_over_since = None
+                return False
+            if self._barge_window > 0:
+                now = time.monotonic()
+                since = self._head_passed_over_since
+                if since is None:
+                    self._head_passed_over_since = since = now
+                if now - since < self._barge_window:
+                    self._locked = False
+                    if self._woken is None:
+                        ticket = self._waiters.popleft()
+                        self._woken = ticket
+                        ticket.wakeup.release()
+                    return True
+            return self._grant_next()
+
+    def release(self) -> None:
+        """Release, handing the mutex straight to the longest-waiting thread if there is one."""
+        with self._guard:
+            if not self._locked:
+                raise RuntimeError("release of an unlocked FifoMutex")
+            if not self._grant_next():
+                self._locked = False
+                self._head_passed_over_since = None

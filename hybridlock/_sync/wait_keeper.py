@@ -29,11 +29,11 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from ._core.names import LockNames
-from .errors import HybridLockError
+from .._core.names import LockNames
+from ..errors import HybridLockError
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["REFRESH_INTERVAL", "WaitKeeper", "WaitingPlace"]
 

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._core.names import LockNames
-from ._core.results import AcquireResult
-from ._wait_keeper import WaitingPlace
-from .backends.base import ReleaseWatch
-from .errors import BackendUnavailableError, HybridLockError
+from .._core.names import LockNames
+from .._core.results import AcquireResult
+from ..backends.base import ReleaseWatch
+from ..errors import BackendUnavailableError, HybridLockError
+from .wait_keeper import WaitingPlace
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["acquire_remote", "contention_watch", "release_remote"]
 

@@ -19,13 +19,13 @@ import threading
 import uuid
 from typing import Any
 
-from ._core.config import RegistryConfig
-from ._leases import LeaseTable, LostCallback
-from ._renewal import LeaseRenewer
-from ._retention import RetentionReaper
-from ._wait_keeper import WaitKeeper
-from .backends.base import LockBackend
-from .errors import RegistryClosedError
+from .._core.config import RegistryConfig
+from ..backends.base import LockBackend
+from ..errors import RegistryClosedError
+from .leases import LeaseTable, LostCallback
+from .renewer import LeaseRenewer
+from .retention import RetentionReaper
+from .wait_keeper import WaitKeeper
 
 __all__ = ["LockContext"]
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import wrapt
 
-from ._core.config import validate_timeout
-from .errors import InvalidArgumentError, LockTimeoutError
+from .._core.config import validate_timeout
+from ..errors import InvalidArgumentError, LockTimeoutError
 
 if TYPE_CHECKING:
-    from ._lock import HybridLock
+    from .lock import HybridLock
 
 
 class LockRegistry(Protocol):

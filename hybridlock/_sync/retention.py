@@ -25,8 +25,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._context import LockContext
-    from ._lock import HybridLock
+    from .context import LockContext
+    from .lock import HybridLock
 
 __all__ = ["RetentionReaper"]
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import redis
 
-from ._registry import LockRegistry
-from ._server import EmbeddedServer, ServerNotFoundError
-from .backends.clients import redacted, redacted_url
+from .._sync.registry import LockRegistry
+from ..backends.clients import redacted, redacted_url
+from ..testing.server import EmbeddedServer, ServerNotFoundError
 
 __all__ = ["add_parser", "run_demo"]
 

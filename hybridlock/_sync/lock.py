@@ -32,22 +32,22 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._core.config import validate_timeout
-from ._core.names import LockNames
-from ._core.policy import may_keep_lease
-from ._lease import ServerLease
-from ._local import FifoMutex
-from ._waiting import acquire_remote, contention_watch, release_remote
-from .backends.base import ReleaseWatch
-from .errors import (
+from .._core.config import validate_timeout
+from .._core.names import LockNames
+from .._core.policy import may_keep_lease
+from ..backends.base import ReleaseWatch
+from ..errors import (
     HybridLockError,
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
 )
+from ._compat import FifoMutex
+from .lease import ServerLease
+from .waiting import acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["HybridLock", "JavaStyleLock", "LockStatistics"]
 

@@ -18,15 +18,15 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ._core.config import validate_timeout
-from ._core.names import LockNames
-from ._lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
-from ._waiting import acquire_remote
-from .backends.base import AcquireManyResult, AcquireResult
-from .errors import HybridLockError, LockNotOwnedError
+from .._core.config import validate_timeout
+from .._core.names import LockNames
+from ..backends.base import AcquireManyResult, AcquireResult
+from ..errors import HybridLockError, LockNotOwnedError
+from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
+from .waiting import acquire_remote
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["MultiLock"]
 

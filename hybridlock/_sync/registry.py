@@ -28,17 +28,17 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from ._context import LockContext
-from ._core.config import LockType, RegistryConfig
-from ._core.names import LockNames, lock_names, read_write_names, validate_key
-from ._decorator import execute_locked, synchronized
-from ._leases import HeldLease, LostCallback
-from ._lock import HybridLock
-from ._multi import MultiLock
-from ._rwlock import ReadWriteLock
-from .backends.base import LockBackend
-from .backends.memory import MemoryBackend
-from .errors import InvalidArgumentError, LockNotOwnedError
+from .._core.config import LockType, RegistryConfig
+from .._core.names import LockNames, lock_names, read_write_names, validate_key
+from ..backends.base import LockBackend
+from ..backends.memory import MemoryBackend
+from ..errors import InvalidArgumentError, LockNotOwnedError
+from .context import LockContext
+from .decorator import execute_locked, synchronized
+from .leases import HeldLease, LostCallback
+from .lock import HybridLock
+from .multi import MultiLock
+from .rwlock import ReadWriteLock
 
 __all__ = ["LocalLockRegistry", "LockRegistry"]
 
@@ -303,8 +303,8 @@ class LocalLockRegistry(LockRegistry):
 def _make_backend(connection: Any) -> LockBackend:
     if isinstance(connection, LockBackend):
         return connection
-    from .backends.clients import check_client_settings, client_family, redacted, redacted_url
-    from .backends.redis import RedisBackend, redis_client_from_url
+    from ..backends.clients import check_client_settings, client_family, redacted, redacted_url
+    from ..backends.redis import RedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
         if not connection:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._core.names import LockNames
-from ._leases import LostCallback
-from .errors import InvalidArgumentError, LockLostError
+from .._core.names import LockNames
+from ..errors import InvalidArgumentError, LockLostError
+from .leases import LostCallback
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["ServerLease"]
 

@@ -26,8 +26,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._context import LockContext
-    from ._leases import HeldLease
+    from .context import LockContext
+    from .leases import HeldLease
 
 __all__ = ["LeaseRenewer"]
 

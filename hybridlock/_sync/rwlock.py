@@ -30,16 +30,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._core.config import validate_timeout
-from ._core.names import LockNames, ReadWriteNames
-from ._lease import ServerLease
-from ._lock import JavaStyleLock
-from ._waiting import acquire_remote, contention_watch
-from .backends.base import AcquireResult, ReleaseWatch
-from .errors import LockNotOwnedError, LockUpgradeError
+from .._core.config import validate_timeout
+from .._core.names import LockNames, ReadWriteNames
+from ..backends.base import AcquireResult, ReleaseWatch
+from ..errors import LockNotOwnedError, LockUpgradeError
+from .lease import ServerLease
+from .lock import JavaStyleLock
+from .waiting import acquire_remote, contention_watch
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 

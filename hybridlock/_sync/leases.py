@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._core.config import MIN_LEASE, lease_ms, validate_seconds
-from ._core.names import LockNames
-from .errors import LockLostError, LockNotOwnedError
+from .._core.config import MIN_LEASE, lease_ms, validate_seconds
+from .._core.names import LockNames
+from ..errors import LockLostError, LockNotOwnedError
 
 if TYPE_CHECKING:
-    from ._context import LockContext
+    from .context import LockContext
 
 __all__ = ["HeldLease", "LeaseTable", "LostCallback"]
 
