@@ -61,6 +61,8 @@ RULES: tuple[tuple[str, str], ...] = (
     # hybridlock's paired names: the shims (hand-written on each side) and the public classes.
     ("AsyncFifoMutex", "FifoMutex"),
     ("AsyncWorker", "Worker"),
+    ("AsyncEvent", "Event"),
+    ("AsyncCondition", "Condition"),
     ("AsyncLockRegistry", "LockRegistry"),
     ("AsyncLocalLockRegistry", "LocalLockRegistry"),
     ("AsyncHybridLock", "HybridLock"),

@@ -329,3 +329,52 @@ def test_thread_worker_steps_until_stopped() -> None:
     assert worker.stop(timeout=5)
     assert len(calls) == 2
     assert worker.error is None
+
+
+def test_async_event_waits_like_a_thread_event():
+    from hybridlock._async._compat import AsyncEvent
+
+    async def main() -> None:
+        event = AsyncEvent()
+        start = time.monotonic()
+        assert await event.wait(0.05) is False
+        assert time.monotonic() - start >= 0.04
+        asyncio.get_running_loop().call_later(0.02, event.set)
+        assert await event.wait(5) is True
+        assert event.is_set()
+        event.clear()
+        assert await event.wait(0) is False
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_async_condition_wakes_waiters_whose_predicate_holds():
+    from hybridlock._async._compat import AsyncCondition
+
+    async def main() -> None:
+        cond = AsyncCondition()
+        state = {"ready": False}
+
+        async def waiter() -> bool:
+            with cond:
+                return await cond.wait_for(lambda: state["ready"], 5)
+
+        tasks = [asyncio.create_task(waiter()) for _ in range(10)]
+        await asyncio.sleep(0.01)
+        cond.notify_all()  # predicate still false: nobody may return
+        await asyncio.sleep(0.01)
+        assert not any(task.done() for task in tasks)
+        state["ready"] = True
+        cond.notify_all()
+        assert await asyncio.gather(*tasks) == [True] * 10
+        with cond:
+            assert await cond.wait_for(lambda: False, 0.02) is False
+        # A cancelled waiter leaves no trace behind.
+        lone = asyncio.create_task(cond.wait_for(lambda: False))
+        await asyncio.sleep(0.01)
+        lone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await lone
+        assert cond._waiters == []
+
+    asyncio.run(asyncio.wait_for(main(), 10))

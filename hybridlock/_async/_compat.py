@@ -17,9 +17,20 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar, final
 
-__all__ = ["AsyncFifoMutex", "AsyncWorker", "current_owner", "monotonic", "shielded", "sleep"]
+__all__ = [
+    "AsyncCondition",
+    "AsyncEvent",
+    "AsyncFifoMutex",
+    "AsyncWorker",
+    "current_owner",
+    "monotonic",
+    "new_guard",
+    "shielded",
+    "sleep",
+]
 
 T = TypeVar("T")
 
@@ -62,6 +73,93 @@ async def shielded(awaitable: Awaitable[T]) -> T:
             cancelled.__context__ = task.exception()
         raise cancelled
     return task.result()
+
+
+def new_guard() -> AbstractContextManager[object]:
+    """A guard for a few lines of state change: a ``threading.Lock`` on the sync side, nothing here.
+
+    Tasks of one loop only switch at an ``await``, so a block with no ``await`` inside is already atomic. Shared
+    code must therefore never ``await`` inside ``with guard:`` (the sync side would hold a lock across I/O)."""
+    return nullcontext()
+
+
+@final
+class AsyncEvent:
+    """``threading.Event``'s interface for tasks: ``set``, ``clear``, ``is_set`` and ``await wait(timeout)``, which
+    returns whether the event is set (False when ``timeout`` seconds passed first), as the thread event's does."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        if self._event.is_set():
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except asyncio.TimeoutError:
+            return self._event.is_set()
+        return True
+
+
+@final
+class AsyncCondition:
+    """``threading.Condition``'s interface for the tasks of one loop: ``with cond:`` (which holds nothing: see
+    ``new_guard``), ``await cond.wait_for(predicate, timeout)`` and ``cond.notify_all()``.
+
+    ``wait_for`` returns the predicate's last value, False when ``timeout`` seconds passed first. A waiter that is
+    cancelled simply leaves: nothing was handed to it."""
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self) -> None:
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def __enter__(self) -> AsyncCondition:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        result = predicate()
+        if result:
+            return result
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not result:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return result
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait((waiter,), timeout=remaining)
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                if not waiter.done():
+                    waiter.cancel()
+            result = predicate()
+        return result
+
+    def notify_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class _Ticket:

@@ -10,9 +10,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TypeVar, final
 
-__all__ = ["FifoMutex", "Worker", "current_owner", "monotonic", "shielded", "sleep"]
+__all__ = [
+    "Condition",
+    "Event",
+    "FifoMutex",
+    "Worker",
+    "current_owner",
+    "monotonic",
+    "new_guard",
+    "shielded",
+    "sleep",
+]
 
 T = TypeVar("T")
 
@@ -32,6 +43,23 @@ def shielded(value: T) -> T:
 
     Exists so that ``await shielded(cleanup())`` in async source becomes ``shielded(cleanup())`` here."""
     return value
+
+
+#: ``threading.Event``; the async side's ``AsyncEvent`` has the same interface with ``await wait(timeout)``.
+Event = threading.Event
+
+
+def new_guard() -> AbstractContextManager[object]:
+    """A guard for a few lines of state change shared with other threads: a ``threading.Lock`` (nothing on the
+    async side, where no task switch can happen without an ``await``; so shared code never awaits inside one)."""
+    return threading.Lock()
+
+
+class Condition(threading.Condition):
+    """``threading.Condition`` over a plain (non-reentrant) lock: the partner of ``AsyncCondition``."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
 
 
 @final
