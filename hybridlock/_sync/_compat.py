@@ -30,6 +30,8 @@ T = TypeVar("T")
 monotonic = time.monotonic
 sleep = time.sleep
 
+_LONGEST_SLEEP = threading.TIMEOUT_MAX / 2  # the longest a Worker sleeps in one go (see Worker._run)
+
 
 def current_owner() -> object:
     """Who is running: the current thread's ident (the current task on the async side). Compare with ``==``.
@@ -119,7 +121,8 @@ class Worker:
                 return
             if delay is None or self._stop_requested:
                 return
-            self._wakeup.wait(max(0.0, delay))
+            # Capped: a longer wait would overflow (a huge lease's renewal period); the step then just runs early.
+            self._wakeup.wait(min(max(0.0, delay), _LONGEST_SLEEP))
             self._wakeup.clear()
 
 

@@ -1,9 +1,13 @@
-"""The lease renewer: one background thread per registry keeps every held lock's lease alive.
+# GENERATED from hybridlock/_async/renewer.py by scripts/unasync.py: do not edit, edit the source and rerun.
+"""The lease renewer: one background worker per registry keeps every held lock's lease alive.
 
 Every ``expire_after / 3`` seconds it renews all the locks the registry holds in one backend call (one round
 trip on a single server, one per slot on a cluster), so 10,000 held locks cost what one does. A lock whose
 renewal finds the key gone or another owner's is marked lost at once (``lock.lost``, its ``on_lost`` callbacks,
 ``LockLostError`` at release).
+
+The worker is an ``Worker`` (a task of the registry's event loop; a daemon thread on the sync side): it
+runs while there is a lease to renew and ends a moment after the last one is given back.
 
 Failure modes
 -------------
@@ -11,7 +15,7 @@ Failure modes
   command a cluster client refuses, a bug): the failure is logged once per streak and the round retried at the
   next period, or just at the earliest ``valid_until`` if that comes first. The leases keep running out
   meanwhile; a lock whose ``valid_until`` has passed without a successful renewal is marked lost (``lost``,
-  ``on_lost``, ``LockLostError`` at release), because another owner may have taken it by then. The thread
+  ``on_lost``, ``LockLostError`` at release), because another owner may have taken it by then. The worker
   itself never ends on an error.
 * The process is paused (GC, SIGSTOP) longer than the lease: nothing can renew; on resuming the renewal finds the
   keys gone or taken and reports the loss. Fencing tokens are the defence for the resource.
@@ -21,110 +25,158 @@ Failure modes
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ._compat import Worker, monotonic, new_guard
 
 if TYPE_CHECKING:
-    from .context import LockContext
-    from .leases import HeldLease
+    from .._core.config import RegistryConfig
+    from .._core.names import LockNames
 
-__all__ = ["LeaseRenewer"]
+__all__ = ["LeaseRenewer", "RenewedLease", "RenewerContext"]
 
 logger = logging.getLogger("hybridlock")
 
-_IDLE_LINGER = 0.15  # seconds the thread waits, with nothing held, before it ends (a quick re-acquire reuses it)
+_IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it ends (a quick re-acquire reuses it)
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
-_LONGEST_WAIT = threading.TIMEOUT_MAX / 2  # a huge expire_after must not overflow the wait
+_STOP_TIMEOUT = 5.0  # seconds stop() waits for a round in progress (bounded by the client's socket timeout)
+
+
+class RenewedLease(Protocol):
+    """What the renewer needs of a held lease (a plain lock, or a read-write half): ``HeldLease`` in ``leases``."""
+
+    @property
+    def _names(self) -> LockNames: ...
+    @property
+    def _tenancy(self) -> int: ...
+    @property
+    def _acquired_at(self) -> float | None: ...
+    @property
+    def _valid_until(self) -> float | None: ...
+    @property
+    def lost(self) -> bool: ...
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
+
+    # The lock may take its local mutex to look at a retained lease: a coroutine on the async side.
+    def _mark_lost(self, tenancy: int) -> None: ...
+
+
+class _Leases(Protocol):
+    def __bool__(self) -> bool: ...
+    def in_server(self) -> Sequence[RenewedLease]: ...
+
+
+class _Backend(Protocol):
+    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]: ...
+
+
+class RenewerContext(Protocol):
+    """What the renewer needs of its registry's ``LockContext`` (which is handed in; the renewer imports none)."""
+
+    @property
+    def config(self) -> RegistryConfig: ...
+    @property
+    def leases(self) -> _Leases: ...
+    @property
+    def backend(self) -> _Backend: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def server(self) -> str: ...
 
 
 class LeaseRenewer:
-    """Renews every lease of one registry, from one thread that runs while there is a lease to renew.
+    """Renews every lease of one registry, from one worker that runs while there is a lease to renew.
 
-    The thread starts at the first lease (``ensure_started``), ends about ``_IDLE_LINGER`` seconds after the last
+    The worker starts at the first lease (``ensure_started``), ends about ``_IDLE_LINGER`` seconds after the last
     one is given back (``nothing_held``), and starts again at the next. It never dies of an error: a round that
     fails, whatever the reason, is logged (once per streak of failures) and retried, and a lease that could not
-    be renewed before its ``valid_until`` is reported lost to its holder like any other loss."""
+    be renewed before its ``valid_until`` is reported lost to its holder like any other loss.
 
-    def __init__(self, context: LockContext) -> None:
+    ``ensure_started`` and ``nothing_held`` are plain calls (they never wait: the lock calls them mid-acquire and
+    mid-release); ``stop`` and ``renew_once`` are coroutines."""
+
+    def __init__(self, context: RenewerContext) -> None:
         self._context = context
         self._period = context.config.renew_period
-        self._init_thread_state()
+        self._guard = new_guard()
+        # The latest worker (it stays here after it ends, until the next one starts).
+        self._worker: Worker | None = None
+        # Whether the worker will see a lease added now. Cleared (under the guard) *before* the worker's last look
+        # at the registry's leases, so ensure_started() can read it without the guard: a lease added before that
+        # look is seen by the worker, one added after finds False and starts a new worker.
+        self._live = False
+        self._stopped = False
+        self._sleeping_with_leases = False  # nothing_held() must wake the worker, or it sleeps a whole period
+        self._lingering = False  # the worker's last sleep began with nothing held
+        self._round_due = False  # the worker's last sleep began with leases held: renew when it ends
+        self._failing = False  # in a streak of failed rounds (logged once per streak)
+        self._delay = self._period  # until the next round
         #: Completed renewal rounds and backend calls made (for statistics and benchmarks).
         self.rounds = 0
 
-    def _init_thread_state(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        # The running thread, or None once it has decided to end (or before the first start). Cleared *before*
-        # the thread's last look at the registry's leases, so ensure_started() can read it without the lock: a
-        # lease added before that look is seen by the thread, one added after finds None and starts a new one.
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._sleeping_with_leases = False  # nothing_held() must wake the thread, or it sleeps a whole period
-        self._failing = False  # in a streak of failed rounds (logged once per streak)
-        self._delay = self._period  # until the next round
-
     def ensure_started(self) -> None:
-        """A lease is now held (already in the registry's table): make sure a thread will renew it."""
-        if self._thread is not None:
+        """A lease is now held (already in the registry's table): make sure a worker will renew it."""
+        if self._live:
             return
-        with self._cond:
-            if self._thread is None and not self._stopped:
-                thread = threading.Thread(
-                    target=self._run, name=f"hybridlock-renewer-{self._context.config.registry_key}", daemon=True
-                )
-                self._thread = thread
-                thread.start()
+        with self._guard:
+            if not self._live and not self._stopped:
+                self._lingering = self._round_due = False
+                self._worker = Worker(self._step, name=f"hybridlock-renewer-{self._context.config.registry_key}")
+                self._live = True
+                self._worker.start()
 
     def nothing_held(self) -> None:
-        """The registry's last lease was given back: let the thread end soon (it may be in a long sleep)."""
+        """The registry's last lease was given back: let the worker end soon (it may be in a long sleep)."""
         if self._sleeping_with_leases:
-            with self._cond:
-                if self._sleeping_with_leases:
+            with self._guard:
+                if self._sleeping_with_leases and self._worker is not None:
                     self._sleeping_with_leases = False
-                    self._cond.notify()
+                    self._worker.wake()
 
     def stop(self) -> None:
-        with self._cond:
+        """End the worker (after the round in progress, if any) and start none again: the registry closes."""
+        with self._guard:
             self._stopped = True
-            thread = self._thread
-            self._cond.notify()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5.0)
+            worker = self._worker
+        if worker is not None:
+            worker.stop(timeout=_STOP_TIMEOUT)
 
-    def _run(self) -> None:
-        me = threading.current_thread()
-        leases = self._context.leases
-        lingering = False  # the last wait began with nothing held
-        while True:
-            with self._cond:
-                if self._stopped:
-                    return
-                # Set before looking, so a release emptying the table after the look sees it and wakes us.
-                self._sleeping_with_leases = True
-                if not leases:
-                    self._sleeping_with_leases = False
-                    if lingering:
-                        self._thread = None  # from here on, a new lease starts a new thread (see _init_thread_state)
-                        if not leases:
-                            return
-                        self._thread = me
-                    lingering = True
-                    self._cond.wait(_IDLE_LINGER)
-                    continue
-                if lingering:
-                    # Every lease now held was taken during the linger, at most _IDLE_LINGER ago: renew it a
-                    # period from now, not at once.
-                    lingering = False
-                    self._delay = self._period
-                self._cond.wait(min(self._delay, _LONGEST_WAIT))
-                self._sleeping_with_leases = False
-                if self._stopped:
-                    return
+    def _step(self) -> float | None:
+        """The worker's body: a round if one is due, then how long to sleep (None: nothing held, end)."""
+        with self._guard:
+            # Awake: a release emptying the table from now on finds us looking (or about to), not asleep.
+            self._sleeping_with_leases = False
+        if self._round_due:
+            self._round_due = False
             self.renew_once()
+        leases = self._context.leases
+        with self._guard:
+            if self._stopped:
+                return None
+            # Set before looking, so a release emptying the table after the look sees it and wakes us.
+            self._sleeping_with_leases = True
+            if not leases:
+                self._sleeping_with_leases = False
+                if self._lingering:
+                    self._live = False  # from here on, a new lease starts a new worker (see __init__)
+                    if not leases:
+                        return None
+                    self._live = True
+                self._lingering = True
+                return _IDLE_LINGER
+            if self._lingering:
+                # Every lease now held was taken during the linger, at most _IDLE_LINGER ago: renew it a period
+                # from now, not at once.
+                self._lingering = False
+                self._delay = self._period
+            self._round_due = True
+            return self._delay
 
     def renew_once(self) -> None:
-        """Renew every held lease once (the thread's body; also callable from tests). Never raises.
+        """Renew every held lease once (the worker's body; also callable from tests). Never raises.
 
         A round that fails for any reason (the server is out of reach, the client refused a command, a bug) is
         logged once per streak of failures and retried at the next period, or sooner: just at the earliest
@@ -155,7 +207,7 @@ class LeaseRenewer:
     def _renew_all(self) -> bool:
         """One round; returns whether it asked the server (False: nothing to renew)."""
         context = self._context
-        now = time.monotonic()
+        now = monotonic()
         max_hold = context.config.max_hold
         locks = []
         for lock in context.leases.in_server():
@@ -171,7 +223,7 @@ class LeaseRenewer:
         lease_ms = context.config.lease_ms
         if not locks or lease_ms is None:  # (a registry whose leases never end has no renewer)
             return False
-        start = time.monotonic()
+        start = monotonic()
         try:
             flags = context.backend.renew([lock._names for lock, _ in locks], context.client_id, lease_ms)
         except Exception:
@@ -188,8 +240,8 @@ class LeaseRenewer:
         return True
 
     @staticmethod
-    def _mark_ended_lost(locks: list[tuple[HeldLease, int]]) -> None:
-        after = time.monotonic()
+    def _mark_ended_lost(locks: list[tuple[RenewedLease, int]]) -> None:
+        after = monotonic()
         for lock, tenancy in locks:
             until = lock._valid_until
             if until is not None and until <= after:
@@ -198,13 +250,13 @@ class LeaseRenewer:
     def _retry_delay(self) -> float:
         """After a failed round: the next period, or the earliest ``valid_until`` if that comes first (at least
         ``_RETRY_MIN``, so a round that fails at once does not spin)."""
-        now = time.monotonic()
+        now = monotonic()
         delay = self._period
         try:
             for lock in self._context.leases.in_server():
                 until = lock._valid_until
                 if until is not None and not lock.lost:
                     delay = min(delay, until - now)
-        except Exception:  # a bug here must not end the thread either: fall back to the period
+        except Exception:  # a bug here must not end the worker either: fall back to the period
             logger.debug("hybridlock: could not compute the retry delay", exc_info=True)
         return max(delay, _RETRY_MIN)

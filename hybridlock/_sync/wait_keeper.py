@@ -1,17 +1,18 @@
-"""The wait keeper: one background thread per registry keeps the server-queue places of its live waiters.
+# GENERATED from hybridlock/_async/wait_keeper.py by scripts/unasync.py: do not edit, edit the source and rerun.
+"""The wait keeper: one background worker per registry keeps the server-queue places of its live waiters.
 
 A refused blocking attempt takes a place in the lock's server queue (or, for a writer of a read-write lock, a
 record among its waiting writers) that lapses ``QUEUE_PLACE_KEEP_MS`` (3 s) later unless refreshed. That bound is
 what stops a waiter that crashed from keeping a free lock from everyone: its place heads the queue for at most 3 s
 more. A live waiter may wait much longer (for a holder's whole lease), so while at least one of this registry's
-threads waits in the server, this thread refreshes every place the registry waits in, in one backend call (one
-round trip per cluster slot), every ``REFRESH_INTERVAL`` seconds. A place is only refreshed while its owner still
-holds it: one it left, took the lock from, or that lapsed is never brought back.
+threads (or tasks) waits in the server, this worker refreshes every place the registry waits in, in one backend
+call (one round trip per cluster slot), every ``REFRESH_INTERVAL`` seconds. A place is only refreshed while its
+owner still holds it: one it left, took the lock from, or that lapsed is never brought back.
 
-The thread starts when the first wait begins and ends when the last one ends (within a moment: ending a wait
-wakes it; a refresh in flight finishes first, within the client's socket timeout), so an idle registry runs no
-thread here. Only the thread at the head of a key's local queue waits in the server, so a registry has few
-places at a time.
+The worker (an ``Worker``: a task of the registry's loop, a daemon thread on the sync side) starts when the
+first wait begins and ends when the last one ends (within a moment: ending a wait wakes it; a refresh in flight
+finishes first, within the client's socket timeout), so an idle registry runs no worker here. Only the thread at
+the head of a key's local queue waits in the server, so a registry has few places at a time.
 
 Failure modes
 -------------
@@ -26,21 +27,37 @@ Failure modes
 from __future__ import annotations
 
 import logging
-import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from .._core.names import LockNames
 from ..errors import HybridLockError
+from ._compat import Worker, monotonic, new_guard
 
 if TYPE_CHECKING:
-    from .context import LockContext
+    from .._core.names import LockNames
 
-__all__ = ["REFRESH_INTERVAL", "WaitKeeper", "WaitingPlace"]
+__all__ = ["REFRESH_INTERVAL", "KeeperContext", "WaitKeeper", "WaitingPlace"]
 
 logger = logging.getLogger("hybridlock")
 
 #: Seconds between refreshes: a third of ``QUEUE_PLACE_KEEP_MS``, so one slow or failed refresh loses no place.
 REFRESH_INTERVAL = 1.0
+_STOP_TIMEOUT = 5.0  # seconds stop() waits for a refresh in flight
+
+
+class _Backend(Protocol):
+    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]: ...
+
+
+class KeeperContext(Protocol):
+    """What the keeper needs of its registry's ``LockContext``."""
+
+    @property
+    def backend(self) -> _Backend: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def server(self) -> str: ...
 
 
 class WaitingPlace:
@@ -54,62 +71,74 @@ class WaitingPlace:
 
 
 class WaitKeeper:
-    """Keeps the places of a registry's waits in progress alive; see the module docstring."""
+    """Keeps the places of a registry's waits in progress alive; see the module docstring.
 
-    def __init__(self, context: LockContext) -> None:
+    ``begin`` and ``end`` are plain calls (a waiter makes them around its wait); ``stop`` is a coroutine."""
+
+    def __init__(self, context: KeeperContext) -> None:
         self._context = context
-        self._init_state()
-
-    def _init_state(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._guard = new_guard()
         self._places: set[WaitingPlace] = set()
-        self._thread: threading.Thread | None = None
+        self._worker: Worker | None = None  # the latest worker (kept after it ends)
+        self._live = False  # a worker runs and will look at the places again (cleared when it decides to end)
         self._stopped = False
+        self._next_refresh = 0.0  # monotonic(): when the worker refreshes next
 
     def begin(self, names: LockNames) -> WaitingPlace:
         """A wait now holds a place in ``names``'s queue; keep it until ``end``."""
         place = WaitingPlace(names)
-        with self._cond:
+        with self._guard:
             if self._stopped:
                 return place
             self._places.add(place)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hybridlock-wait-keeper", daemon=True)
-                self._thread.start()
+            if not self._live:
+                # The first refresh a whole interval from now: the place was just taken, fresh for 3 s.
+                self._next_refresh = monotonic() + REFRESH_INTERVAL
+                self._worker = Worker(self._step, name="hybridlock-wait-keeper")
+                self._live = True
+                self._worker.start()
         return place
 
     def end(self, place: WaitingPlace) -> None:
         """The wait is over (the lock taken, or given up): stop keeping its place."""
-        with self._cond:
+        with self._guard:
             self._places.discard(place)
-            if not self._places:
-                self._cond.notify_all()
+            if not self._places and self._worker is not None:
+                self._worker.wake()  # so that it ends now, not at its next refresh
 
     def stop(self) -> None:
-        """The registry closes: keep nothing any more, and let the thread end."""
-        with self._cond:
+        """The registry closes: keep nothing any more, and end the worker (after a refresh in flight, if any)."""
+        with self._guard:
             self._stopped = True
             self._places.clear()
-            self._cond.notify_all()
+            worker = self._worker
+        if worker is not None and worker.stop(timeout=_STOP_TIMEOUT):
+            with self._guard:
+                self._live = False  # (it may have been stopped between two steps, before looking again)
 
     @property
     def running(self) -> bool:
-        """Whether the keeper thread is alive (for tests)."""
-        with self._cond:
-            return self._thread is not None
+        """Whether the keeper's worker runs (for tests)."""
+        with self._guard:
+            return self._live
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: not self._places, REFRESH_INTERVAL)
-                if not self._places:
-                    self._thread = None
-                    return
-                names = list({place.names.queue: place.names for place in self._places}.values())
-            context = self._context
-            try:
-                context.backend.keep_waiting(names, context.client_id)
-            except HybridLockError:
-                logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
-            except Exception:  # a bug must not end the thread while waits still count on it
-                logger.exception("hybridlock: keeping waiting places on %s failed", context.server)
+    def _step(self) -> float | None:
+        """The worker's body: refresh the places if it is time, then how long to sleep (None: no wait left, end)."""
+        with self._guard:
+            if not self._places:
+                self._live = False  # from here on, begin() starts a new worker
+                return None
+            wait = self._next_refresh - monotonic()
+            if wait > 0:
+                return wait  # woken early (a wait ended, others remain)
+            names = list({place.names.queue: place.names for place in self._places}.values())
+        context = self._context
+        try:
+            context.backend.keep_waiting(names, context.client_id)
+        except HybridLockError:
+            logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
+        except Exception:  # a bug must not end the worker while waits still count on it
+            logger.exception("hybridlock: keeping waiting places on %s failed", context.server)
+        with self._guard:
+            self._next_refresh = monotonic() + REFRESH_INTERVAL
+        return REFRESH_INTERVAL

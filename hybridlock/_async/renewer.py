@@ -1,0 +1,261 @@
+"""The lease renewer: one background worker per registry keeps every held lock's lease alive.
+
+Every ``expire_after / 3`` seconds it renews all the locks the registry holds in one backend call (one round
+trip on a single server, one per slot on a cluster), so 10,000 held locks cost what one does. A lock whose
+renewal finds the key gone or another owner's is marked lost at once (``lock.lost``, its ``on_lost`` callbacks,
+``LockLostError`` at release).
+
+The worker is an ``AsyncWorker`` (a task of the registry's event loop; a daemon thread on the sync side): it
+runs while there is a lease to renew and ends a moment after the last one is given back.
+
+Failure modes
+-------------
+* The server is unreachable, or the round fails in any other way (an error the client does not translate, a
+  command a cluster client refuses, a bug): the failure is logged once per streak and the round retried at the
+  next period, or just at the earliest ``valid_until`` if that comes first. The leases keep running out
+  meanwhile; a lock whose ``valid_until`` has passed without a successful renewal is marked lost (``lost``,
+  ``on_lost``, ``LockLostError`` at release), because another owner may have taken it by then. The worker
+  itself never ends on an error.
+* The process is paused (GC, SIGSTOP) longer than the lease: nothing can renew; on resuming the renewal finds the
+  keys gone or taken and reports the loss. Fencing tokens are the defence for the resource.
+* ``max_hold``: locks held longer than that are no longer renewed and end with their lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ._compat import AsyncWorker, monotonic, new_guard
+
+if TYPE_CHECKING:
+    from .._core.config import RegistryConfig
+    from .._core.names import LockNames
+
+__all__ = ["LeaseRenewer", "RenewedLease", "RenewerContext"]
+
+logger = logging.getLogger("hybridlock")
+
+_IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it ends (a quick re-acquire reuses it)
+_RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
+_STOP_TIMEOUT = 5.0  # seconds stop() waits for a round in progress (bounded by the client's socket timeout)
+
+
+class RenewedLease(Protocol):
+    """What the renewer needs of a held lease (a plain lock, or a read-write half): ``HeldLease`` in ``leases``."""
+
+    @property
+    def _names(self) -> LockNames: ...
+    @property
+    def _tenancy(self) -> int: ...
+    @property
+    def _acquired_at(self) -> float | None: ...
+    @property
+    def _valid_until(self) -> float | None: ...
+    @property
+    def lost(self) -> bool: ...
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
+
+    # The lock may take its local mutex to look at a retained lease: a coroutine on the async side.
+    async def _mark_lost(self, tenancy: int) -> None: ...
+
+
+class _Leases(Protocol):
+    def __bool__(self) -> bool: ...
+    def in_server(self) -> Sequence[RenewedLease]: ...
+
+
+class _Backend(Protocol):
+    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]: ...
+
+
+class RenewerContext(Protocol):
+    """What the renewer needs of its registry's ``LockContext`` (which is handed in; the renewer imports none)."""
+
+    @property
+    def config(self) -> RegistryConfig: ...
+    @property
+    def leases(self) -> _Leases: ...
+    @property
+    def backend(self) -> _Backend: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def server(self) -> str: ...
+
+
+class LeaseRenewer:
+    """Renews every lease of one registry, from one worker that runs while there is a lease to renew.
+
+    The worker starts at the first lease (``ensure_started``), ends about ``_IDLE_LINGER`` seconds after the last
+    one is given back (``nothing_held``), and starts again at the next. It never dies of an error: a round that
+    fails, whatever the reason, is logged (once per streak of failures) and retried, and a lease that could not
+    be renewed before its ``valid_until`` is reported lost to its holder like any other loss.
+
+    ``ensure_started`` and ``nothing_held`` are plain calls (they never wait: the lock calls them mid-acquire and
+    mid-release); ``stop`` and ``renew_once`` are coroutines."""
+
+    def __init__(self, context: RenewerContext) -> None:
+        self._context = context
+        self._period = context.config.renew_period
+        self._guard = new_guard()
+        # The latest worker (it stays here after it ends, until the next one starts).
+        self._worker: AsyncWorker | None = None
+        # Whether the worker will see a lease added now. Cleared (under the guard) *before* the worker's last look
+        # at the registry's leases, so ensure_started() can read it without the guard: a lease added before that
+        # look is seen by the worker, one added after finds False and starts a new worker.
+        self._live = False
+        self._stopped = False
+        self._sleeping_with_leases = False  # nothing_held() must wake the worker, or it sleeps a whole period
+        self._lingering = False  # the worker's last sleep began with nothing held
+        self._round_due = False  # the worker's last sleep began with leases held: renew when it ends
+        self._failing = False  # in a streak of failed rounds (logged once per streak)
+        self._delay = self._period  # until the next round
+        #: Completed renewal rounds and backend calls made (for statistics and benchmarks).
+        self.rounds = 0
+
+    def ensure_started(self) -> None:
+        """A lease is now held (already in the registry's table): make sure a worker will renew it."""
+        if self._live:
+            return
+        with self._guard:
+            if not self._live and not self._stopped:
+                self._lingering = self._round_due = False
+                self._worker = AsyncWorker(self._step, name=f"hybridlock-renewer-{self._context.config.registry_key}")
+                self._live = True
+                self._worker.start()
+
+    def nothing_held(self) -> None:
+        """The registry's last lease was given back: let the worker end soon (it may be in a long sleep)."""
+        if self._sleeping_with_leases:
+            with self._guard:
+                if self._sleeping_with_leases and self._worker is not None:
+                    self._sleeping_with_leases = False
+                    self._worker.wake()
+
+    async def stop(self) -> None:
+        """End the worker (after the round in progress, if any) and start none again: the registry closes."""
+        with self._guard:
+            self._stopped = True
+            worker = self._worker
+        if worker is not None:
+            await worker.stop(timeout=_STOP_TIMEOUT)
+
+    async def _step(self) -> float | None:
+        """The worker's body: a round if one is due, then how long to sleep (None: nothing held, end)."""
+        with self._guard:
+            # Awake: a release emptying the table from now on finds us looking (or about to), not asleep.
+            self._sleeping_with_leases = False
+        if self._round_due:
+            self._round_due = False
+            await self.renew_once()
+        leases = self._context.leases
+        with self._guard:
+            if self._stopped:
+                return None
+            # Set before looking, so a release emptying the table after the look sees it and wakes us.
+            self._sleeping_with_leases = True
+            if not leases:
+                self._sleeping_with_leases = False
+                if self._lingering:
+                    self._live = False  # from here on, a new lease starts a new worker (see __init__)
+                    if not leases:
+                        return None
+                    self._live = True
+                self._lingering = True
+                return _IDLE_LINGER
+            if self._lingering:
+                # Every lease now held was taken during the linger, at most _IDLE_LINGER ago: renew it a period
+                # from now, not at once.
+                self._lingering = False
+                self._delay = self._period
+            self._round_due = True
+            return self._delay
+
+    async def renew_once(self) -> None:
+        """Renew every held lease once (the worker's body; also callable from tests). Never raises.
+
+        A round that fails for any reason (the server is out of reach, the client refused a command, a bug) is
+        logged once per streak of failures and retried at the next period, or sooner: just at the earliest
+        ``valid_until``, so that a lease the failure keeps from being renewed is reported lost as it ends."""
+        try:
+            asked = await self._renew_all()
+        except Exception as exc:
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "hybridlock: renewing the leases of registry %r on %s failed; retrying (logged once until it "
+                    "works again)",
+                    self._context.config.registry_key,
+                    self._context.server,
+                    exc_info=exc,
+                )
+            self._delay = self._retry_delay()
+            return
+        if asked and self._failing:
+            self._failing = False
+            logger.warning(
+                "hybridlock: renewing the leases of registry %r on %s works again",
+                self._context.config.registry_key,
+                self._context.server,
+            )
+        self._delay = self._period
+
+    async def _renew_all(self) -> bool:
+        """One round; returns whether it asked the server (False: nothing to renew)."""
+        context = self._context
+        now = monotonic()
+        max_hold = context.config.max_hold
+        locks = []
+        for lock in context.leases.in_server():
+            tenancy, acquired_at, valid_until = lock._tenancy, lock._acquired_at, lock._valid_until
+            if lock.lost:
+                continue
+            if max_hold is not None and acquired_at is not None and now - acquired_at >= max_hold:
+                # No longer renewed; once its lease has certainly run out, the holder must hear it is lost.
+                if valid_until is not None and valid_until <= now:
+                    await lock._mark_lost(tenancy)
+                continue
+            locks.append((lock, tenancy))
+        lease_ms = context.config.lease_ms
+        if not locks or lease_ms is None:  # (a registry whose leases never end has no renewer)
+            return False
+        start = monotonic()
+        try:
+            flags = await context.backend.renew([lock._names for lock, _ in locks], context.client_id, lease_ms)
+        except Exception:
+            # Whatever the cause (an unreachable server, an untranslated client error): the leases keep running
+            # out, and any that certainly ended is lost, because another owner may have taken the key by now.
+            await self._mark_ended_lost(locks)
+            raise
+        self.rounds += 1
+        for (lock, tenancy), renewed in zip(locks, flags, strict=True):
+            if renewed:
+                lock._renewed(tenancy, start)
+            else:
+                await lock._mark_lost(tenancy)
+        return True
+
+    @staticmethod
+    async def _mark_ended_lost(locks: list[tuple[RenewedLease, int]]) -> None:
+        after = monotonic()
+        for lock, tenancy in locks:
+            until = lock._valid_until
+            if until is not None and until <= after:
+                await lock._mark_lost(tenancy)
+
+    def _retry_delay(self) -> float:
+        """After a failed round: the next period, or the earliest ``valid_until`` if that comes first (at least
+        ``_RETRY_MIN``, so a round that fails at once does not spin)."""
+        now = monotonic()
+        delay = self._period
+        try:
+            for lock in self._context.leases.in_server():
+                until = lock._valid_until
+                if until is not None and not lock.lost:
+                    delay = min(delay, until - now)
+        except Exception:  # a bug here must not end the worker either: fall back to the period
+            logger.debug("hybridlock: could not compute the retry delay", exc_info=True)
+        return max(delay, _RETRY_MIN)
