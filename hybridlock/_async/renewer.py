@@ -5,8 +5,8 @@ trip on a single server, one per slot on a cluster), so 10,000 held locks cost w
 renewal finds the key gone or another owner's is marked lost at once (``lock.lost``, its ``on_lost`` callbacks,
 ``LockLostError`` at release).
 
-The worker is an ``AsyncWorker`` (a task of the registry's event loop; a daemon thread on the sync side): it
-runs while there is a lease to renew and ends a moment after the last one is given back.
+The worker is the ``AsyncWorker`` shim (a task of the registry's event loop; a daemon thread on the sync side):
+it runs while there is a lease to renew and ends a moment after the last one is given back.
 
 Failure modes
 -------------
@@ -94,8 +94,8 @@ class LeaseRenewer:
     fails, whatever the reason, is logged (once per streak of failures) and retried, and a lease that could not
     be renewed before its ``valid_until`` is reported lost to its holder like any other loss.
 
-    ``ensure_started`` and ``nothing_held`` are plain calls (they never wait: the lock calls them mid-acquire and
-    mid-release); ``stop`` and ``renew_once`` are coroutines."""
+    ``ensure_started`` and ``nothing_held`` are plain calls that never wait (the lock makes them mid-acquire and
+    mid-release); ``stop`` and ``renew_once`` wait for I/O (coroutines on the async side)."""
 
     def __init__(self, context: RenewerContext) -> None:
         self._context = context

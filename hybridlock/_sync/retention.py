@@ -12,8 +12,8 @@ process, so the next acquire here costs no round trip. The lease goes back to th
   whichever thread of this process comes next);
 * the registry is closed.
 
-One ``RetentionReaper`` worker per registry (an ``Worker``: a task of the registry's loop, a daemon thread
-on the sync side) ends retentions; it sleeps until the earliest deadline or until an announcement pokes it, and
+One ``RetentionReaper`` worker per registry (the ``Worker`` shim: a task of the registry's loop, a daemon
+thread on the sync side) ends retentions; it sleeps until the earliest deadline or until an announcement pokes it, and
 ends a moment (``_IDLE_EXIT``) after nothing is retained any more; the next retention starts it again. It never
 ends a retention a thread of this process has picked up again: it takes the lock's local mutex without blocking,
 and only then gives the lease back (see ``HybridLock._end_retention``).
@@ -66,7 +66,7 @@ class RetentionReaper:
     """Ends the retentions of one registry's locks; see the module docstring.
 
     ``retain`` and ``poke`` are plain calls (a releasing lock calls the first; the backend's announcement listener
-    the second); ``stop`` is a coroutine."""
+    the second), and never wait; ``stop`` waits for I/O (a coroutine on the async side)."""
 
     # Lock order: the reaper's guard is never held while calling into a lock or the backend (the backend calls
     # poke() with its own lock held), except for _wanted_elsewhere(), which takes no lock.

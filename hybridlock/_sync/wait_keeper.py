@@ -9,7 +9,7 @@ threads (or tasks) waits in the server, this worker refreshes every place the re
 call (one round trip per cluster slot), every ``REFRESH_INTERVAL`` seconds. A place is only refreshed while its
 owner still holds it: one it left, took the lock from, or that lapsed is never brought back.
 
-The worker (an ``Worker``: a task of the registry's loop, a daemon thread on the sync side) starts when the
+The worker (the ``Worker`` shim: a task of the registry's loop, a daemon thread on the sync side) starts when the
 first wait begins and ends when the last one ends (within a moment: ending a wait wakes it; a refresh in flight
 finishes first, within the client's socket timeout), so an idle registry runs no worker here. Only the thread at
 the head of a key's local queue waits in the server, so a registry has few places at a time.
@@ -73,7 +73,8 @@ class WaitingPlace:
 class WaitKeeper:
     """Keeps the places of a registry's waits in progress alive; see the module docstring.
 
-    ``begin`` and ``end`` are plain calls (a waiter makes them around its wait); ``stop`` is a coroutine."""
+    ``begin`` and ``end`` are plain calls that never wait (a waiter makes them around its wait); ``stop`` waits
+    for I/O (a coroutine on the async side)."""
 
     def __init__(self, context: KeeperContext) -> None:
         self._context = context
