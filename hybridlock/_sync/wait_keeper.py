@@ -9,10 +9,10 @@ threads (or tasks) waits in the server, this worker refreshes every place the re
 call (one round trip per cluster slot), every ``REFRESH_INTERVAL`` seconds. A place is only refreshed while its
 owner still holds it: one it left, took the lock from, or that lapsed is never brought back.
 
-The worker (the ``Worker`` shim: a task of the registry's loop, a daemon thread on the sync side) starts when the
-first wait begins and ends when the last one ends (within a moment: ending a wait wakes it; a refresh in flight
-finishes first, within the client's socket timeout), so an idle registry runs no worker here. Only the thread at
-the head of a key's local queue waits in the server, so a registry has few places at a time.
+The worker (the ``Worker`` shim: a task of the registry's loop, a daemon thread on the sync side) starts when
+the first wait begins and ends when the last one ends (within a moment: ending a wait wakes it; a refresh in flight
+finishes first, within the client's socket timeout), so an idle registry runs no worker here. Only the thread at the
+head of a key's local queue waits in the server, so a registry has few places at a time.
 
 Failure modes
 -------------
