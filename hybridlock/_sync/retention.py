@@ -16,7 +16,8 @@ One ``RetentionReaper`` worker per registry (the ``Worker`` shim: a task of the 
 thread on the sync side) ends retentions; it sleeps until the earliest deadline or until an announcement pokes it,
 and ends a moment (``_IDLE_EXIT``) after nothing is retained any more; the next retention starts it again. It never
 ends a retention a thread of this process has picked up again: it takes the lock's local mutex without blocking, and
-only then gives the lease back (see ``HybridLock._end_retention``). """
+only then gives the lease back (see ``HybridLock._end_retention``).
+"""
 
 from __future__ import annotations
 
