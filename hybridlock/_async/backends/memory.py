@@ -2,7 +2,7 @@
 
 Two registries built on one ``AsyncMemoryBackend`` behave like two processes sharing one Redis server (each
 registry has its own ``client_id``), which lets the lock logic be tested quickly without a server. Leases use
-``monotonic()``; a lease of ``None`` never expires.
+``time.monotonic()``; a lease of ``None`` never expires.
 
 All state changes under one guard (``AsyncCondition``: a ``threading.Condition`` on the sync side, where threads
 share the backend; nothing at all on the asyncio side, where a block with no ``await`` is already atomic), so no

@@ -1,4 +1,4 @@
-"""The Redis / Valkey backend: one server, reached through a redis-py (or valkey-py) redis.asyncio client.
+"""The Redis / Valkey backend: one server, reached through a redis-py or valkey-py client.
 
 Failure modes
 -------------
@@ -120,8 +120,8 @@ _RENEW_CHUNK = 500
 
 
 class AsyncRedisBackend(AsyncLockBackend):
-    """Locks in one Redis or Valkey server. ``client`` is a ``redis.asyncio.Redis`` (or ``valkey.asyncio.Valkey``,
-    or compatible) instance; the backend and its client serve the tasks of one event loop."""
+    """Locks in one Redis or Valkey server. ``client`` is a ``redis.asyncio.Redis`` instance (or valkey-py's
+    counterpart, or a compatible one). An asyncio backend and its client serve one event loop."""
 
     def __init__(self, client: Any, *, owns_client: bool = False) -> None:
         # Refuses cluster clients, and clients of the other side (asyncio vs blocking) with the one to use instead.
