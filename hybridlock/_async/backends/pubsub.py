@@ -1,5 +1,5 @@
-"""Release notifications over Redis pub/sub: one subscriber connection and one listener (an ``AsyncWorker``: a task
-here, a thread on the sync side) per backend.
+"""Release notifications over Redis pub/sub: one subscriber connection and one listener per backend, run by
+``AsyncWorker`` (a task on the asyncio side, a thread on the sync side).
 
 Waiters never read a socket. Each opens an :class:`AsyncReleaseWatch` on its lock's channel (reference counted:
 forty waiters on one key share one subscription) and waits on a condition that the listener signals when a
@@ -140,11 +140,11 @@ class Subscriber:
             self._worker = AsyncWorker(self._step, name="hybridlock-pubsub-listener")
             self._worker.start()
 
-    async def _send(self, pubsub: Any, command: str, *channels: str) -> None:
+    async def _send(self, pubsub: Any, command: str, *channels: str) -> bool:
         """Send an (un)subscribe decided for ``pubsub``, if that is still the working connection: otherwise the
         listener's next (re)connection subscribes every requested channel anyway, and a PubSub we closed would
         quietly take a new connection from the pool. A failure marks the subscription down; the listener then
-        notices on its next read and reconnects."""
+        notices on its next read and reconnects. Returns whether the command went out."""
         await self._sending.acquire()
         try:
             with self._cond:
@@ -156,6 +156,8 @@ class Subscriber:
                     with self._cond:
                         if pubsub is self._pubsub:
                             self._mark_down_locked(exc)
+                    return False
+            return current
         finally:
             self._sending.release()
 

@@ -269,7 +269,9 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     async def release_write(self, names: ReadWriteNames, owner: str) -> bool:
         with self._translated(names.key, "write release"):
-            released = await self._scripts.run(scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish"))
+            released = await self._scripts.run(
+                scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish")
+            )
         return bool(released)
 
     async def release_read(self, names: ReadWriteNames, owner: str) -> bool:
@@ -283,7 +285,9 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
         with self._translated(names.key, "cancel of a write wait"):
-            await self._scripts.run(scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish"))
+            await self._scripts.run(
+                scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish")
+            )
 
     async def is_locked(self, names: LockNames) -> bool:
         with self._translated(names.key, "lock query"):
@@ -320,8 +324,9 @@ def redis_client_from_url(url: str) -> redis.asyncio.Redis:
     """A client for ``url`` with hybridlock's defaults: 5 s timeouts, and one immediate retry on a broken
     connection only (it reconnects a pooled connection the server dropped). A *timeout* is not retried, so an
     unresponsive server costs one socket timeout, not several. Making it does no I/O."""
-    from redis.asyncio.retry import Retry
+    # Spelled so that the imports stay sorted on both sides (redis.asyncio.retry becomes redis.retry).
+    from redis.asyncio import retry as retries
     from redis.backoff import NoBackoff
 
-    retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    retry = retries.Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
     return redis.asyncio.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, retry=retry)
