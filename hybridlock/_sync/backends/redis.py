@@ -31,6 +31,7 @@ from ..._core.names import LockNames, ReadWriteNames
 from ..._protocol import scripts
 from ...backends.clients import ClientFamily, client_family, library_family, server_name
 from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
+from .._compat import Condition
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .pubsub import Subscriber
 
@@ -118,6 +119,9 @@ class ScriptRunner:
 
 # Keys per RENEW script call (see RedisBackend.renew).
 _RENEW_CHUNK = 500
+# How long close() lets operations in progress finish before it closes a client it owns (each is bounded by the
+# client's socket timeout anyway; 5 s with a client made from a URL).
+_CLOSE_GRACE = 5.0
 
 
 class RedisBackend(LockBackend):
@@ -133,12 +137,28 @@ class RedisBackend(LockBackend):
         self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
         self._cluster_mode: bool | None = None  # learnt from the server at the first renewal
+        # Operations under way, so that close() does not cut a connection from under one (see close).
+        self._in_flight = 0
+        self._idle = Condition()
 
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
+        self._in_flight = 0
+        self._idle = Condition()
 
-    def _translated(self, key: str | None, operation: str) -> contextlib.AbstractContextManager[None]:
-        return translated_errors(key, self.address, operation, self._family)
+    @contextlib.contextmanager
+    def _translated(self, key: str | None, operation: str) -> Iterator[None]:
+        """Around every operation: counts it as under way, and translates its errors (``translated_errors``)."""
+        with self._idle:
+            self._in_flight += 1
+        try:
+            with translated_errors(key, self.address, operation, self._family):
+                yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.notify_all()
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         with self._translated(names.key, "acquire"):
@@ -304,6 +324,12 @@ class RedisBackend(LockBackend):
     def close(self) -> None:
         self._subscriber.close()
         if self._owns_client:
+            # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
+            # such a call would fail it with a raw socket error, not a hybridlock one. So let the calls under way
+            # finish first. A call that starts later still works: the client reconnects (a holder may release
+            # after the close, and its compare-and-delete must still reach the server).
+            with self._idle:
+                self._idle.wait_for(lambda: not self._in_flight, _CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 self.client.close()
 
