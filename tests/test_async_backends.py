@@ -42,7 +42,7 @@ def make_backend(request: pytest.FixtureRequest) -> Iterator[BackendMaker]:
 
 
 def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 30))
+    asyncio.run(body())  # the suite's per-test timeout bounds it
 
 
 async def _closed(*backends: AsyncLockBackend) -> None:
@@ -51,10 +51,12 @@ async def _closed(*backends: AsyncLockBackend) -> None:
 
 
 async def _subscribed(watch: hybridlock.backends.AsyncReleaseWatch) -> int:
-    """Wait until the watch's subscription is confirmed (at once in memory); returns its epoch."""
+    """Wait until the watch's subscription is confirmed (at once in memory); returns its epoch. The confirmation
+    itself is a change the watch reports once (its first ``wait`` returns True): that is consumed here."""
     for _ in range(500):
         epoch = watch.epoch()
         if epoch is not None:
+            await watch.wait(0)
             return epoch
         await asyncio.sleep(0.01)
     raise AssertionError("the watch was never confirmed")
