@@ -1,9 +1,9 @@
 """Release notifications over Redis pub/sub: one subscriber connection and one listener per backend, run by
 ``AsyncWorker`` (a task on the asyncio side, a thread on the sync side).
 
-Waiters never read a socket. Each opens an :class:`AsyncReleaseWatch` on its lock's channel (reference counted:
-forty waiters on one key share one subscription) and waits on a condition that the listener signals when a
-release message arrives.
+Waiters never read a socket. Each opens a watch (:class:`AsyncReleaseWatch`) on its lock's channel (reference
+counted: forty waiters on one key share one subscription) and waits on a condition that the listener signals when
+a release message arrives.
 
 Failure modes
 -------------
