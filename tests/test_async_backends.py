@@ -316,3 +316,24 @@ def test_the_sync_helpers_keep_their_import_paths() -> None:
     assert ScriptRunner.__module__ == "hybridlock._sync.backends.redis"
     assert callable(translated_errors)
     assert isinstance(sync_client_from_url("redis://127.0.0.1:1/0"), redis.Redis)
+
+
+def test_a_valkey_asyncio_client_works(server: EmbeddedServer, redis_client: redis.Redis) -> None:
+    import valkey.asyncio
+
+    async def body() -> None:
+        backend = AsyncRedisBackend(valkey.asyncio.Valkey.from_url(server.url, socket_timeout=5), owns_client=True)
+        names = lock_names(REGISTRY_KEY, "valkey")
+        try:
+            assert backend.address == server.url
+            assert (await backend.try_acquire(names, "A", LEASE_MS, queue=False)).acquired
+            watch = await backend.watch(names, "B")
+            assert watch is not None
+            await _subscribed(watch)
+            assert await backend.release(names, "A", notify=True)
+            assert await watch.wait(10) is True
+            watch.close()
+        finally:
+            await backend.aclose()
+
+    run(body)
