@@ -22,7 +22,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("hybridlock.errors",)),
     ("core", ("hybridlock._core",)),
     ("protocol", ("hybridlock._protocol",)),
-    ("backends", ("hybridlock.backends",)),
+    # The paired shims import nothing of hybridlock: the backends and the locks both build on them.
+    ("shims", ("hybridlock._async._compat", "hybridlock._sync._compat")),
+    ("backends", ("hybridlock.backends", "hybridlock._async.backends", "hybridlock._sync.backends")),
     ("fencing", ("hybridlock.fencing",)),
     ("locks", ("hybridlock._async", "hybridlock._sync")),
     ("registry", ("hybridlock._sync.registry", "hybridlock._async.registry")),

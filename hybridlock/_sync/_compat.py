@@ -10,8 +10,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import TypeVar, final
+from contextlib import AbstractContextManager, suppress
+from typing import Any, TypeVar, final
 
 __all__ = [
     "Condition",
@@ -19,6 +19,7 @@ __all__ = [
     "FifoMutex",
     "Worker",
     "current_owner",
+    "cut_connection",
     "monotonic",
     "new_guard",
     "shielded",
@@ -49,6 +50,18 @@ def shielded(value: T) -> T:
 
 #: ``threading.Event``; the async side's ``AsyncEvent`` has the same interface with ``await wait(timeout)``.
 Event = threading.Event
+
+
+def cut_connection(pubsub: Any) -> None:
+    """Break the connection of a redis-py/valkey-py ``PubSub`` under the thread reading it, which then fails at once
+    instead of at the end of its read timeout (the asyncio twin does the same to a task). Never raises.
+
+    Only the socket is closed, not the ``PubSub``: closing that would hand its connection back to the pool while the
+    reader still uses it."""
+    connection = getattr(pubsub, "connection", None)
+    if connection is not None:
+        with suppress(Exception):
+            connection.disconnect()
 
 
 def new_guard() -> AbstractContextManager[object]:

@@ -1,142 +1,17 @@
-"""The narrow interface between lock logic and a lock server.
+"""The narrow interface between lock logic and a lock server: ``LockBackend`` and ``ReleaseWatch``.
 
-The lock classes decide *what* to do (reentrancy, timeouts, waiting, renewal, loss); a backend only *does* it,
-one atomic server operation per method. A backend:
-
-* never blocks longer than its client's own socket timeout;
-* translates every failure to reach its server into :class:`~hybridlock.BackendUnavailableError` carrying the
-  key and the server address (this is the one place where client exceptions are translated);
-* keeps all the names one lock uses in one place (:class:`~hybridlock._core.names.LockNames`), so every operation on
-  one lock touches a single Redis Cluster slot.
+Generated into ``hybridlock/_sync/backends/base.py`` from the asyncio source ``hybridlock/_async/backends/base.py``
+(read the contract there); this module keeps the public import path.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Callable, Sequence
-
-from .._core.config import QUEUE_PLACE_KEEP_MS
-from .._core.names import LockNames, ReadWriteNames
-from .._core.results import AcquireManyResult, AcquireResult
+from .._sync.backends.base import (
+    QUEUE_PLACE_KEEP_MS,
+    AcquireManyResult,
+    AcquireResult,
+    LockBackend,
+    ReleaseWatch,
+)
 
 __all__ = ["QUEUE_PLACE_KEEP_MS", "AcquireManyResult", "AcquireResult", "LockBackend", "ReleaseWatch"]
-
-class ReleaseWatch(abc.ABC):
-    """A subscription to release notifications for one lock, open while a thread waits for it.
-
-    The waiting protocol that loses no wake-up: note ``epoch()``, try to acquire, and only if ``epoch()`` is
-    still the same and not None, ``wait`` for a notification; a release that lands after the attempt has then
-    been recorded by the watch. A None epoch means the subscription is down (or not yet confirmed): back off.
-    """
-
-    @abc.abstractmethod
-    def epoch(self) -> int | None:
-        """An id of the current confirmed subscription, changing whenever it is (re-)established; None while
-        the subscription is down or not yet confirmed."""
-
-    @abc.abstractmethod
-    def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a release or a change of the subscription's state; True if one
-        happened since the watch opened or ``wait`` last returned True."""
-
-    def contended(self) -> bool:
-        """Whether another owner announced, since the watch opened, that it failed to get the lock."""
-        return False
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Stop watching; idempotent."""
-
-
-class LockBackend(abc.ABC):
-    """A lock server: in memory, one Redis/Valkey server, and later quorum and cluster variants."""
-
-    #: Human-readable server address, used in error messages (``redis://127.0.0.1:6379/0``, ``memory``).
-    address: str = "unknown"
-
-    @abc.abstractmethod
-    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
-        """Take ``names.lock`` for ``owner`` for ``lease_ms`` milliseconds (None: no expiry), in one round trip,
-        minting a fencing token on success. Never waits for the lock; when refused and ``queue`` is true, joins
-        the lock's queue (a caller that then gives up calls ``cancel_wait``)."""
-
-    @abc.abstractmethod
-    def cancel_wait(self, names: LockNames, owner: str) -> None:
-        """``owner`` no longer waits for ``names.lock``: leave its queue (waking the next owner if it is free)."""
-
-    @abc.abstractmethod
-    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
-        """``owner`` still waits: push the lapse of each of its places back to ``QUEUE_PLACE_KEEP_MS`` from now,
-        in one round trip (one per cluster slot, pipelined). A place is a position in a plain lock's queue
-        (``names.queue`` / ``names.queue_until``) or, for the write half of a read-write lock (``rw_names.write``),
-        a record in its waiting writers (``queue`` and ``queue_until`` are then both that set). Only a place
-        ``owner`` still holds is kept: one it left, that lapsed or that ended when it took the lock is not brought
-        back (its next attempt queues afresh, at the back). Returns one flag per place: True if kept."""
-
-    def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
-        """Whether ``try_acquire_many`` may take all of ``names`` in one atomic step (on a cluster: one slot)."""
-        return False
-
-    def try_acquire_many(
-        self, names: Sequence[LockNames], owner: str, lease_ms: int | None, queue: bool
-    ) -> AcquireManyResult:
-        """Take every lock of ``names`` or none, as ``try_acquire`` does for one; only where
-        ``can_acquire_together(names)``."""
-        raise NotImplementedError
-
-    @abc.abstractmethod
-    def release(self, names: LockNames, owner: str, notify: bool) -> bool:
-        """Delete ``names.lock`` only if its value is ``owner`` (and then, if ``notify``, wake waiters). Returns
-        False when the key was gone or held by someone else: the caller's lease had ended."""
-
-    @abc.abstractmethod
-    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
-        """Reset the lease of every lock in ``names`` still held by ``owner`` to ``lease_ms``, in as few round
-        trips as the server allows (one per cluster slot). Returns one flag per lock: False means it was lost."""
-
-    # -- read-write locks: both kinds of hold are renewed with ``renew`` (``names.read`` / ``names.write``).
-
-    @abc.abstractmethod
-    def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
-        """Add ``owner``'s read hold for ``lease_ms`` (None: no expiry, where the backend has such holds) unless
-        another owner writes or waits to write. One round trip."""
-
-    @abc.abstractmethod
-    def try_acquire_write(
-        self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
-    ) -> AcquireResult:
-        """Take the write hold (for ``lease_ms``; None: no expiry, as for ``try_acquire_read``) if no other owner
-        writes and nobody (``owner`` included) reads, minting a fencing token; else, if ``wait``, record ``owner``
-        as waiting to write for ``QUEUE_PLACE_KEEP_MS`` (refreshed by ``keep_waiting`` with ``names.write``), which
-        holds back new readers (a caller that then gives up calls ``cancel_write_wait``). One round trip."""
-
-    @abc.abstractmethod
-    def release_write(self, names: ReadWriteNames, owner: str) -> bool:
-        """Give back ``owner``'s write hold and wake every waiter; False if it had already ended (lost)."""
-
-    @abc.abstractmethod
-    def release_read(self, names: ReadWriteNames, owner: str) -> bool:
-        """Remove ``owner``'s read hold; False if it had already ended (the lease was lost)."""
-
-    @abc.abstractmethod
-    def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
-        """``owner`` no longer waits to write (it gave up): let readers in again."""
-
-    @abc.abstractmethod
-    def is_locked(self, names: LockNames) -> bool:
-        """Whether anyone holds ``names.lock`` right now."""
-
-    def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
-        """Start watching ``names`` for releases meant for ``owner`` (addressed to it as the queue's head, or to
-        everyone), or None when this backend cannot notify (callers then back off and retry at the holder's lease
-        end)."""
-        return None
-
-    def on_wanted(self, callback: Callable[[], None]) -> bool:
-        """Call ``callback()`` whenever a watched lock is announced wanted by an owner that failed to get it, from
-        a background thread (so it must be quick and must not block). Returns False when this backend cannot
-        notify; holders then learn of contention only by polling ``ReleaseWatch.contended``."""
-        return False
-
-    def close(self) -> None:  # noqa: B027 - optional hook, most backends own nothing to close
-        """Release what the backend owns (connections, threads). Idempotent."""

@@ -1,9 +1,14 @@
 """Which client objects the Redis backend accepts, how it names their server, and what their errors are.
 
 Two client libraries work: redis-py (``redis.Redis``) and valkey-py (``valkey.Valkey``). They have the same API
-but separate exception classes, so each library's family is looked up once per client (:func:`client_family`)
-and used wherever an exception is caught (``translated_errors``, ``ScriptRunner``). Their asyncio clients and
-their cluster clients are refused at construction, with the reason.
+but separate exception classes, so each library's family is looked up once per client (:func:`client_family`
+for the blocking backend, :func:`asyncio_client_family` for the asyncio one) and used wherever an exception is
+caught (``translated_errors``, ``ScriptRunner``). Each side refuses the other side's clients, and both refuse
+cluster clients, at construction and with the reason: a blocking call in a coroutine would stall its event loop,
+and an un-awaited coroutine in blocking code would silently do nothing.
+
+Shared by both sides and hand-written (it does no I/O): the generated ``_sync`` backend calls ``client_family``
+where the ``_async`` source says ``asyncio_client_family`` (a rename in ``scripts/unasync.py``).
 
 Anything printed about a server goes through :func:`server_name` (from a client) or :func:`redacted_url` (from a
 URL): neither ever shows a password.
@@ -25,6 +30,7 @@ from ..errors import ClientSettingsWarning, InvalidArgumentError
 
 __all__ = [
     "ClientFamily",
+    "asyncio_client_family",
     "check_client_settings",
     "client_family",
     "library_family",
@@ -40,13 +46,14 @@ class ClientFamily:
 
     library: str
     client: type  # the blocking client (redis.Redis)
+    asyncio_client: type  # the asyncio client (redis.asyncio.Redis)
     unavailable: tuple[type[BaseException], ...]  # the server did not answer: ConnectionError, TimeoutError
     busy_loading: type[BaseException]
     read_only: type[BaseException]
     no_script: type[BaseException]
     response_error: type[BaseException]
     any_error: type[BaseException]  # the library's root exception
-    ssl_connection: type
+    ssl_connections: tuple[type, ...]  # the TLS connection classes, blocking and asyncio
     asyncio_clients: tuple[type, ...]
     cluster_clients: tuple[type, ...]
 
@@ -63,17 +70,19 @@ def library_family(library: str) -> ClientFamily:
     exceptions = importlib.import_module(f"{library}.exceptions")
     connection = importlib.import_module(f"{library}.connection")
     asyncio_lib = importlib.import_module(f"{library}.asyncio")
+    asyncio_connection = importlib.import_module(f"{library}.asyncio.connection")
     cluster = importlib.import_module(f"{library}.cluster")
     return ClientFamily(
         library=library,
         client=getattr(lib, client_name),
+        asyncio_client=getattr(asyncio_lib, client_name),
         unavailable=(exceptions.ConnectionError, exceptions.TimeoutError),
         busy_loading=exceptions.BusyLoadingError,
         read_only=exceptions.ReadOnlyError,
         no_script=exceptions.NoScriptError,
         response_error=exceptions.ResponseError,
         any_error=getattr(exceptions, root_error),
-        ssl_connection=connection.SSLConnection,
+        ssl_connections=(connection.SSLConnection, asyncio_connection.SSLConnection),
         asyncio_clients=(getattr(asyncio_lib, client_name),),
         cluster_clients=(getattr(cluster, cluster_name), getattr(asyncio_lib, cluster_name)),
     )
@@ -101,6 +110,29 @@ def client_family(client: Any) -> ClientFamily:
     return library_family("redis")
 
 
+def asyncio_client_family(client: Any) -> ClientFamily:
+    """The library of ``client``, an asyncio client (``redis.asyncio.Redis``, ``valkey.asyncio.Valkey``); raises
+    ``InvalidArgumentError`` for a blocking client (with the asyncio class to use instead) or a cluster client. A
+    duck-typed stand-in is taken as redis-py's."""
+    libraries = {cls.__module__.partition(".")[0] for cls in type(client).__mro__}.intersection(_LIBRARIES)
+    for library in sorted(libraries):
+        family = library_family(library)
+        if isinstance(client, family.cluster_clients):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is a cluster client, which hybridlock does not "
+                f"support yet; use a {library}.asyncio.{family.asyncio_client.__name__} connected to one server"
+            )
+        if isinstance(client, family.asyncio_clients):
+            return family
+        if isinstance(client, family.client):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is a blocking client, which would stall the "
+                f"event loop; hybridlock's asyncio API needs a {library}.asyncio.{family.asyncio_client.__name__} "
+                "(or use the blocking API, LockRegistry, with this one)"
+            )
+    return library_family("redis")
+
+
 def server_name(client: Any, family: ClientFamily) -> str:
     """The server as its user knows it, for messages: ``redis://host:port/db``, ``rediss://`` over TLS,
     ``unix://path``, ``sentinel://service`` for a master found through Sentinel. Never a password."""
@@ -114,7 +146,7 @@ def server_name(client: Any, family: ClientFamily) -> str:
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     connection_class = getattr(pool, "connection_class", None)
-    tls = isinstance(connection_class, type) and issubclass(connection_class, family.ssl_connection)
+    tls = isinstance(connection_class, type) and issubclass(connection_class, family.ssl_connections)
     scheme = "rediss" if tls else "redis"
     return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 

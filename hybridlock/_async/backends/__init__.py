@@ -1,0 +1,5 @@
+"""The lock servers behind one narrow interface (``base.AsyncLockBackend``), written once for asyncio: in memory
+(``memory``), one Redis/Valkey server (``redis``) and its release notifications (``pubsub``).
+
+The public import paths are ``hybridlock.backends`` and its modules; these are the implementations.
+"""

@@ -1,0 +1,358 @@
+"""The Redis / Valkey backend: one server, reached through a redis-py or valkey-py client.
+
+Failure modes
+-------------
+* The server is unreachable or does not answer within the client's ``socket_timeout``: every method raises
+  :class:`~hybridlock.BackendUnavailableError` naming the key and the server. Nothing retries forever.
+* A reply is lost after the server executed the command (a timeout, a dropped connection) and the client retries:
+  a retried ACQUIRE finds our own ``client_id`` and takes the lock over (see ``scripts.ACQUIRE``); a retried
+  RELEASE finds the key gone and reports the lock as lost. That false alarm errs on the safe side.
+* The server restarts without persistence: held keys vanish. Holders find out at their next renewal or release
+  (``LockLostError``); fencing counters are re-seeded from the server clock and stay monotonic.
+* Some of a lock's keys vanish (eviction, an operator's ``DEL``) or are overwritten with another type: the scripts
+  read them as missing (see ``scripts``), so other owners go on; a holder whose lease key went is told as above.
+* The server refuses a command (``OOM`` under ``maxmemory`` with ``noeviction``, a script error): a plain
+  ``HybridLockError`` naming the operation, the key and the server; never a redis-py exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+from redis.crc import key_slot
+
+from ..._core.names import LockNames, ReadWriteNames
+from ..._protocol import scripts
+from ...backends.clients import ClientFamily, asyncio_client_family, library_family, server_name
+from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
+from .._compat import AsyncCondition
+from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
+from .pubsub import Subscriber
+
+__all__ = ["AsyncRedisBackend", "ScriptRunner", "client_address", "redis_client_from_url", "translated_errors"]
+
+
+def client_address(client: Any) -> str:
+    """The server ``client`` talks to, for messages (see ``clients.server_name``): never with a password."""
+    return server_name(client, asyncio_client_family(client))
+
+
+@contextlib.contextmanager
+def translated_errors(
+    key: str | None, server: str, operation: str = "request", family: ClientFamily | None = None
+) -> Iterator[None]:
+    """The one place where the client library's exceptions become hybridlock's, naming the operation, the key and
+    the server. ``family``: the client's library (``clients.asyncio_client_family``; default redis-py's).
+
+    A plain context manager on both sides: it only catches, so ``with`` around an ``await`` is all it needs, and a
+    cancellation (not a client error) passes through untouched.
+
+    Any other error the server answers with (a script error, ``OOM`` under ``maxmemory`` with ``noeviction``, a
+    refused command) becomes a plain :class:`HybridLockError`: the raw client exception stays attached as
+    ``__cause__`` but never reaches the caller as such."""
+    family = family or library_family("redis")
+    try:
+        yield
+    except family.unavailable as exc:
+        raise BackendUnavailableError(
+            f"lock server unreachable during {operation}: {exc}", key=key, server=server
+        ) from exc
+    except family.busy_loading as exc:
+        raise BackendUnavailableError(
+            f"lock server is loading, {operation} refused: {exc}", key=key, server=server
+        ) from exc
+    except family.read_only as exc:
+        raise BackendUnavailableError(
+            f"lock server is a read-only replica, {operation} refused: {exc}", key=key, server=server
+        ) from exc
+    except family.any_error as exc:
+        raise HybridLockError(f"lock server error during {operation}: {exc}", key=key, server=server) from exc
+
+
+class ScriptRunner:
+    """Runs the Lua scripts of ``scripts`` on one client: EVALSHA first, EVAL when the server answers NOSCRIPT.
+
+    The SHA1 digests are computed locally, so nothing is sent ahead of first use, and a server that lost its
+    script cache (restart, ``SCRIPT FLUSH``, failover) costs one EVAL, after which EVALSHA works again.
+    """
+
+    def __init__(self, client: Any, family: ClientFamily | None = None) -> None:
+        self._client = client
+        self._no_script = (family or asyncio_client_family(client)).no_script
+        self._sha: dict[str, str] = {}
+
+    def _digest(self, source: str) -> str:
+        sha = self._sha.get(source)
+        if sha is None:
+            sha = self._sha[source] = hashlib.sha1(source.encode()).hexdigest()
+        return sha
+
+    async def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Run ``source`` once per ``(keys, args)`` in one pipelined round trip (two if the server must first be
+        sent the script); returns the replies in order."""
+        sha = self._digest(source)
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            try:
+                return list(await pipe.execute())
+            except self._no_script:
+                if attempt:
+                    raise
+                await self._client.script_load(source)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        sha = self._digest(source)
+        try:
+            return await self._client.evalsha(sha, len(keys), *keys, *args)
+        except self._no_script:
+            return await self._client.eval(source, len(keys), *keys, *args)
+
+
+# Keys per RENEW script call (see AsyncRedisBackend.renew).
+_RENEW_CHUNK = 500
+# How long aclose() lets operations in progress finish before it closes a client it owns (each is bounded by the
+# client's socket timeout anyway; 5 s with a client made from a URL).
+_CLOSE_GRACE = 5.0
+
+
+class AsyncRedisBackend(AsyncLockBackend):
+    """Locks in one Redis or Valkey server. ``client`` is a ``redis.asyncio.Redis`` instance (or valkey-py's
+    counterpart, or a compatible one). An asyncio backend and its client serve one event loop."""
+
+    def __init__(self, client: Any, *, owns_client: bool = False) -> None:
+        # Refuses cluster clients, and clients of the other side (asyncio vs blocking) with the one to use instead.
+        self._family = asyncio_client_family(client)
+        self.client = client
+        self.address = server_name(client, self._family)
+        self._owns_client = owns_client
+        self._scripts = ScriptRunner(client, self._family)
+        self._subscriber = Subscriber(client)
+        self._cluster_mode: bool | None = None  # learnt from the server at the first renewal
+        # Operations under way, so that aclose() does not cut a connection from under one (see aclose).
+        self._in_flight = 0
+        self._idle = AsyncCondition()
+
+    def after_fork_in_child(self) -> None:
+        self._subscriber.after_fork_in_child()
+        self._in_flight = 0
+        self._idle = AsyncCondition()
+
+    @contextlib.contextmanager
+    def _translated(self, key: str | None, operation: str) -> Iterator[None]:
+        """Around every operation: counts it as under way, and translates its errors (``translated_errors``)."""
+        with self._idle:
+            self._in_flight += 1
+        try:
+            with translated_errors(key, self.address, operation, self._family):
+                yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.notify_all()
+
+    async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+        with self._translated(names.key, "acquire"):
+            reply = await self._scripts.run(
+                scripts.ACQUIRE,
+                (names.lock, names.fence, names.queue, names.queue_until),
+                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(queue)),
+            )
+        if reply[0]:
+            return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
+        pttl = reply[1]
+        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+
+    async def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
+        with self._translated(None, "check of cluster slots"):
+            return len(await self._by_slot(names)) == 1
+
+    async def try_acquire_many(
+        self, names: Sequence[LockNames], owner: str, lease_ms: int | None, queue: bool
+    ) -> AcquireManyResult:
+        keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
+        args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
+        with self._translated(_keys_of(names), "acquire of several locks"):
+            reply = await self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
+        if reply[0]:
+            parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
+            return AcquireManyResult(True, parts)
+        pttl, index = reply[1], reply[2] - 1
+        return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
+
+    async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        with self._translated(names.key, "release"):
+            released = await self._scripts.run(
+                scripts.RELEASE,
+                (names.lock, names.queue, names.queue_until),
+                (owner, names.channel, "publish" if notify else ""),
+            )
+        return bool(released)
+
+    async def cancel_wait(self, names: LockNames, owner: str) -> None:
+        with self._translated(names.key, "cancel of a wait"):
+            await self._scripts.run(
+                scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
+            )
+
+    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+        if not names:
+            return []
+        with self._translated(_keys_of(names), "keep of waiting places"):
+            # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
+            groups: dict[int, list[LockNames]] = {}
+            for n in names:
+                groups.setdefault(await self._slot_of(n.queue), []).append(n)
+            calls = [([key for n in group for key in (n.queue, n.queue_until)], (owner,)) for group in groups.values()]
+            if len(calls) == 1:
+                replies = [await self._scripts.run(scripts.KEEP_WAITING, *calls[0])]
+            else:
+                replies = await self._scripts.run_many(scripts.KEEP_WAITING, calls)
+        kept: dict[str, bool] = {}
+        for group, flags in zip(groups.values(), replies, strict=True):
+            kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
+        return [kept[n.queue] for n in names]
+
+    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+        if not names:
+            return []
+        with self._translated(_keys_of(names), "renewal"):
+            # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
+            # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
+            chunks = [
+                group[i : i + _RENEW_CHUNK]
+                for group in await self._by_slot(names)
+                for i in range(0, len(group), _RENEW_CHUNK)
+            ]
+            if len(chunks) == 1:
+                replies = [await self._scripts.run(scripts.RENEW, chunks[0], (owner, lease_ms))]
+            else:
+                replies = await self._scripts.run_many(scripts.RENEW, [(chunk, (owner, lease_ms)) for chunk in chunks])
+        renewed: dict[str, bool] = {}
+        for chunk, flags in zip(chunks, replies, strict=True):
+            renewed.update(zip(chunk, (bool(flag) for flag in flags), strict=True))
+        return [renewed[n.lock] for n in names]
+
+    async def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
+        """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
+        one per slot on a server in cluster mode."""
+        groups: dict[int, list[str]] = {}
+        for n in names:
+            groups.setdefault(await self._slot_of(n.lock), []).append(n.lock)
+        return list(groups.values())
+
+    async def _slot_of(self, name: str) -> int:
+        """``name``'s cluster slot on a server in cluster mode; 0 for every name on a plain server."""
+        if self._cluster_mode is None:
+            try:
+                info = await self.client.info("cluster")
+            except self._family.response_error:
+                info = {}  # a server or stand-in without INFO (fakeredis, some proxies) is taken as a single node
+            self._cluster_mode = bool(int(info.get("cluster_enabled", 0)))
+        return key_slot(name.encode()) if self._cluster_mode else 0
+
+    async def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        lease_ms = self._rw_lease(names, lease_ms)
+        with self._translated(names.key, "read acquire"):
+            reply = await self._scripts.run(
+                scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
+            )
+        return _rw_result(reply)
+
+    async def try_acquire_write(
+        self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
+    ) -> AcquireResult:
+        lease_ms = self._rw_lease(names, lease_ms)
+        with self._translated(names.key, "write acquire"):
+            reply = await self._scripts.run(
+                scripts.ACQUIRE_WRITE,
+                (names.writer, names.readers, names.writers_waiting, names.fence),
+                (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(wait)),
+            )
+        return _rw_result(reply)
+
+    def _rw_lease(self, names: ReadWriteNames, lease_ms: int | None) -> int:
+        # Read holds live in a sorted set scored by their expiry, so a hold without one has no representation here.
+        if lease_ms is None:
+            raise InvalidArgumentError(
+                "read-write locks in a server need a lease (expire_after)", key=names.key, server=self.address
+            )
+        return lease_ms
+
+    async def release_write(self, names: ReadWriteNames, owner: str) -> bool:
+        with self._translated(names.key, "write release"):
+            released = await self._scripts.run(
+                scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish")
+            )
+        return bool(released)
+
+    async def release_read(self, names: ReadWriteNames, owner: str) -> bool:
+        with self._translated(names.key, "read release"):
+            released = await self._scripts.run(
+                scripts.RELEASE_READ,
+                (names.writer, names.readers, names.writers_waiting),
+                (owner, names.channel, "publish"),
+            )
+        return bool(released)
+
+    async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
+        with self._translated(names.key, "cancel of a write wait"):
+            await self._scripts.run(
+                scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish")
+            )
+
+    async def is_locked(self, names: LockNames) -> bool:
+        with self._translated(names.key, "lock query"):
+            return bool(await self.client.exists(names.lock))
+
+    async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
+        return await self._subscriber.watch(names.channel, owner)
+
+    def on_wanted(self, callback: Callable[[], None]) -> bool:
+        self._subscriber.wanted_listeners.append(callback)
+        return True
+
+    async def aclose(self) -> None:
+        await self._subscriber.aclose()
+        if self._owns_client:
+            # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
+            # such a call would fail it with a raw socket error, not a hybridlock one. So let the calls under way
+            # finish first. A call that starts later still works: the client reconnects (a holder may release
+            # after the close, and its compare-and-delete must still reach the server).
+            with self._idle:
+                await self._idle.wait_for(lambda: not self._in_flight, _CLOSE_GRACE)
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
+
+
+def _keys_of(names: Sequence[LockNames]) -> str:
+    """The keys an operation on several locks was about, for its error message (the first few of many)."""
+    shown = ", ".join(n.key for n in names[:5])
+    return shown if len(names) <= 5 else f"{shown}, ... ({len(names)} keys)"
+
+
+def _rw_result(reply: Sequence[Any]) -> AcquireResult:
+    if reply[0]:
+        return AcquireResult(True, int(reply[1]) if len(reply) > 1 else None)
+    wait_ms = reply[1]
+    return AcquireResult(False, None, None if wait_ms < 0 else wait_ms / 1000.0)
+
+
+def redis_client_from_url(url: str) -> redis.asyncio.Redis:
+    """A client for ``url`` with hybridlock's defaults: 5 s timeouts, and one immediate retry on a broken
+    connection only (it reconnects a pooled connection the server dropped). A *timeout* is not retried, so an
+    unresponsive server costs one socket timeout, not several. Making it does no I/O."""
+    # Spelled so that the imports stay sorted on both sides (redis.asyncio.retry becomes redis.retry).
+    from redis.asyncio import retry as retries
+    from redis.backoff import NoBackoff
+
+    retry = retries.Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    return redis.asyncio.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, retry=retry)
