@@ -20,6 +20,7 @@ from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
 from .errors import (
     BackendUnavailableError,
     ClientSettingsWarning,
+    EventLoopBlockedError,
     HybridLockError,
     InvalidArgumentError,
     LockLostError,
@@ -38,6 +39,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
 __all__ = [
     "BackendUnavailableError",
     "ClientSettingsWarning",
+    "EventLoopBlockedError",
     "HybridLock",
     "HybridLockError",
     "InvalidArgumentError",

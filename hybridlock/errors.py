@@ -107,6 +107,11 @@ class RegistryClosedError(HybridLockError, RuntimeError):
     """The registry (or a lock obtained from it) was used after ``close()``."""
 
 
+class EventLoopBlockedError(HybridLockError, RuntimeError):
+    """A thread lock was called from a running asyncio event loop: it would stall the loop, and every task of the
+    loop would count as its one owning thread. Use ``AsyncLockRegistry`` there."""
+
+
 class ClientSettingsWarning(UserWarning):
     """A client passed to ``LockRegistry`` cannot keep ``acquire``'s timeout promise: it has no
     ``socket_timeout`` or ``socket_connect_timeout`` (a hung server then blocks a call for ever), or it retries a

@@ -60,7 +60,7 @@ def test_the_shims_pair_up() -> None:
 
     assert sync_compat.FifoMutex is FifoMutex
     assert sync_compat.current_owner() == threading.get_ident()
-    assert sync_compat.shielded(42) == 42
+    assert sync_compat.shielded(lambda: 42) == 42
 
 
 def test_exclusion_among_200_tasks() -> None:
@@ -248,7 +248,7 @@ def test_shielded_cleanup_finishes_then_the_cancel_is_seen() -> None:
 
         async def release() -> None:
             try:
-                await shielded(cleanup())
+                await shielded(cleanup)
             finally:
                 steps.append("caller resumed")
 
@@ -258,7 +258,7 @@ def test_shielded_cleanup_finishes_then_the_cancel_is_seen() -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         assert steps == ["cleanup started", "cleanup finished", "caller resumed"]
-        assert await shielded(cleanup()) == "done"
+        assert await shielded(cleanup) == "done"
 
     run(main())
 

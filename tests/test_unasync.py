@@ -64,16 +64,12 @@ def test_coroutines_and_protocols_become_plain(unasync: ModuleType) -> None:
 def test_imports_and_paired_names(unasync: ModuleType) -> None:
     source = (
         "import redis.asyncio as redis\n"
-        "from collections.abc import AsyncGenerator, AsyncIterator\n"
-        "from contextlib import asynccontextmanager\n"
         "from hybridlock._async._compat import AsyncFifoMutex, AsyncWorker, current_owner\n"
         "from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry\n"
     )
     text, _ = unasync.unasync_text(source)
     assert text == (
         "import redis as redis\n"
-        "from collections.abc import Generator, Iterator\n"
-        "from contextlib import contextmanager\n"
         "from hybridlock._sync._compat import FifoMutex, Worker, current_owner\n"
         "from ._sync.registry import LocalLockRegistry, LockRegistry\n"
     )

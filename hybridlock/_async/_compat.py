@@ -18,25 +18,42 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext, suppress
-from typing import Any, TypeVar, final
+from typing import Any, TypeAlias, TypeVar, final
 
 __all__ = [
     "AsyncCondition",
     "AsyncEvent",
     "AsyncFifoMutex",
     "AsyncWorker",
+    "IS_ASYNC",
+    "Thunk",
+    "at_exit",
     "current_owner",
     "cut_connection",
+    "describe_owner",
     "monotonic",
     "new_guard",
+    "refuse_in_event_loop",
     "shielded",
     "sleep",
 ]
 
 T = TypeVar("T")
 
+#: Which side this is, for the few checks that must tell (a decorator accepts only functions it can call).
+IS_ASYNC = True
+
+#: A call with no arguments whose result is awaited: ``Thunk[int]`` is ``Callable[[], Awaitable[int]]`` here and
+#: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).
+Thunk: TypeAlias = Callable[[], Awaitable[T]]
+
 monotonic = time.monotonic  # the same clock on both sides, so deadlines computed in shared code compare
 sleep = asyncio.sleep
+
+
+def at_exit(callback: Thunk[None]) -> None:
+    """Nothing: at interpreter exit there is no event loop left to run an async cleanup on (an asyncio registry
+    is closed by ``async with`` or ``await aclose()``). The thread side registers the callback with ``atexit``."""
 
 
 def current_owner() -> object:
@@ -50,17 +67,28 @@ def current_owner() -> object:
     return task
 
 
-async def shielded(awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable`` to its end even if the calling task is cancelled meanwhile; then re-raise the cancellation.
+def describe_owner(owner: object) -> str:
+    """How a repr shows an owner: the task's name."""
+    return owner.get_name() if isinstance(owner, asyncio.Task) else str(owner)
+
+
+def refuse_in_event_loop(key: str, server: str) -> None:
+    """Nothing to refuse: the asyncio locks are the ones meant for the event loop (the thread side's twin raises
+    ``EventLoopBlockedError`` there)."""
+
+
+async def shielded(call: Thunk[T]) -> T:
+    """Run ``call()`` and await it to its end even if the calling task is cancelled meanwhile; then re-raise the
+    cancellation.
 
     For cleanup I/O that must not be cut in half (a release sent to the server). ``asyncio.shield`` alone is not
     enough: it lets the cancelled caller go on at once while the work still runs, so the caller's next step would
     race its own cleanup. Here the caller waits for the work, then sees its ``CancelledError``. The work runs in a
     task of its own, so inside it ``current_owner()`` is that task, not the caller: read the owner before. The
     caller waits as long as the work takes, so bound the work itself (a socket timeout, ``asyncio.wait_for``).
-    (The sync twin is ``shielded(value) -> value``: a thread cannot be cancelled, and by the time it is called the
-    work has been done.)"""
-    task = asyncio.ensure_future(awaitable)
+    (The sync twin just returns ``call()``: a thread cannot be cancelled.) It takes the call, not a coroutine, so
+    that ``await shielded(self._cleanup)`` reads the same on both sides."""
+    task = asyncio.ensure_future(call())
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
         try:

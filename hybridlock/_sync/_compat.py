@@ -6,32 +6,53 @@ after ``scripts/unasync.py``'s renames, same signatures with ``async``/``await``
 
 from __future__ import annotations
 
+import atexit
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
-from typing import Any, TypeVar, final
+from typing import Any, TypeAlias, TypeVar, final
+
+from ..errors import EventLoopBlockedError
 
 __all__ = [
     "Condition",
     "Event",
     "FifoMutex",
+    "IS_ASYNC",
+    "Thunk",
     "Worker",
+    "at_exit",
     "current_owner",
     "cut_connection",
     "monotonic",
+    "describe_owner",
     "new_guard",
+    "refuse_in_event_loop",
     "shielded",
     "sleep",
 ]
 
 T = TypeVar("T")
 
+#: Which side this is, for the few checks that must tell (a decorator accepts only functions it can call).
+IS_ASYNC = False
+
+#: A call with no arguments: ``Thunk[int]`` is ``Callable[[], int]`` here and ``Callable[[], Awaitable[int]]`` on
+#: the async side (callbacks handed to shared code).
+Thunk: TypeAlias = Callable[[], T]
+
 monotonic = time.monotonic
 sleep = time.sleep
 
 _LONGEST_SLEEP = threading.TIMEOUT_MAX / 2  # the longest a Worker sleeps in one go (see Worker._run)
+
+
+def at_exit(callback: Thunk[None]) -> None:
+    """Run ``callback`` at interpreter exit (``atexit``); the async side's twin does nothing."""
+    atexit.register(callback)
 
 
 def current_owner() -> object:
@@ -41,11 +62,30 @@ def current_owner() -> object:
     return threading.get_ident()
 
 
-def shielded(value: T) -> T:
-    """Return ``value``: a thread cannot be cancelled, and the work was done when the argument was evaluated.
+def describe_owner(owner: object) -> str:
+    """How a repr shows an owner: the thread ident, as ``threading.RLock``'s repr does."""
+    return str(owner)
 
-    Exists so that ``await shielded(cleanup())`` in async source becomes ``shielded(cleanup())`` here."""
-    return value
+
+def refuse_in_event_loop(key: str, server: str) -> None:
+    """Raise ``EventLoopBlockedError`` when called from a thread running an asyncio event loop.
+
+    A thread lock there would stall the loop while it waits, and every task of the loop would share the thread's
+    ownership (so one ``with lock:`` would admit them all). Costs a dictionary lookup when asyncio is not in use."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and asyncio._get_running_loop() is not None:
+        raise EventLoopBlockedError(
+            "a thread lock was called from a running asyncio event loop, where it would stall the loop and let "
+            "every task of the loop in as its one owner: use hybridlock.AsyncLockRegistry in async code",
+            key=key,
+            server=server,
+        )
+
+
+def shielded(call: Thunk[T]) -> T:
+    """Return ``call()``: a thread cannot be cancelled, so there is nothing to shield it from. Exists so that
+    ``await shielded(cleanup)`` in async source becomes ``shielded(cleanup)`` here."""
+    return call()
 
 
 #: ``threading.Event``; the async side's ``AsyncEvent`` has the same interface with ``await wait(timeout)``.

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import types
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .._compat import AsyncCondition, AsyncFifoMutex, AsyncWorker, cut_connection, monotonic, shielded
@@ -104,7 +105,7 @@ class Subscriber:
         if pubsub is not None:
             try:
                 # Shielded: a SUBSCRIBE cut in half would break the connection for every waiter.
-                await shielded(self._send(pubsub, "subscribe", channel))
+                await shielded(partial(self._send, pubsub, "subscribe", channel))
             except BaseException:
                 watch.close()  # cancelled: the caller never gets the watch, so it cannot close it
                 raise

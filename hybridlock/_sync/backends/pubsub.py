@@ -36,6 +36,7 @@ import contextlib
 import logging
 import types
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .._compat import Condition, FifoMutex, Worker, cut_connection, monotonic, shielded
@@ -105,7 +106,7 @@ class Subscriber:
         if pubsub is not None:
             try:
                 # Shielded: a SUBSCRIBE cut in half would break the connection for every waiter.
-                shielded(self._send(pubsub, "subscribe", channel))
+                shielded(partial(self._send, pubsub, "subscribe", channel))
             except BaseException:
                 watch.close()  # cancelled: the caller never gets the watch, so it cannot close it
                 raise

@@ -1,0 +1,87 @@
+"""LockContext: everything a lock needs from its registry, handed to it at birth.
+
+A lock never sees the registry (which only makes locks, maps keys to them and closes): it is given this context,
+as kazoo's lock recipe is given its client's handler. The context holds the registry's settings, backend and
+owner identity, and owns the registry's shared machinery, each piece with one job:
+
+* ``leases``: the table of leases held in the server (renewal by hand, loss reporting);
+* ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
+* ``closed``: set once the registry is closed; every wait watches it.
+
+Nothing here is reassigned after construction. A forked child gets a whole new context (``forked``): a new
+owner identity, an empty lease table and workers with no threads, while settings, backend and ``on_lost``
+callbacks carry over.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from .._core.config import RegistryConfig
+from ..errors import RegistryClosedError
+from ._compat import AsyncEvent
+from .backends.base import AsyncLockBackend
+from .leases import LeaseTable, LostCallback
+from .renewer import LeaseRenewer
+from .retention import RetentionReaper
+from .wait_keeper import WaitKeeper
+
+__all__ = ["LockContext"]
+
+
+class LockContext:
+    __slots__ = (
+        "backend",
+        "client_id",
+        "closed",
+        "config",
+        "leases",
+        "registry",
+        "renewer",
+        "retention",
+        "wait_keeper",
+    )
+
+    def __init__(
+        self,
+        config: RegistryConfig,
+        backend: AsyncLockBackend,
+        registry: Any,
+        *,
+        closed: bool = False,
+        lost_callbacks: list[LostCallback] | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        #: The public registry, only so that ``lock.registry`` can return it; no lock calls it.
+        self.registry = registry
+        #: This owner's identity in the server: the value of every server key it holds.
+        self.client_id = str(uuid.uuid4())
+        self.closed = AsyncEvent()
+        if closed:
+            self.closed.set()
+        self.leases = LeaseTable(self, lost_callbacks)
+        self.renewer = LeaseRenewer(self) if config.auto_renew else None
+        self.retention = RetentionReaper(self)
+        self.wait_keeper = WaitKeeper(self)
+
+    @property
+    def server(self) -> str:
+        """The lock server's address, as error messages give it."""
+        return self.backend.address
+
+    def check_open(self, key: str | None = None) -> None:
+        if self.closed.is_set():
+            raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
+
+    def forked(self) -> LockContext:
+        """The context a forked child continues with: same settings, backend and registry-wide ``on_lost``
+        callbacks; a new identity, no leases, no threads."""
+        return LockContext(
+            self.config,
+            self.backend,
+            self.registry,
+            closed=self.closed.is_set(),
+            lost_callbacks=self.leases.lost_callbacks,
+        )

@@ -1,0 +1,144 @@
+"""``@registry.synchronized("order:{order_id}")``: run a function under the lock its arguments name.
+
+The key is a ``str.format`` template filled from the call's bound arguments, so ``{order_id}``,
+``{self.account}`` and ``{invoice.id}`` (attribute access) and ``{items[0]}`` (indexing) all work. Templates are
+checked against the function's signature when decorating: a placeholder naming no parameter is an error then,
+not at the first call. ``wrapt`` keeps the wrapped function's name, docstring, signature and introspection, and
+binds methods, classmethods and staticmethods correctly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import wrapt
+
+from .._core.config import validate_timeout
+from ..errors import InvalidArgumentError, LockTimeoutError
+from ._compat import IS_ASYNC
+
+if TYPE_CHECKING:
+    from .lock import AsyncHybridLock
+
+
+class _Registry(Protocol):
+    """What the decorator needs of a registry."""
+
+    @property
+    def server(self) -> str: ...
+
+    def obtain(self, key: str) -> AsyncHybridLock: ...
+
+
+__all__ = ["execute_locked", "synchronized"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _placeholder_roots(template: str) -> list[str]:
+    """The parameter names a template refers to: ``"{self.account}:{invoice.id}"`` -> ``["self", "invoice"]``."""
+    roots = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise InvalidArgumentError(f"bad lock key template {template!r}: {exc}") from exc
+    for _literal, field, _spec, _conversion in parsed:
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise InvalidArgumentError(
+                f"lock key template {template!r} must name parameters ({{order_id}}), not positions ({{0}})"
+            )
+        roots.append(root)
+    return roots
+
+
+async def _acquire_or_raise(registry: _Registry, key: str, timeout: float | None) -> Any:
+    lock = registry.obtain(key)
+    if not await lock.acquire(timeout=-1 if timeout is None else timeout):
+        raise LockTimeoutError(f"lock not acquired within {timeout} s", key=key, server=registry.server)
+    return lock
+
+
+def synchronized(registry: _Registry, template: str, *, timeout: float | None = None) -> Callable[[F], F]:
+    """Decorator factory behind ``LockRegistry.synchronized``."""
+    if not isinstance(template, str) or not template:
+        raise InvalidArgumentError("the lock key template must be a non-empty str")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+        raise InvalidArgumentError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+    if timeout is not None:
+        validate_timeout(True, timeout)  # NaN, and the upper bound: at decoration, not at the first call
+    roots = _placeholder_roots(template)
+
+    def decorate(function: F) -> F:
+        raw = function.__func__ if isinstance(function, (classmethod, staticmethod)) else function
+        if not callable(raw):
+            raise InvalidArgumentError(f"@synchronized needs a function, not {type(function).__name__}")
+        if inspect.isasyncgenfunction(raw) or inspect.isgeneratorfunction(raw):
+            raise InvalidArgumentError(
+                f"@synchronized cannot hold a lock across a generator's yields ({raw.__qualname__})"
+            )
+        if inspect.iscoroutinefunction(raw) != IS_ASYNC:
+            raise InvalidArgumentError(
+                f"{raw.__qualname__} is an async function: decorate it with AsyncLockRegistry.synchronized"
+                if inspect.iscoroutinefunction(raw)
+                else f"{raw.__qualname__} is not an async function: AsyncLockRegistry.synchronized needs async def "
+                "(LockRegistry.synchronized decorates plain functions)"
+            )
+        signature = inspect.signature(raw)
+        accepts_any_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        unknown = [r for r in roots if r not in signature.parameters]
+        if unknown and not accepts_any_keyword:
+            raise InvalidArgumentError(
+                f"lock key template {template!r} names {', '.join(unknown)}, which "
+                f"{raw.__qualname__}{signature} has no parameter for"
+            )
+        # The first parameter of a method or classmethod is bound by the time wrapt calls us: remember its name.
+        first = next(iter(signature.parameters), None)
+
+        @wrapt.decorator
+        async def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if instance is not None and not isinstance(function, staticmethod) and first is not None:
+                bound = signature.bind(instance, *args, **kwargs)
+            else:
+                bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            names = dict(bound.arguments)
+            for parameter in signature.parameters.values():
+                if parameter.kind is parameter.VAR_KEYWORD:
+                    names.update(names.pop(parameter.name, {}))
+            try:
+                key = template.format_map(names)
+            except (KeyError, AttributeError, IndexError, TypeError) as exc:
+                raise InvalidArgumentError(f"cannot fill lock key template {template!r}: {exc!r}") from exc
+            lock = await _acquire_or_raise(registry, key, timeout)
+            try:
+                return await wrapped(*args, **kwargs)
+            finally:
+                await lock.release()
+
+        return wrapper(function)  # type: ignore[return-value]  # a FunctionWrapper stands in for F
+
+    return decorate
+
+
+async def execute_locked(
+    registry: _Registry,
+    key: str,
+    function: Callable[..., Any],
+    *args: Any,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Run ``function(*args, **kwargs)`` holding ``key``'s lock; ``LockTimeoutError`` if not acquired in time."""
+    if not callable(function):
+        raise InvalidArgumentError(f"execute_locked needs a callable, not {type(function).__name__}", key=key)
+    lock = await _acquire_or_raise(registry, key, timeout)
+    try:
+        return await function(*args, **kwargs)
+    finally:
+        await lock.release()

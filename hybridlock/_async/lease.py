@@ -1,0 +1,131 @@
+"""ServerLease: the bookkeeping of one server tenancy, shared by every lock kind that holds a lease.
+
+A plain lock and each half of a read-write lock hold at most one lease in the server at a time. This base class
+keeps what the renewer and the loss reporting need of it: which tenancy it is (late renewal replies for an
+earlier one are ignored), when it started, the conservative ``valid_until`` deadline, the fencing token, and
+whether it was found lost, with the callbacks to run once when it is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._core.names import LockNames
+from ..errors import InvalidArgumentError, LockLostError
+from .leases import LostCallback
+
+if TYPE_CHECKING:
+    from .context import LockContext
+
+__all__ = ["ServerLease"]
+
+
+class ServerLease:
+    def __init__(self, context: LockContext, names: LockNames) -> None:
+        self._context = context
+        self._names = names
+        self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
+        self._in_server = False  # this process holds the lease now
+        self._acquired_at: float | None = None
+        self._valid_until: float | None = None
+        self._fencing_token: int | None = None
+        self._lost = False
+        # The final release of the current tenancy is under way: a renewal reply for it can no longer mean a loss.
+        self._giving_back = False
+        self._callbacks: list[LostCallback] = []
+        # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
+        # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
+        self._retained_until: float | None = None
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal (or a release) found the server lease gone or another owner's; reset by the next
+        fresh acquisition in the server."""
+        return self._lost
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lock)`` once, from the registry's renewer, when the held lease is found lost."""
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
+        self._callbacks.append(callback)
+
+    def _begin_lease(self, token: int | None, start: float) -> None:
+        """A fresh tenancy in the server began at ``start`` (``time.monotonic()``, taken before the request)."""
+        self._tenancy += 1
+        self._in_server = True
+        self._giving_back = False
+        self._retained_until = None
+        self._lost = False
+        self._fencing_token = token
+        self._acquired_at = start
+        self._valid_until = self._context.config.valid_until(start)
+        self._context.leases.track(self)
+
+    def _give_back_lease(self) -> bool:
+        """The lease is about to be released in the server; returns whether it had been reported lost.
+
+        NOTE: a renewal round may find the key gone once our release lands, and must not report a loss. A round
+        that looked at the lease before this point holds the old tenancy number, which is stale from now on; one
+        that looks at it after this point (the lease is still listed as held until ``_end_lease``) finds
+        ``_giving_back`` set. The flag is set before the number moves, so a round reading the new number also
+        reads the flag."""
+        self._giving_back = True
+        self._tenancy += 1
+        return self._lost
+
+    def _end_lease(self) -> None:
+        """The tenancy is over (released, or found lost)."""
+        self._in_server = False
+        self._giving_back = False
+        self._retained_until = None
+        self._fencing_token = None
+        self._valid_until = None
+        self._context.leases.untrack(self)
+
+    def _forget_lease_after_fork(self) -> None:
+        # The child holds none of its parent's leases.
+        self._in_server = False
+        self._giving_back = False
+        self._retained_until = None
+        self._fencing_token = None
+        self._valid_until = None
+        self._lost = False
+
+    def _is_current(self, tenancy: int) -> bool:
+        """Whether a renewal result for ``tenancy`` speaks of the lease held now (not an earlier one, and not one
+        whose release is under way)."""
+        return self._in_server and self._tenancy == tenancy and not self._giving_back
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
+        if self._is_current(tenancy):
+            self._valid_until = self._context.config.valid_until(start, lease)
+
+    async def _mark_lost(self, tenancy: int) -> None:
+        """Record that the lease of tenancy ``tenancy`` ended while held; run the callbacks once. (A coroutine on
+        the async side because a plain lock overrides it to look at its local mutex.)"""
+        if self._lost or not self._is_current(tenancy):
+            return
+        self._lost = True
+        self._valid_until = None
+        self._context.leases.report_lost(self, list(self._callbacks))
+
+    def _reentry_error(self, what: str = "lock") -> LockLostError:
+        return LockLostError(
+            f"the {what}'s lease has ended (lost) while this thread held it: a reentrant acquire cannot succeed; "
+            "release it (which raises LockLostError too) and take it afresh",
+            key=self.key,
+            server=self._context.server,
+        )
+
+    def _lost_error(self, what: str = "lock") -> LockLostError:
+        self._lost = True
+        return LockLostError(
+            f"the {what}'s lease had ended before release: another owner may have held it meanwhile, so data it "
+            "guarded may have been changed",
+            key=self.key,
+            server=self._context.server,
+        )

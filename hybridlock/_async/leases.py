@@ -1,0 +1,134 @@
+"""The lease table: every lease one registry holds in the server, and what happens to them outside renewal rounds.
+
+It is the one owner of "which leases are held" (by server key): a lock enters it when a tenancy begins and
+leaves it when the tenancy ends; the renewer reads it; ``held_locks()`` lists it. It also renews a lease by hand
+(``lock.renew()``) and reports losses: the registry-wide ``on_lost`` callbacks live here, beside the lock's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._core.config import MIN_LEASE, lease_ms, validate_seconds
+from .._core.names import LockNames
+from ..errors import LockLostError, LockNotOwnedError
+from ._compat import monotonic, new_guard
+
+if TYPE_CHECKING:
+    from .context import LockContext
+
+__all__ = ["HeldLease", "LeaseTable", "LostCallback"]
+
+logger = logging.getLogger("hybridlock")
+
+LostCallback = Callable[[Any], Any]
+
+
+class HeldLease(Protocol):
+    """What the table and the renewer need of anything holding a lease: a plain lock, or a read-write half."""
+
+    _names: LockNames  # ``_names.lock`` is the server key the lease lives in
+    _tenancy: int  # counts server tenancies; results for an earlier one are ignored
+    _acquired_at: float | None
+    _valid_until: float | None
+    _retained_until: float | None  # set while the lease is kept idle (retain_for)
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def lost(self) -> bool: ...
+
+    async def _mark_lost(self, tenancy: int) -> None: ...
+
+    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
+
+
+class LeaseTable:
+    def __init__(self, context: LockContext, lost_callbacks: list[LostCallback] | None = None) -> None:
+        self._context = context
+        self._mutex = new_guard()
+        self._held: dict[str, HeldLease] = {}
+        #: Registry-wide ``on_lost`` callbacks (a forked child's table starts with the parent's).
+        self.lost_callbacks: list[LostCallback] = list(lost_callbacks or ())
+
+    def __bool__(self) -> bool:
+        """Whether any lease is held (read without the lock: a hint for the renewer's idle check)."""
+        return bool(self._held)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def get(self, names: LockNames) -> HeldLease | None:
+        return self._held.get(names.lock)
+
+    def track(self, lease: HeldLease) -> None:
+        """From now until ``untrack``, ``lease`` is held in the server and the renewer keeps it alive."""
+        with self._mutex:
+            self._held[lease._names.lock] = lease
+        renewer = self._context.renewer
+        if renewer is not None:
+            renewer.ensure_started()
+
+    def untrack(self, lease: HeldLease) -> None:
+        with self._mutex:
+            if self._held.get(lease._names.lock) is lease:
+                del self._held[lease._names.lock]
+            nothing_held = not self._held
+        renewer = self._context.renewer
+        if nothing_held and renewer is not None:
+            renewer.nothing_held()  # so that its thread can end soon instead of sleeping a whole period
+
+    def held(self) -> list[HeldLease]:
+        """Leases some thread holds right now (not those kept idle by ``retain_for``)."""
+        with self._mutex:
+            return [lease for lease in self._held.values() if lease._retained_until is None]
+
+    def in_server(self) -> list[HeldLease]:
+        """Every lease held in the server, retained ones included (for the renewer)."""
+        with self._mutex:
+            return list(self._held.values())
+
+    async def renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
+        """Reset ``lock``'s lease to ``expire_after`` seconds (default: the registry's) from now, in one round trip.
+        Raises ``LockNotOwnedError`` when nobody here holds it, ``LockLostError`` when it is no longer ours."""
+        context = self._context
+        config = context.config
+        lease = (
+            config.expire_after
+            if expire_after is None
+            else validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
+        )
+        if lock._owner is None:
+            raise LockNotOwnedError(
+                "cannot renew a lock this registry does not hold", key=lock.key, server=context.server
+            )
+        if lock.lost:
+            raise LockLostError("the lock's lease has already ended", key=lock.key, server=context.server)
+        start = monotonic()
+        tenancy = lock._tenancy
+        if config.lease is None:
+            # A registry without expiry (LocalLockRegistry): its leases never end, and renewing must not give them
+            # an end either.
+            lock._renewed(tenancy, start)
+            return
+        (renewed,) = await context.backend.renew([lock._names], context.client_id, lease_ms(lease))
+        if not renewed:
+            await lock._mark_lost(tenancy)
+            raise LockLostError(
+                "the lock's lease had ended before renewal: another owner may have held it meanwhile",
+                key=lock.key,
+                server=context.server,
+            )
+        lock._renewed(tenancy, start, lease)
+
+    def report_lost(self, lock: Any, callbacks: list[LostCallback]) -> None:
+        """Tell everyone who asked (the lock's callbacks, then the registry's) that ``lock``'s lease was lost."""
+        logger.warning("hybridlock: lease of %r on %s was lost while held", lock.key, self._context.server)
+        for callback in callbacks + self.lost_callbacks:
+            try:
+                callback(lock)
+            except Exception:
+                logger.exception("hybridlock: on_lost callback %r failed for %r", callback, lock.key)

@@ -1,0 +1,178 @@
+"""MultiLock: hold several keys at once, all or nothing.
+
+Every caller takes the keys' local locks in one global order (sorted by their server names), so two callers
+asking for overlapping sets in different orders can never wait on each other in a cycle: the first key they share
+is taken in the same order by both. The server side is taken
+
+* atomically, in one script and one round trip, where the backend can (a plain server; on a cluster, keys that
+  share a hash slot): either every key is taken or none, and a busy key is waited for like a single lock;
+* otherwise key by key in the same global order, releasing what was taken (newest first) when one fails.
+
+A failed or timed-out attempt leaves nothing behind; the timeout covers the whole attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from .._core.config import validate_timeout
+from .._core.names import LockNames
+from .._core.results import AcquireManyResult, AcquireResult
+from ..errors import HybridLockError, LockNotOwnedError
+from ._compat import current_owner, monotonic, refuse_in_event_loop, shielded
+from .lock import _NEEDS_SERVER, _TIMED_OUT, AsyncHybridLock, AsyncJavaStyleLock
+from .waiting import acquire_remote
+
+if TYPE_CHECKING:
+    from .context import LockContext
+
+__all__ = ["AsyncMultiLock"]
+
+
+class AsyncMultiLock(AsyncJavaStyleLock):
+    """Several registry locks taken and released as one. Reentrant per thread, like its parts."""
+
+    def __init__(self, context: LockContext, locks: Iterable[AsyncHybridLock]) -> None:
+        """Over ``locks`` (distinct keys of one registry, at least one: ``registry.obtain_many`` checks)."""
+        # The global order: by server name, which is what every process sorts by too.
+        self._locks: list[AsyncHybridLock] = sorted(locks, key=lambda lock: lock._names.lock)
+        self._context = context
+        self._atomic: bool | None = None  # whether the backend takes all keys in one step (asked at first use)
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys, in the order they are taken."""
+        return [lock.key for lock in self._locks]
+
+    @property
+    def locks(self) -> list[AsyncHybridLock]:
+        return list(self._locks)
+
+    async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first."""
+        wait = validate_timeout(blocking, timeout)
+        refuse_in_event_loop(self.keys[0], self._context.server)
+        deadline = None if wait is None else monotonic() + wait
+        if self._atomic is None:
+            self._atomic = await self._context.backend.can_acquire_together([lock._names for lock in self._locks])
+        if self._atomic:
+            return await self._acquire_together(blocking, deadline)
+        return await self._acquire_in_order(blocking, deadline)
+
+    async def _acquire_together(self, blocking: bool, deadline: float | None) -> bool:
+        me = current_owner()
+        start = monotonic()
+        entered: list[AsyncHybridLock] = []  # done locally: reentrant, or passed on with the server lease
+        pending: list[AsyncHybridLock] = []  # local mutex held, server lock still to take
+        done = False
+        try:
+            for lock in self._locks:
+                state = await lock._enter_locally(me, blocking, deadline)
+                if state == _TIMED_OUT:
+                    return False
+                (pending if state == _NEEDS_SERVER else entered).append(lock)
+            if pending and not await self._take_in_server(pending, blocking, deadline, me, start):
+                return False
+            done = True
+        finally:
+            if not done:  # timed out, refused, or interrupted: give back everything taken so far
+                self._release_mutexes(pending)
+                await shielded(partial(self._roll_back, entered, me))
+        try:
+            for lock in pending:
+                await lock._listen_for_contention()
+        except BaseException:
+            # Held now, but interrupted before the caller could learn it: nobody would ever release it.
+            await shielded(partial(self._roll_back, entered + pending, me))
+            raise
+        return True
+
+    async def _take_in_server(
+        self, pending: list[AsyncHybridLock], blocking: bool, deadline: float | None, me: object, start: float
+    ) -> bool:
+        """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
+        context = self._context
+        names = [lock._names for lock in pending]
+        outcome: list[AcquireManyResult] = []
+        queued_for: set[int] = set()
+
+        async def attempt() -> AcquireResult:
+            result = await context.backend.try_acquire_many(names, context.client_id, context.config.lease_ms, blocking)
+            outcome[:] = [result]
+            if not result.acquired:
+                queued_for.add(result.blocked_by)
+            return AcquireResult(result.acquired, None, result.holder_ttl)
+
+        def blocked_on() -> LockNames:
+            return names[outcome[0].blocked_by]
+
+        async def give_up() -> None:
+            for index in sorted(queued_for):
+                await context.backend.cancel_wait(names[index], context.client_id)
+
+        async def undo() -> None:
+            for lock_names in names:
+                await context.backend.release(lock_names, context.client_id, notify=True)
+
+        if await acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo) is None:
+            return False
+        for lock, part in zip(pending, outcome[0].parts, strict=True):
+            lock._start_tenancy(me, part.fencing_token, part.contended, start)
+        return True
+
+    @staticmethod
+    def _release_mutexes(pending: list[AsyncHybridLock]) -> None:
+        for lock in reversed(pending):
+            lock._mutex.release()
+
+    async def _acquire_in_order(self, blocking: bool, deadline: float | None) -> bool:
+        me = current_owner()
+        taken: list[AsyncHybridLock] = []
+        try:
+            for lock in self._locks:
+                if not blocking:
+                    ok = await lock.acquire(False)
+                elif deadline is None:
+                    ok = await lock.acquire()
+                else:
+                    ok = await lock.acquire(True, max(0.0, deadline - monotonic()))
+                if not ok:
+                    await self._roll_back(taken, me)
+                    return False
+                taken.append(lock)
+        except BaseException:
+            await shielded(partial(self._roll_back, taken, me))
+            raise
+        return True
+
+    @staticmethod
+    async def _roll_back(taken: list[AsyncHybridLock], me: object) -> None:
+        for lock in reversed(taken):
+            try:
+                await lock._release_by(me)
+            except HybridLockError:
+                pass  # the attempt failed anyway; a part lost meanwhile has nothing left to give back
+
+    async def release(self) -> None:
+        """Release every key (newest first). Raises the first error met after releasing all of them."""
+        if not all(lock.is_held_by_current_thread() for lock in self._locks):
+            raise LockNotOwnedError(
+                f"cannot release keys this thread does not hold: {self.keys}", server=self._context.server
+            )
+        first_error: BaseException | None = None
+        for lock in reversed(self._locks):
+            try:
+                await lock.release()
+            except HybridLockError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def is_held_by_current_thread(self) -> bool:
+        return all(lock.is_held_by_current_thread() for lock in self._locks)
+
+    def __repr__(self) -> str:
+        held = "held by this thread" if self.is_held_by_current_thread() else "not held by this thread"
+        return f"<hybridlock.AsyncMultiLock {self.keys!r} {held}>"

@@ -1,0 +1,353 @@
+"""AsyncLockRegistry: one lock object per key, one owner identity per registry, and the registry's background work.
+
+A registry is one *owner* in the lock server: its ``client_id`` (a random UUID) is the value of every server key
+it holds. Two registries exclude each other through the server even inside one process, as two processes do.
+
+What the registry keeps:
+
+* an identity map of key -> lock, held weakly, so a lock the program still references is the only one for its
+  key, and a lock nobody references (and nobody holds) is reclaimed at once, as a ``threading.RLock`` would be.
+  There is no cache of recently used locks: ``obtain`` in a loop that drops its lock each time builds a new
+  (cheap) object each time;
+* strong references to held locks, by server key (a held lock never disappears, and is never duplicated);
+* background threads, none per lock or per wait: the lease renewer and (in the Redis backend) the pub/sub
+  listener, plus the retention reaper when ``retain_for`` is used, and the wait keeper
+  (``hybridlock._wait_keeper``) while some thread of the registry waits in the server. Each starts when there is
+  something to do (a lease to renew, a channel to listen on, a lease retained, a place in a server queue to
+  keep), stops a fraction of a second after there is nothing left, and starts again on demand; ``close()``
+  stops them all. A program that holds no lock and waits for none has no hybridlock thread running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from .._core.config import LockType, RegistryConfig
+from .._core.names import LockNames, lock_names, read_write_names, validate_key
+from ..errors import InvalidArgumentError, LockNotOwnedError
+from ._compat import at_exit, new_guard
+from .backends.base import AsyncLockBackend
+from .backends.memory import AsyncMemoryBackend
+from .context import LockContext
+from .decorator import execute_locked, synchronized
+from .leases import HeldLease, LostCallback
+from .lock import AsyncHybridLock
+from .multi import AsyncMultiLock
+from .rwlock import AsyncReadWriteLock
+
+__all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry"]
+
+logger = logging.getLogger("hybridlock")
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+class AsyncLockRegistry:
+    """Hands out one :class:`AsyncHybridLock` per key, all sharing this registry's server connection and identity.
+
+    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client, a ``redis://`` / ``rediss://`` / ``unix://``
+    URL, or a :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
+    (``InvalidArgumentError``): an asyncio API is planned, and so is cluster support. ``registry_key`` prefixes
+    every server key (it must not contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond
+    precision), at least ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost
+    whenever a renewal is a little late).
+
+    Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
+    is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
+    longest wait Python's threads accept; anything larger raises ``InvalidArgumentError`` (a timeout of -1 or
+    ``math.inf`` waits forever). Keys and ``registry_key`` must be encodable as UTF-8.
+
+    ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
+    ``auto_renew`` keeps the leases of held locks alive from one background thread; ``max_hold`` (seconds) stops
+    renewing a lock held longer than that, so a stuck holder cannot keep it forever.
+
+    Local hand-off: when a thread releases a lock that other threads of this registry are queued for, the server
+    lease is kept and the lock passed to the next thread (in arrival order) with no round trip, at most
+    ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy, and never once another owner
+    is known to be waiting. Either at 0 switches it off (one server release per final release).
+
+    ``handoff_barge_window`` (seconds) trades a little of that arrival order for throughput: during a hand-off
+    streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
+    at most this long; then that thread is handed the lock. Threads that are waiting are always served in arrival
+    order. 0 makes every local hand-off strictly first come, first served.
+
+    ``retain_for`` (seconds, default 0: off) keeps the server lease after the last local release, idle, so a thread
+    here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
+    retention at once (with ``lock_type="pubsub"``; with ``"spin"`` only the deadline does), and the hand-off
+    budget bounds it. While a lease is retained, another owner's non-blocking attempt fails. See
+    ``hybridlock._retention``.
+    """
+
+    def __init__(
+        self,
+        connection: Any,
+        registry_key: str = "hybridlock",
+        expire_after: float = 30.0,
+        *,
+        lock_type: LockType = "pubsub",
+        auto_renew: bool = True,
+        max_hold: float | None = None,
+        handoff_limit: int = 64,
+        handoff_window: float = 0.05,
+        handoff_barge_window: float = 0.002,
+        retain_for: float = 0.0,
+    ) -> None:
+        self._setup(
+            RegistryConfig.checked(
+                registry_key,
+                expire_after,
+                lock_type=lock_type,
+                auto_renew=auto_renew,
+                max_hold=max_hold,
+                handoff_limit=handoff_limit,
+                handoff_window=handoff_window,
+                handoff_barge_window=handoff_barge_window,
+                retain_for=retain_for,
+            ),
+            connection,
+        )
+
+    def _setup(self, config: RegistryConfig, connection: Any) -> None:
+        self._config = config
+        self._context = LockContext(config, _make_backend(connection), self)
+        self._mutex = new_guard()
+        self._locks: weakref.WeakValueDictionary[str, AsyncHybridLock] = weakref.WeakValueDictionary()
+        self._rw_locks: weakref.WeakValueDictionary[str, AsyncReadWriteLock] = weakref.WeakValueDictionary()
+        if config.retain_for and config.lock_type == "pubsub":
+            # Through the registry, so the child of a fork pokes its own context's reaper.
+            self._context.backend.on_wanted(lambda: self._context.retention.poke())
+        _live_registries.add(self)
+
+    # -- public surface ------------------------------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """This registry's owner identity in this process: the value of every server key it holds."""
+        return self._context.client_id
+
+    @property
+    def registry_key(self) -> str:
+        return self._config.registry_key
+
+    @property
+    def expire_after(self) -> float:
+        """The lease in seconds (``inf`` for a registry whose locks never expire)."""
+        return self._config.expire_after
+
+    @property
+    def server(self) -> str:
+        """The lock server's address, as error messages give it."""
+        return self._context.server
+
+    @property
+    def backend(self) -> AsyncLockBackend:
+        return self._context.backend
+
+    @property
+    def closed(self) -> bool:
+        return self._context.closed.is_set()
+
+    def obtain(self, key: str) -> AsyncHybridLock:
+        """The lock for ``key``: the same object for as long as the program references it or anyone holds it."""
+        key = validate_key(key)
+        self._check_open(key)
+        with self._mutex:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = AsyncHybridLock(self._context, self._names(key))
+                self._locks[key] = lock
+            return lock
+
+    def obtain_read_write(self, key: str) -> AsyncReadWriteLock:
+        """The read-write lock for ``key`` (a separate lock from ``obtain(key)``): the same object while
+        referenced. ``rw.read_lock()`` admits many readers, ``rw.write_lock()`` one writer."""
+        key = validate_key(key)
+        self._check_open(key)
+        with self._mutex:
+            rw = self._rw_locks.get(key)
+            if rw is None:
+                rw = self._rw_locks[key] = AsyncReadWriteLock(self._context, read_write_names(self.registry_key, key))
+            return rw
+
+    def obtain_many(self, keys: Iterable[str]) -> AsyncMultiLock:
+        """A lock over several keys, taken all or nothing in one global order (no deadlock between callers
+        asking for overlapping sets in different orders); its timeout covers the whole attempt."""
+        self._check_open()
+        if isinstance(keys, str):
+            raise InvalidArgumentError("obtain_many needs a collection of keys, not one str")
+        locks = {lock.key: lock for lock in map(self.obtain, keys)}
+        if not locks:
+            raise InvalidArgumentError("obtain_many needs at least one key")
+        return AsyncMultiLock(self._context, list(locks.values()))
+
+    def _names(self, key: str) -> LockNames:
+        return lock_names(self.registry_key, key)
+
+    def expire_unused_older_than(self, age: float) -> int:
+        """Kept for compatibility; does nothing and returns 0.
+
+        The registry holds no lock it does not need: one nobody references and nobody holds is reclaimed by the
+        garbage collector at once, and one still referenced or held must stay the lock for its key (a second
+        object for a key would let a second thread in). So there is nothing left to forget. ``age`` is still
+        checked (a non-negative number of seconds)."""
+        if isinstance(age, bool) or not isinstance(age, (int, float)) or age < 0:
+            raise InvalidArgumentError(f"age must be a non-negative number of seconds, not {age!r}")
+        return 0
+
+    async def renew_lock(self, key: str, expire_after: float | None = None) -> None:
+        """Renew the lease of ``key``'s lock, held by some thread of this registry, by hand (see
+        ``AsyncHybridLock.renew``)."""
+        key = validate_key(key)
+        leases = self._context.leases
+        lock = leases.get(self._names(key))
+        if lock is None:
+            raise LockNotOwnedError("cannot renew a lock this registry does not hold", key=key, server=self.server)
+        await leases.renew_by_hand(lock, expire_after)
+
+    def synchronized(self, template: str, *, timeout: float | None = None) -> Callable[[F], F]:
+        """Decorator: run the function holding the lock whose key ``template`` builds from its arguments.
+
+        ``@registry.synchronized("order:{order_id}", timeout=5)``; placeholders may use attribute access
+        (``{self.account}``, ``{invoice.id}``) and are checked against the signature when decorating. Raises
+        ``LockTimeoutError`` (a ``TimeoutError``) naming the key when ``timeout`` seconds pass first."""
+        return synchronized(self, template, timeout=timeout)
+
+    async def execute_locked(
+        self, key: str, function: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        """Run ``function(*args, **kwargs)`` holding ``key``'s lock and return its result (Spring's
+        ``executeLocked``); ``LockTimeoutError`` when ``timeout`` seconds pass first."""
+        return await execute_locked(self, key, function, *args, timeout=timeout, **kwargs)
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lock)`` for every lock of this registry found lost while held."""
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable")
+        self._context.leases.lost_callbacks.append(callback)
+
+    def held_locks(self) -> list[HeldLease]:
+        """The locks some thread of this registry holds right now (not leases kept idle by ``retain_for``)."""
+        return self._context.leases.held()
+
+    def __len__(self) -> int:
+        """How many lock objects the registry knows (held, or still referenced)."""
+        return len(self._locks)
+
+    def __iter__(self) -> Iterator[AsyncHybridLock]:
+        return iter(list(self._locks.values()))
+
+    async def aclose(self) -> None:
+        """Stop the background threads and release the registry's connection (if it made it from a URL).
+
+        Afterwards ``obtain`` and ``acquire`` raise ``RegistryClosedError``. Locks still held stay held until
+        their holders release them (the compare-and-delete is still sent, so no key is left behind) or their
+        lease ends, since nothing renews them any more. Idempotent."""
+        context = self._context
+        if context.closed.is_set():
+            return
+        context.closed.set()
+        await context.retention.stop()  # give retained leases back while the connection is still open
+        await context.wait_keeper.stop()
+        if context.renewer is not None:
+            await context.renewer.stop()
+        await context.backend.aclose()
+        _live_registries.discard(self)
+
+    async def __aenter__(self) -> AsyncLockRegistry:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._context.leases)} held"
+        return (
+            f"<hybridlock.{type(self).__name__} {self.registry_key!r} on {self.server} client_id={self.client_id} "
+            f"{state}>"
+        )
+
+    def _check_open(self, key: str | None = None) -> None:
+        self._context.check_open(key)
+
+    # -- fork ------------------------------------------------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        # The child holds none of its parent's leases and runs none of its threads: it continues with a new
+        # context (a new owner identity), which every lock is handed as it forgets its parent's state.
+        self._context = context = self._context.forked()
+        self._mutex = new_guard()
+        for lock in list(self._locks.values()):
+            lock._reset_after_fork(context)
+        for rw in list(self._rw_locks.values()):
+            rw._reset_after_fork(context)
+        after_fork = getattr(context.backend, "after_fork_in_child", None)
+        if after_fork is not None:
+            after_fork()
+
+
+class AsyncLocalLockRegistry(AsyncLockRegistry):
+    """The same API in one process, with no server: locks never expire (like ``threading.RLock``), and
+    ``renew()`` leaves them so.
+
+    Spring's ``DefaultLockRegistry``. Useful where a program runs as one process, and as a test double."""
+
+    def __init__(self, registry_key: str = "hybridlock") -> None:
+        self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), AsyncMemoryBackend())
+
+
+def _make_backend(connection: Any) -> AsyncLockBackend:
+    if isinstance(connection, AsyncLockBackend):
+        return connection
+    from ..backends import clients
+    from ..backends.clients import check_client_settings, redacted, redacted_url
+    from .backends.redis import AsyncRedisBackend, redis_client_from_url
+
+    if isinstance(connection, str):
+        if not connection:
+            raise InvalidArgumentError("the server URL must not be empty")
+        try:
+            client = redis_client_from_url(connection)
+        except ValueError as exc:
+            shown, detail = redacted_url(connection), redacted(str(exc), connection)
+            raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
+        return AsyncRedisBackend(client, owns_client=True)
+    clients.asyncio_client_family(connection)  # a client of the other kind, or a cluster client, is refused here
+    if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
+        backend = AsyncRedisBackend(connection)
+        check_client_settings(connection, backend.address)
+        return backend
+    raise InvalidArgumentError(
+        "connection must be a redis.asyncio.Redis client (or valkey's twin), a redis:// URL or a backend "
+        f"(AsyncLockBackend), not {type(connection).__name__}"
+    )
+
+
+# Every open registry, so a forked child can reset them all, and an exiting process give back retained leases.
+_live_registries: weakref.WeakSet[AsyncLockRegistry] = weakref.WeakSet()
+
+
+async def _give_back_retained_leases_at_exit() -> None:
+    # A program that ends without close() would otherwise leave its idle retained leases to expire, keeping
+    # other owners out for up to a whole lease. (A crash still does; so does os._exit.)
+    for registry in list(_live_registries):
+        try:
+            await registry._context.retention.stop()
+        except Exception:  # at exit there is nobody left to raise to
+            logger.debug("hybridlock: could not give back retained leases at exit", exc_info=True)
+
+
+at_exit(_give_back_retained_leases_at_exit)
+
+
+def _reset_registries_in_child() -> None:
+    for registry in list(_live_registries):
+        registry._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_registries_in_child)

@@ -1,0 +1,371 @@
+"""Read-write locks: many readers or one writer, across the threads of a process and across processes.
+
+As with the plain lock, a local lock sits in front of the server's. Locally, threads count as readers or as the
+writer; remotely, the whole process holds at most **one** read hold (whatever the number of its reader threads)
+or the write hold:
+
+* the first local reader takes the process's read hold in the server, later ones join it with no round trip, and
+  the last one to leave gives it back;
+* the writer waits until no local reader or writer remains, then takes the write hold in the server.
+
+Writers are not starved. Locally, once a thread waits to write, new reader threads wait behind it. Remotely, a
+writer that is refused is recorded as waiting, which refuses new read holds, and announces itself on the lock's
+channel; a process that hears it stops admitting new reader threads to its current read hold, so the hold drains
+and the writer gets in even under a never-ending stream of overlapping readers.
+
+A writer may take the read lock (downgrade: acquire read, then release write). A reader asking for the write lock
+gets ``LockUpgradeError`` at once: two readers both upgrading would wait for each other forever.
+
+Failure modes
+-------------
+* Each reader process's hold carries its own expiry, so a crashed reader stops blocking writers when its own
+  lease ends, however busy the other readers are.
+* Leases, renewal, ``lost`` and ``LockLostError`` work as for the plain lock, separately for each half (the read
+  hold is one lease for all reader threads of the process; the thread that gives it back hears of a loss).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._core.config import validate_timeout
+from .._core.names import LockNames, ReadWriteNames
+from .._core.results import AcquireResult
+from ..errors import LockNotOwnedError, LockUpgradeError
+from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_loop
+from .backends.base import AsyncReleaseWatch
+from .lease import ServerLease
+from .lock import AsyncJavaStyleLock
+from .waiting import acquire_remote, contention_watch
+
+if TYPE_CHECKING:
+    from .context import LockContext
+
+__all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]
+
+
+class _Half(ServerLease, AsyncJavaStyleLock):
+    """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
+
+    #: Name of the half in messages and reprs; the subclasses differ in this and in the four hooks below.
+    kind = ""
+    _waits_in_server = False  # whether a refused blocking attempt takes a place in the server (see _acquire_remote)
+
+    def __init__(self, parent: AsyncReadWriteLock, names: LockNames) -> None:
+        super().__init__(parent._context, names)
+        self._parent = parent
+
+    @property
+    def valid_until(self) -> float | None:
+        return self._valid_until if self._in_server else None
+
+    # -- the thread-facing API ---------------------------------------------------------------------------------------
+
+    async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait."""
+        wait = validate_timeout(blocking, timeout)
+        refuse_in_event_loop(self.key, self._context.server)
+        self._context.check_open(self.key)
+        deadline = None if wait is None else monotonic() + wait
+        return await self._acquire(current_owner(), blocking, deadline)
+
+    async def release(self) -> None:
+        await self._release(current_owner())
+
+    def __repr__(self) -> str:
+        return f"<hybridlock.{type(self).__name__} {self.key!r} depth {self.hold_count} here at {id(self):#x}>"
+
+    @property
+    def hold_count(self) -> int:
+        raise NotImplementedError
+
+    def is_held_by_current_thread(self) -> bool:
+        return self.hold_count > 0
+
+    # -- one server tenancy ------------------------------------------------------------------------------------------
+
+    async def _remote(self, blocking: bool, deadline: float | None) -> AcquireResult | None:
+        context = self._context
+        return await acquire_remote(
+            context,
+            self._names,
+            blocking,
+            deadline,
+            attempt=lambda: self._try_once(context.client_id, blocking),
+            give_up=lambda: self._give_up(context.client_id),
+            undo=lambda: self._give_back(context.client_id),
+            queues=self._waits_in_server,
+        )
+
+    async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
+        raise NotImplementedError
+
+    async def _give_up(self, owner: str) -> None:
+        """A blocking wait for the server hold ended without it."""
+
+    async def _give_back(self, owner: str) -> bool:
+        """Release the server hold (after an attempt interrupted in flight, which may have taken it)."""
+        raise NotImplementedError
+
+    async def _acquire(self, me: object, blocking: bool, deadline: float | None) -> bool:
+        raise NotImplementedError
+
+    async def _release(self, me: object) -> None:
+        raise NotImplementedError
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - monotonic())
+
+
+class AsyncReadLock(_Half):
+    """The shared half: any number of threads, in any number of processes, while nobody writes."""
+
+    kind = "read"
+    _waits_in_server = False  # a blocked reader records nothing in the server: it just retries
+
+    def __init__(self, parent: AsyncReadWriteLock) -> None:
+        super().__init__(parent, parent._names.read)
+        self._watch: AsyncReleaseWatch | None = None  # hears writers of other owners asking for the lock
+
+    @property
+    def hold_count(self) -> int:
+        return self._parent._readers.get(current_owner(), 0)
+
+    async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
+        return await self._context.backend.try_acquire_read(self._parent._names, owner, self._context.config.lease_ms)
+
+    async def _give_back(self, owner: str) -> bool:
+        return await self._context.backend.release_read(self._parent._names, owner)
+
+    def _writer_elsewhere_waits(self) -> bool:
+        return self._watch is not None and self._watch.contended()
+
+    async def _acquire(self, me: object, blocking: bool, deadline: float | None) -> bool:
+        rw = self._parent
+        start = monotonic()
+        with rw._cond:
+            if rw._readers.get(me):
+                if self._lost:
+                    raise self._reentry_error(f"{self.kind} hold")
+                rw._readers[me] += 1
+                return True
+            downgrade = rw._writer == me
+
+            def may_enter() -> bool:
+                if rw._read_hold == "busy":
+                    return False
+                if rw._read_hold == "held" and self._lost:
+                    return False  # nobody joins a lost read hold: wait for it to drain, then take a fresh one
+                if downgrade:
+                    return True
+                if rw._writer is not None or rw._writers_waiting:
+                    return False  # local writer preference
+                # A writer of another owner waits: let our read hold drain instead of extending it.
+                return not (rw._read_hold == "held" and self._writer_elsewhere_waits())
+
+            if not blocking:
+                if not may_enter():
+                    return False
+            elif not await rw._cond.wait_for(may_enter, _remaining(deadline)):
+                return False
+            if rw._read_hold == "held":
+                rw._readers[me] = 1
+                return True
+            rw._read_hold = "busy"
+        result = watch = None
+        try:
+            # Listen for other owners' writers before taking the hold, so that nothing is left to do once the hold
+            # is ours (an interruption from here on would leave the hold with nobody).
+            watch = await contention_watch(self._context, self._names)
+            result = await self._remote(blocking, deadline)
+        finally:
+            with rw._cond:
+                if result is not None:
+                    rw._read_hold = "held"
+                    rw._readers[me] = 1
+                    self._begin_lease(result.fencing_token, start)
+                    self._watch = watch
+                else:
+                    rw._read_hold = "none"
+                    if watch is not None:
+                        watch.close()
+                rw._cond.notify_all()
+        return result is not None
+
+    async def _release(self, me: object) -> None:
+        rw = self._parent
+        with rw._cond:
+            depth = rw._readers.get(me, 0)
+            if not depth:
+                raise LockNotOwnedError(
+                    "cannot release a read lock this thread does not hold", key=self.key, server=self._context.server
+                )
+            if depth > 1:
+                rw._readers[me] = depth - 1
+                return
+            del rw._readers[me]
+            if rw._readers:
+                return  # other reader threads of this process keep the read hold
+            rw._read_hold = "busy"
+            was_lost = self._give_back_lease()
+        released = False
+        try:
+            released = await self._give_back(self._context.client_id)
+        finally:
+            with rw._cond:
+                if self._watch is not None:
+                    self._watch.close()
+                    self._watch = None
+                self._end_lease()
+                rw._read_hold = "none"
+                rw._cond.notify_all()
+        if was_lost or not released:
+            raise self._lost_error(f"{self.kind} hold")
+
+
+class AsyncWriteLock(_Half):
+    """The exclusive half: one thread in the whole system, and no reader."""
+
+    kind = "write"
+    _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
+
+    def __init__(self, parent: AsyncReadWriteLock) -> None:
+        super().__init__(parent, parent._names.write)
+
+    @property
+    def hold_count(self) -> int:
+        rw = self._parent
+        return rw._write_count if rw._writer == current_owner() else 0
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The token minted for this process's current write hold (see ``HybridLock.fencing_token``)."""
+        return self._fencing_token if self._parent._writer is not None else None
+
+    async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
+        context = self._context
+        return await context.backend.try_acquire_write(self._parent._names, owner, context.config.lease_ms, wait)
+
+    async def _give_up(self, owner: str) -> None:
+        # We may be recorded as a waiting writer: stop holding back other owners' readers.
+        await self._context.backend.cancel_write_wait(self._parent._names, owner)
+
+    async def _give_back(self, owner: str) -> bool:
+        return await self._context.backend.release_write(self._parent._names, owner)
+
+    async def _acquire(self, me: object, blocking: bool, deadline: float | None) -> bool:
+        rw = self._parent
+        start = monotonic()
+        with rw._cond:
+            if rw._writer == me:
+                if self._lost:
+                    raise self._reentry_error(f"{self.kind} hold")
+                rw._write_count += 1
+                return True
+            if rw._readers.get(me):
+                raise LockUpgradeError(
+                    "this thread holds the read lock: release it before taking the write lock (upgrading could "
+                    "deadlock with another upgrading reader)",
+                    key=self.key,
+                    server=self._context.server,
+                )
+
+            def may_enter() -> bool:
+                return rw._writer is None and not rw._readers and rw._read_hold == "none"
+
+            if not may_enter():
+                if not blocking:
+                    return False
+                rw._writers_waiting += 1
+                try:
+                    entered = await rw._cond.wait_for(may_enter, _remaining(deadline))
+                finally:
+                    rw._writers_waiting -= 1
+                if not entered:
+                    rw._cond.notify_all()  # readers held back by our wish may go now
+                    return False
+            rw._writer, rw._write_count = me, 1
+        result = None
+        try:
+            result = await self._remote(blocking, deadline)
+        finally:
+            if result is None:
+                with rw._cond:
+                    rw._writer, rw._write_count = None, 0
+                    rw._cond.notify_all()
+        if result is None:
+            return False
+        with rw._cond:
+            self._begin_lease(result.fencing_token, start)
+        return True
+
+    async def _release(self, me: object) -> None:
+        rw = self._parent
+        with rw._cond:
+            if rw._writer != me:
+                raise LockNotOwnedError(
+                    "cannot release a write lock this thread does not hold", key=self.key, server=self._context.server
+                )
+            if rw._write_count > 1:
+                rw._write_count -= 1
+                return
+            was_lost = self._give_back_lease()
+        released = False
+        try:
+            released = await self._give_back(self._context.client_id)
+        finally:
+            with rw._cond:
+                self._end_lease()
+                rw._writer, rw._write_count = None, 0
+                rw._cond.notify_all()
+        if was_lost or not released:
+            raise self._lost_error(f"{self.kind} hold")
+
+
+class AsyncReadWriteLock:
+    """A lock with a shared read half and an exclusive write half: ``registry.obtain_read_write(key)``.
+
+    ``with rw.read_lock(): ...`` admits many readers at once (in this process and in others);
+    ``with rw.write_lock(): ...`` admits one writer and no reader.
+    """
+
+    def __init__(self, context: LockContext, names: ReadWriteNames) -> None:
+        self._context = context
+        self._names = names
+        self._reset_local_state()
+        self._read = AsyncReadLock(self)
+        self._write = AsyncWriteLock(self)
+
+    def _reset_local_state(self) -> None:
+        self._cond = AsyncCondition()
+        self._writer: object | None = None
+        self._write_count = 0
+        self._readers: dict[object, int] = {}  # owner (thread, or task) -> read depth
+        self._writers_waiting = 0  # local threads waiting to write
+        # The process's read hold in the server: "none", "busy" (being taken or given back) or "held".
+        self._read_hold = "none"
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    def read_lock(self) -> AsyncReadLock:
+        return self._read
+
+    def write_lock(self) -> AsyncWriteLock:
+        return self._write
+
+    def _reset_after_fork(self, context: LockContext) -> None:
+        self._context = context
+        self._reset_local_state()
+        self._read._context = self._write._context = context
+        for half in (self._read, self._write):
+            half._forget_lease_after_fork()
+        self._read._watch = None
+
+    def __repr__(self) -> str:
+        state: Any = f"{len(self._readers)} reader threads" if self._readers else "no readers"
+        if self._writer is not None:
+            state = f"written by thread {self._writer}"
+        return f"<hybridlock.AsyncReadWriteLock {self.key!r} {state} here at {id(self):#x}>"
