@@ -10,13 +10,25 @@ Each lock takes a per-key local lock first, then a lease in the server whose val
 process.
 """
 
+from __future__ import annotations
+
+import importlib as _importlib
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
 from ._sync.registry import LocalLockRegistry, LockRegistry
 from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
+
+if _TYPE_CHECKING:
+    from ._async.lock import AsyncHybridLock
+    from ._async.multi import AsyncMultiLock
+    from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry
+    from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
+
 from .errors import (
     BackendUnavailableError,
     ClientSettingsWarning,
@@ -37,6 +49,13 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AsyncHybridLock",
+    "AsyncLocalLockRegistry",
+    "AsyncLockRegistry",
+    "AsyncMultiLock",
+    "AsyncReadLock",
+    "AsyncReadWriteLock",
+    "AsyncWriteLock",
     "BackendUnavailableError",
     "ClientSettingsWarning",
     "EventLoopBlockedError",
@@ -58,3 +77,23 @@ __all__ = [
     "WriteLock",
     "__version__",
 ]
+
+# The asyncio API is imported at first use, so that a program using threads only does not import asyncio.
+_ASYNC_NAMES = {
+    "AsyncHybridLock": "hybridlock._async.lock",
+    "AsyncLocalLockRegistry": "hybridlock._async.registry",
+    "AsyncLockRegistry": "hybridlock._async.registry",
+    "AsyncMultiLock": "hybridlock._async.multi",
+    "AsyncReadLock": "hybridlock._async.rwlock",
+    "AsyncReadWriteLock": "hybridlock._async.rwlock",
+    "AsyncWriteLock": "hybridlock._async.rwlock",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    module = _ASYNC_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hybridlock' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
