@@ -151,8 +151,6 @@ def kinds(*names: str, xfail: dict[str, tuple[str, type[BaseException]]] | None 
 
 EXCLUSIVE = ("plain", "write", "multi")
 
-MULTI_HAS_NO_HOLD_COUNT = ("MultiLock has no hold_count", AttributeError)
-MULTI_HAS_NO_LOST = ("MultiLock has no lost", AttributeError)
 NO_LOCKED = "has no locked()"
 
 
@@ -288,7 +286,7 @@ def test_reentrant_hold_lasts_until_the_last_release(backend: Backend, kind: Kin
     assert in_thread(lambda: take_and_give_back(rival)) is True
 
 
-@kinds(xfail={"multi": MULTI_HAS_NO_HOLD_COUNT})
+@kinds()
 def test_hold_count_is_the_current_threads_depth(backend: Backend, kind: Kind) -> None:
     lock: Any = kind.make(backend.registry(), "k")
     assert lock.hold_count == 0
@@ -366,7 +364,7 @@ def test_release_by_a_thread_that_does_not_hold_raises(backend: Backend, kind: K
     assert in_thread(lambda: take_and_give_back(kind.rival(backend.other_owner(registry), "k"))) is True
 
 
-@kinds(xfail={"multi": ("MultiLock's LockNotOwnedError has key=None", AssertionError)})
+@kinds()
 def test_release_by_a_non_owner_names_the_key(backend: Backend, kind: Kind) -> None:
     lock = kind.make(backend.registry(), "k")
     with Holder(lock), pytest.raises(hybridlock.LockNotOwnedError) as excinfo:
@@ -539,7 +537,7 @@ def test_locked_reports_a_holder_here_or_elsewhere(backend: Backend, kind: Kind)
     assert lock.locked() is False
 
 
-@kinds(xfail={"multi": MULTI_HAS_NO_LOST})
+@kinds()
 def test_lost_is_false_while_held_and_after_a_clean_release(backend: Backend, kind: Kind) -> None:
     lock: Any = kind.make(backend.registry(), "k")
     assert lock.lost is False

@@ -50,6 +50,16 @@ class AsyncMultiLock(AsyncJavaStyleLock):
     def locks(self) -> list[AsyncHybridLock]:
         return list(self._locks)
 
+    @property
+    def hold_count(self) -> int:
+        """How many times the current thread holds every key at once (0 when it does not hold them all)."""
+        return min(lock.hold_count for lock in self._locks)
+
+    @property
+    def lost(self) -> bool:
+        """True when the lease of any key was found lost while held (see ``HybridLock.lost``)."""
+        return any(lock.lost for lock in self._locks)
+
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first."""
         wait = validate_timeout(blocking, timeout)
@@ -157,9 +167,12 @@ class AsyncMultiLock(AsyncJavaStyleLock):
 
     async def release(self) -> None:
         """Release every key (newest first). Raises the first error met after releasing all of them."""
-        if not all(lock.is_held_by_current_thread() for lock in self._locks):
+        missing = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
+        if missing:
             raise LockNotOwnedError(
-                f"cannot release keys this thread does not hold: {self.keys}", server=self._context.server
+                f"cannot release keys this thread does not hold: {self.keys}",
+                key=missing[0],
+                server=self._context.server,
             )
         first_error: BaseException | None = None
         for lock in reversed(self._locks):

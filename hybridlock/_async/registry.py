@@ -177,11 +177,11 @@ class AsyncLockRegistry:
     def obtain_many(self, keys: Iterable[str]) -> AsyncMultiLock:
         """A lock over several keys, taken all or nothing in one global order (no deadlock between callers
         asking for overlapping sets in different orders); its timeout covers the whole attempt."""
-        self._check_open()
         if isinstance(keys, str):
             raise InvalidArgumentError("obtain_many needs a collection of keys, not one str")
         locks = {lock.key: lock for lock in map(self.obtain, keys)}
         if not locks:
+            self._check_open()
             raise InvalidArgumentError("obtain_many needs at least one key")
         return AsyncMultiLock(self._context, list(locks.values()))
 
