@@ -24,66 +24,21 @@ Failure modes
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ._compat import AsyncWorker, monotonic, new_guard
 
 if TYPE_CHECKING:
-    from .._core.config import RegistryConfig
-    from .._core.names import LockNames
+    from .context import LockContext
+    from .leases import HeldLease
 
-__all__ = ["LeaseRenewer", "RenewedLease", "RenewerContext"]
+__all__ = ["LeaseRenewer"]
 
 logger = logging.getLogger("hybridlock")
 
 _IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it ends (a quick re-acquire reuses it)
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
 _STOP_TIMEOUT = 5.0  # seconds stop() waits for a round in progress (bounded by the client's socket timeout)
-
-
-class RenewedLease(Protocol):
-    """What the renewer needs of a held lease (a plain lock, or a read-write half): ``HeldLease`` in ``leases``."""
-
-    @property
-    def _names(self) -> LockNames: ...
-    @property
-    def _tenancy(self) -> int: ...
-    @property
-    def _acquired_at(self) -> float | None: ...
-    @property
-    def _valid_until(self) -> float | None: ...
-    @property
-    def lost(self) -> bool: ...
-
-    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
-
-    # The lock may take its local mutex to look at a retained lease: a coroutine on the async side.
-    async def _mark_lost(self, tenancy: int) -> None: ...
-
-
-class _Leases(Protocol):
-    def __bool__(self) -> bool: ...
-    def in_server(self) -> Sequence[RenewedLease]: ...
-
-
-class _Backend(Protocol):
-    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]: ...
-
-
-class RenewerContext(Protocol):
-    """What the renewer needs of its registry's ``LockContext`` (which is handed in; the renewer imports none)."""
-
-    @property
-    def config(self) -> RegistryConfig: ...
-    @property
-    def leases(self) -> _Leases: ...
-    @property
-    def backend(self) -> _Backend: ...
-    @property
-    def client_id(self) -> str: ...
-    @property
-    def server(self) -> str: ...
 
 
 class LeaseRenewer:
@@ -97,7 +52,7 @@ class LeaseRenewer:
     ``ensure_started`` and ``nothing_held`` are plain calls that never wait (the lock makes them mid-acquire and
     mid-release); ``stop`` and ``renew_once`` wait for I/O (coroutines on the async side)."""
 
-    def __init__(self, context: RenewerContext) -> None:
+    def __init__(self, context: LockContext) -> None:
         self._context = context
         self._period = context.config.renew_period
         self._guard = new_guard()
@@ -239,7 +194,7 @@ class LeaseRenewer:
         return True
 
     @staticmethod
-    async def _mark_ended_lost(locks: list[tuple[RenewedLease, int]]) -> None:
+    async def _mark_ended_lost(locks: list[tuple[HeldLease, int]]) -> None:
         after = monotonic()
         for lock, tenancy in locks:
             until = lock._valid_until

@@ -26,37 +26,22 @@ Failure modes
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..errors import HybridLockError
 from ._compat import AsyncWorker, monotonic, new_guard
 
 if TYPE_CHECKING:
     from .._core.names import LockNames
+    from .context import LockContext
 
-__all__ = ["REFRESH_INTERVAL", "KeeperContext", "WaitKeeper", "WaitingPlace"]
+__all__ = ["REFRESH_INTERVAL", "WaitKeeper", "WaitingPlace"]
 
 logger = logging.getLogger("hybridlock")
 
 #: Seconds between refreshes: a third of ``QUEUE_PLACE_KEEP_MS``, so one slow or failed refresh loses no place.
 REFRESH_INTERVAL = 1.0
 _STOP_TIMEOUT = 5.0  # seconds stop() waits for a refresh in flight
-
-
-class _Backend(Protocol):
-    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]: ...
-
-
-class KeeperContext(Protocol):
-    """What the keeper needs of its registry's ``LockContext``."""
-
-    @property
-    def backend(self) -> _Backend: ...
-    @property
-    def client_id(self) -> str: ...
-    @property
-    def server(self) -> str: ...
 
 
 class WaitingPlace:
@@ -75,7 +60,7 @@ class WaitKeeper:
     ``begin`` and ``end`` are plain calls that never wait (a waiter makes them around its wait); ``stop`` waits
     for I/O (a coroutine on the async side)."""
 
-    def __init__(self, context: KeeperContext) -> None:
+    def __init__(self, context: LockContext) -> None:
         self._context = context
         self._guard = new_guard()
         self._places: set[WaitingPlace] = set()

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Protocol
 from ._compat import Worker, monotonic, new_guard, sleep
 
 if TYPE_CHECKING:
-    from .._core.config import RegistryConfig
+    from .context import LockContext
 
-__all__ = ["ReaperContext", "RetainedLock", "RetentionReaper"]
+__all__ = ["RetainedLock", "RetentionReaper"]
 
 _BUSY_RETRY = 0.001  # seconds between attempts on a lock caught mid-release or mid-acquire
 _IDLE_EXIT = 0.15  # seconds with nothing retained after which the worker ends (retain() starts a new one)
@@ -55,13 +55,6 @@ class RetainedLock(Protocol):
     def _end_retention(self) -> bool: ...
 
 
-class ReaperContext(Protocol):
-    """What the reaper needs of its registry's ``LockContext``."""
-
-    @property
-    def config(self) -> RegistryConfig: ...
-
-
 class RetentionReaper:
     """Ends the retentions of one registry's locks; see the module docstring.
 
@@ -71,7 +64,7 @@ class RetentionReaper:
     # Lock order: the reaper's guard is never held while calling into a lock or the backend (the backend calls
     # poke() with its own lock held), except for _wanted_elsewhere(), which takes no lock.
 
-    def __init__(self, context: ReaperContext) -> None:
+    def __init__(self, context: LockContext) -> None:
         self._context = context
         self._guard = new_guard()
         self._retained: dict[RetainedLock, None] = {}  # an ordered set
