@@ -515,13 +515,7 @@ def test_lock_unlock_and_try_lock_aliases(backend: Backend, kind: Kind) -> None:
 # -- state: locked(), lost, fencing tokens, repr -----------------------------------------------------------------------
 
 
-@kinds(
-    xfail={
-        "write": (f"WriteLock {NO_LOCKED}", AttributeError),
-        "read": (f"ReadLock {NO_LOCKED}", AttributeError),
-        "multi": (f"MultiLock {NO_LOCKED}", AttributeError),
-    }
-)
+@kinds(xfail={"read": (f"ReadLock {NO_LOCKED}", AttributeError)})
 def test_locked_reports_a_holder_here_or_elsewhere(backend: Backend, kind: Kind) -> None:
     registry = backend.registry()
     lock: Any = kind.make(registry, "k")

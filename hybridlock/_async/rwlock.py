@@ -243,6 +243,13 @@ class AsyncWriteLock(_Half):
         """The token minted for this process's current write hold (see ``HybridLock.fencing_token``)."""
         return self._fencing_token if self._parent._writer is not None else None
 
+    async def locked(self) -> bool:
+        """Whether anyone holds the write lock: a thread of this process (no round trip) or another owner (one)."""
+        if self._parent._writer is not None:
+            return True
+        self._context.check_open(self.key)
+        return await self._context.backend.is_locked(self._names)  # ``_names.lock`` is the write hold's key
+
     async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
         context = self._context
         return await context.backend.try_acquire_write(self._parent._names, owner, context.config.lease_ms, wait)

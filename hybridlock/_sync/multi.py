@@ -56,6 +56,13 @@ class MultiLock(JavaStyleLock):
         """How many times the current thread holds every key at once (0 when it does not hold them all)."""
         return min(lock.hold_count for lock in self._locks)
 
+    def locked(self) -> bool:
+        """Whether anyone holds any of the keys (see ``HybridLock.locked``)."""
+        for lock in self._locks:  # (any() cannot await; this asks no more keys than it must)
+            if lock.locked():
+                return True
+        return False
+
     @property
     def lost(self) -> bool:
         """True when the lease of any key was found lost while held (see ``HybridLock.lost``)."""

@@ -244,6 +244,13 @@ class WriteLock(_Half):
         """The token minted for this process's current write hold (see ``HybridLock.fencing_token``)."""
         return self._fencing_token if self._parent._writer is not None else None
 
+    def locked(self) -> bool:
+        """Whether anyone holds the write lock: a thread of this process (no round trip) or another owner (one)."""
+        if self._parent._writer is not None:
+            return True
+        self._context.check_open(self.key)
+        return self._context.backend.is_locked(self._names)  # ``_names.lock`` is the write hold's key
+
     def _try_once(self, owner: str, wait: bool) -> AcquireResult:
         context = self._context
         return context.backend.try_acquire_write(self._parent._names, owner, context.config.lease_ms, wait)
