@@ -10,8 +10,6 @@ Each lock takes a per-key local lock first, then a lease in the server whose val
 process.
 """
 
-from __future__ import annotations
-
 import importlib as _importlib
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
@@ -97,3 +95,7 @@ def __getattr__(name: str) -> _Any:
     value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ASYNC_NAMES))

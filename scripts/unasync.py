@@ -50,6 +50,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),
     ("aclose", "close"),
+    ("asynccontextmanager", "contextmanager"),
+    ("AsyncIterator", "Iterator"),
     # Where things live.
     ("_async", "_sync"),
     ("redis.asyncio", "redis"),
@@ -91,13 +93,40 @@ def _compile(rules: Sequence[tuple[str, str]]) -> list[tuple[re.Pattern[str], st
 
 
 def unasync_text(text: str, rules: Sequence[tuple[str, str]] = RULES) -> tuple[str, frozenset[int]]:
-    """Apply every rule, in table order; return the new text and the indexes of the rules that changed something."""
+    """Apply every rule, in table order; return the new text and the indexes of the rules that changed something.
+
+    A one-line ``from x import a, b`` that a rule changed is then put back in order, and a name that two renames
+    made the same is named once (``AsyncIterator, Iterator`` -> ``Iterator``), so generated code passes the same
+    import-order lint as its source."""
     used = set()
+    source_lines = text.split("\n")
     for index, (pattern, replacement) in enumerate(_compile(rules)):
         text, count = pattern.subn(replacement, text)
         if count:
             used.add(index)
-    return text, frozenset(used)
+    lines = text.split("\n")
+    if len(lines) == len(source_lines):
+        lines = [_tidy_import(line) if line != old else line for line, old in zip(lines, source_lines, strict=True)]
+    return "\n".join(lines), frozenset(used)
+
+
+_FROM_IMPORT = re.compile(r"^(\s*from \S+ import )([\w ,]+)$")
+
+
+def _tidy_import(line: str) -> str:
+    """Sort and de-duplicate the names of a one-line ``from`` import, in the linter's order: CONSTANTS, then
+    Classes, then functions and modules, each alphabetically."""
+    match = _FROM_IMPORT.match(line)
+    if match is None:
+        return line
+    names = list(dict.fromkeys(name.strip() for name in match.group(2).split(",")))
+
+    def order(name: str) -> tuple[int, str]:
+        bare = name.split(" as ")[0]
+        kind = 0 if bare.isupper() and len(bare) > 1 else 1 if bare[:1].isupper() else 2
+        return kind, bare
+
+    return match.group(1) + ", ".join(sorted(names, key=order))
 
 
 def header(source: str) -> str:

@@ -47,6 +47,18 @@ def _contend(lock: hybridlock.HybridLock, threads: int, cycles: int, body=None) 
     return tokens
 
 
+def test_the_hand_off_window_counts_from_the_grant_not_from_the_local_wait(make_registry, redis_client):
+    # 16 threads holding 4 ms each: the thread that takes the server lock has queued locally for tens of
+    # milliseconds, longer than the default 50 ms window would allow if it counted from the start of that wait.
+    registry = make_registry()  # default budget: 64 passes, 50 ms
+    lock = registry.obtain("long-queue")
+    redis_client.config_resetstat()
+    _contend(lock, threads=16, cycles=10, body=lambda: time.sleep(0.004))
+    calls = script_runs(redis_client)
+    # 160 critical sections: without hand-off that is 320 script calls; with it, about two per 50 ms window.
+    assert calls < 100, f"{calls} script calls for 160 cycles: hand-off did not happen"
+
+
 def test_contending_threads_share_one_tenancy_and_few_round_trips(make_registry, redis_client):
     registry = make_registry(handoff_limit=1000, handoff_window=30.0)
     lock = registry.obtain("cohort")

@@ -224,3 +224,12 @@ def test_test_trees_are_generated_too(unasync: ModuleType, tree: Path, capsys: p
     assert unasync.main(["--root", str(tree)]) == 0
     assert (tree / "tests/_sync/test_work.py").read_text().endswith("def test_go() -> None:\n    go(Thing())\n")
     assert _check(unasync, tree, capsys)[0] == 0
+
+
+def test_a_renamed_import_line_stays_sorted_and_names_each_name_once(unasync: ModuleType) -> None:
+    source = "from collections.abc import AsyncIterator, Callable, Iterator, Sequence\nx = AsyncIterator\n"
+    text, _ = unasync.unasync_text(source)
+    assert text == "from collections.abc import Callable, Iterator, Sequence\nx = Iterator\n"
+    # A line no rule touched is left exactly as written.
+    untouched = "from typing import b, A\n"
+    assert unasync.unasync_text(untouched)[0] == untouched

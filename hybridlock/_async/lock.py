@@ -129,6 +129,10 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         # kept and the local lock passed along, within a budget (see _may_keep_lease).
         self._contended = False  # another owner is known to want the lock during this tenancy
         self._passes = 0  # local hand-offs in this tenancy
+        # When the server granted this tenancy: the hand-off window counts from here. (The lease's own start,
+        # ``_acquired_at``, is when the acquire began, earlier by the local wait: right for a lease, which must err
+        # early, but it would spend a window on time the lock was not even held.)
+        self._granted_at: float | None = None
         self._contention_watch: AsyncReleaseWatch | None = None
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
@@ -318,6 +322,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         self._passes = 0
         self.last_used = start
         self._begin_lease(token, start)
+        self._granted_at = monotonic()
 
     async def _listen_for_contention(self) -> None:
         if self._context.config.retain_for and self._contention_watch is None:
@@ -385,7 +390,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             in_server=self._in_server,
             contended=self._contended,
             passes=self._passes,
-            acquired_at=self._acquired_at,
+            acquired_at=self._granted_at,
             now=now,
             handoff_limit=config.handoff_limit,
             handoff_window=config.handoff_window,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -139,14 +139,15 @@ class AsyncRedisBackend(AsyncLockBackend):
         # Operations under way, so that aclose() does not cut a connection from under one (see aclose).
         self._in_flight = 0
         self._idle = AsyncCondition()
+        self._closed = False
 
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
         self._in_flight = 0
         self._idle = AsyncCondition()
 
-    @contextlib.contextmanager
-    def _translated(self, key: str | None, operation: str) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def _translated(self, key: str | None, operation: str) -> AsyncIterator[None]:
         """Around every operation: counts it as under way, and translates its errors (``translated_errors``)."""
         with self._idle:
             self._in_flight += 1
@@ -156,11 +157,17 @@ class AsyncRedisBackend(AsyncLockBackend):
         finally:
             with self._idle:
                 self._in_flight -= 1
-                if not self._in_flight:
+                idle = not self._in_flight
+                if idle:
                     self._idle.notify_all()
+            if idle and self._closed and self._owns_client:
+                # A call after aclose() (a holder releasing) reconnected the client: close that connection again,
+                # or it stays open until the garbage collector finds it.
+                with contextlib.suppress(Exception):
+                    await self.client.connection_pool.disconnect()
 
     async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
-        with self._translated(names.key, "acquire"):
+        async with self._translated(names.key, "acquire"):
             reply = await self._scripts.run(
                 scripts.ACQUIRE,
                 (names.lock, names.fence, names.queue, names.queue_until),
@@ -172,7 +179,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
 
     async def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
-        with self._translated(None, "check of cluster slots"):
+        async with self._translated(None, "check of cluster slots"):
             return len(await self._by_slot(names)) == 1
 
     async def try_acquire_many(
@@ -180,7 +187,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     ) -> AcquireManyResult:
         keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
         args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
-        with self._translated(_keys_of(names), "acquire of several locks"):
+        async with self._translated(_keys_of(names), "acquire of several locks"):
             reply = await self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
         if reply[0]:
             parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
@@ -189,7 +196,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
-        with self._translated(names.key, "release"):
+        async with self._translated(names.key, "release"):
             released = await self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until),
@@ -198,7 +205,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         return bool(released)
 
     async def cancel_wait(self, names: LockNames, owner: str) -> None:
-        with self._translated(names.key, "cancel of a wait"):
+        async with self._translated(names.key, "cancel of a wait"):
             await self._scripts.run(
                 scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
             )
@@ -206,7 +213,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
         if not names:
             return []
-        with self._translated(_keys_of(names), "keep of waiting places"):
+        async with self._translated(_keys_of(names), "keep of waiting places"):
             # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
             groups: dict[int, list[LockNames]] = {}
             for n in names:
@@ -224,7 +231,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
-        with self._translated(_keys_of(names), "renewal"):
+        async with self._translated(_keys_of(names), "renewal"):
             # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
             # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
             chunks = [
@@ -261,7 +268,7 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     async def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
         lease_ms = self._rw_lease(names, lease_ms)
-        with self._translated(names.key, "read acquire"):
+        async with self._translated(names.key, "read acquire"):
             reply = await self._scripts.run(
                 scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
             )
@@ -271,7 +278,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
     ) -> AcquireResult:
         lease_ms = self._rw_lease(names, lease_ms)
-        with self._translated(names.key, "write acquire"):
+        async with self._translated(names.key, "write acquire"):
             reply = await self._scripts.run(
                 scripts.ACQUIRE_WRITE,
                 (names.writer, names.readers, names.writers_waiting, names.fence),
@@ -288,14 +295,14 @@ class AsyncRedisBackend(AsyncLockBackend):
         return lease_ms
 
     async def release_write(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key, "write release"):
+        async with self._translated(names.key, "write release"):
             released = await self._scripts.run(
                 scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish")
             )
         return bool(released)
 
     async def release_read(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key, "read release"):
+        async with self._translated(names.key, "read release"):
             released = await self._scripts.run(
                 scripts.RELEASE_READ,
                 (names.writer, names.readers, names.writers_waiting),
@@ -304,13 +311,13 @@ class AsyncRedisBackend(AsyncLockBackend):
         return bool(released)
 
     async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
-        with self._translated(names.key, "cancel of a write wait"):
+        async with self._translated(names.key, "cancel of a write wait"):
             await self._scripts.run(
                 scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish")
             )
 
     async def is_locked(self, names: LockNames) -> bool:
-        with self._translated(names.key, "lock query"):
+        async with self._translated(names.key, "lock query"):
             return bool(await self.client.exists(names.lock))
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
@@ -321,6 +328,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         return True
 
     async def aclose(self) -> None:
+        self._closed = True
         await self._subscriber.aclose()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under

@@ -140,6 +140,7 @@ class RedisBackend(LockBackend):
         # Operations under way, so that close() does not cut a connection from under one (see close).
         self._in_flight = 0
         self._idle = Condition()
+        self._closed = False
 
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
@@ -157,8 +158,14 @@ class RedisBackend(LockBackend):
         finally:
             with self._idle:
                 self._in_flight -= 1
-                if not self._in_flight:
+                idle = not self._in_flight
+                if idle:
                     self._idle.notify_all()
+            if idle and self._closed and self._owns_client:
+                # A call after close() (a holder releasing) reconnected the client: close that connection again,
+                # or it stays open until the garbage collector finds it.
+                with contextlib.suppress(Exception):
+                    self.client.connection_pool.disconnect()
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         with self._translated(names.key, "acquire"):
@@ -322,6 +329,7 @@ class RedisBackend(LockBackend):
         return True
 
     def close(self) -> None:
+        self._closed = True
         self._subscriber.close()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
