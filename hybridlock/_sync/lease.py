@@ -76,6 +76,7 @@ class ServerLease:
         reads the flag."""
         self._giving_back = True
         self._tenancy += 1
+        self._retained_until = None  # no longer kept idle: whoever sees the key gone sees the retention over
         return self._lost
 
     def _end_lease(self) -> None:
