@@ -447,6 +447,10 @@ class AsyncSession(Session):
     def lock(self, key: str) -> AsyncLockLike:  # type: ignore[override]
         raise NotImplementedError
 
+    async def acquire_within(self, lock: Any, timeout: float) -> bool:
+        """``lock.acquire()`` waiting at most ``timeout`` seconds (each library names its timeout its own way)."""
+        return bool(await lock.acquire(timeout=timeout))
+
     async def aclose(self) -> None:
         pass
 
@@ -503,6 +507,9 @@ class AsyncRedisPySession(_AsyncClientSession):
     def server_key(self, key: str) -> str:
         return f"bench-redispy:{key}"
 
+    async def acquire_within(self, lock: Any, timeout: float) -> bool:
+        return bool(await lock.acquire(blocking_timeout=timeout))
+
 
 class AsyncPotterySession(_AsyncClientSession):
     id = "pottery-async"
@@ -530,8 +537,13 @@ class _FloorLock:
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
 
-    async def acquire(self) -> bool:
-        return await self._lock.acquire()
+    async def acquire(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            return await self._lock.acquire()
+        try:
+            return await asyncio.wait_for(self._lock.acquire(), timeout)  # asyncio.Lock is cancellation-safe
+        except TimeoutError:
+            return False
 
     async def release(self) -> None:
         self._lock.release()
