@@ -297,6 +297,7 @@ _PANELS = (
     ("async-processes", "cycles_per_s", False),
     ("async-processes", "jain", False),
     ("async-loop", "lateness_max_ms", True),
+    ("async-loop", "lateness_own_max_ms", False),
 )
 
 _SHORT = {
