@@ -444,7 +444,7 @@ class AsyncSession(Session):
 
     is_async = True
 
-    def lock(self, key: str) -> AsyncLockLike:  # type: ignore[override]
+    def lock(self, key: str) -> AsyncLockLike:
         raise NotImplementedError
 
     async def acquire_within(self, lock: Any, timeout: float) -> bool:

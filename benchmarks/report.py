@@ -223,8 +223,8 @@ def markdown(results: Mapping[str, Any]) -> str:
         "Numbers are medians over the rounds. In parentheses: **hybridlock's value ÷ this lock's**, measured in "
         "the same run (in each table, hybridlock is the first row: with hand-off on, its default, in 6-8, its "
         "read-write lock in 9, its asyncio API in 11-14). ↓ marks columns where lower is better (a ratio below 1 "
-        "favours hybridlock), ↑ where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an error or a wrong "
-        "count.",
+        "favours hybridlock), ↑ where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an "
+        "error or a wrong count.",
         "",
         "## Targets",
         "",

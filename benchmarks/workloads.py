@@ -1399,10 +1399,11 @@ async def _task_rounds(
         extra: dict[str, Any] = {}
         if side is not None:
             side.cancel()
-            extra = (await asyncio.gather(side, return_exceptions=True))[0]
-            if isinstance(extra, BaseException):
-                errors.append(f"{type(extra).__name__}: {extra}")
-                extra = {}
+            outcome = (await asyncio.gather(side, return_exceptions=True))[0]
+            if isinstance(outcome, BaseException):
+                errors.append(f"{type(outcome).__name__}: {outcome}")
+            else:
+                extra = outcome
         trips = round_trips_sent() - trips0
         delta = command_delta(before, command_snapshot(stats))
         errors += part["errors"]
