@@ -12,6 +12,7 @@ commandstats`` counts those too, which is why the workloads report both). The co
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
 import threading
@@ -19,9 +20,12 @@ import warnings
 from typing import Any, ClassVar, Protocol
 
 import redis
+import redis.asyncio
 
 __all__ = [
     "CONTENDERS",
+    "AsyncCountingConnection",
+    "AsyncSession",
     "CountingConnection",
     "LockLike",
     "Session",
@@ -67,14 +71,52 @@ class CountingConnection(redis.Connection):
         super().send_packed_command(command, check_health)
 
 
+class AsyncCountingConnection(redis.asyncio.Connection):
+    """The asyncio twin of :class:`CountingConnection`: one count per write to the socket, handshake excluded.
+
+    Its total is kept apart from the threads' (one event loop writes it, so it needs no lock);
+    :func:`round_trips_sent` adds the two."""
+
+    _total = 0
+    _handshaking = 0
+
+    async def on_connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+        # redis.asyncio's on_connect() delegates to this one; the handshake (HELLO, CLIENT SETINFO) goes through it.
+        self._handshaking += 1
+        try:
+            return await super().on_connect_check_health(*args, **kwargs)
+        finally:
+            self._handshaking -= 1
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._handshaking:
+            AsyncCountingConnection._total += 1
+        await super().send_packed_command(command, check_health)
+
+
 def round_trips_sent() -> int:
-    """Round trips sent so far by every counting client of this process."""
-    return CountingConnection._total
+    """Round trips sent so far by every counting client of this process (threads' and event loops' alike)."""
+    return CountingConnection._total + AsyncCountingConnection._total
 
 
 def counting_client(url: str) -> redis.Redis:
     # Every contender gets the same client settings: redis-py's defaults, plus the counting connection class.
     return redis.Redis.from_url(url, connection_class=CountingConnection)
+
+
+#: The asyncio clients' pool size: redis.asyncio's default (100 connections).
+ASYNC_POOL_SIZE = 100
+
+
+def async_counting_client(url: str) -> redis.asyncio.Redis:
+    # The asyncio contenders' client: redis.asyncio's defaults, plus the counting connection class, and one
+    # adjustment: the pool (of the default 100 connections) makes a task wait for a free connection instead of
+    # raising MaxConnectionsError. With a thousand tasks polling, redis-py's and pottery's locks overflow the
+    # default pool, and pottery, which swallows the error on release, then leaves its lock held for the lease.
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, connection_class=AsyncCountingConnection, max_connections=ASYNC_POOL_SIZE, timeout=60
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
 
 
 class Session:
@@ -92,6 +134,8 @@ class Session:
     reentrant: ClassVar[bool] = False
     #: Whether the library renews held leases on its own (else ``renew_by_hand`` is how a user would do it).
     renews_itself: ClassVar[bool] = False
+    #: Whether its locks are awaited (an :class:`AsyncSession`, used from one event loop's tasks).
+    is_async: ClassVar[bool] = False
 
     def __init__(self, url: str, lease: float) -> None:
         self.url = url
@@ -384,6 +428,141 @@ class RLockSession(Session):
             return self._locks.setdefault(key, threading.RLock())
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# asyncio: the same libraries' asyncio locks, used by the tasks of one event loop
+
+
+class AsyncLockLike(Protocol):
+    async def acquire(self) -> Any: ...
+
+    async def release(self) -> Any: ...
+
+
+class AsyncSession(Session):
+    """One process's use of an asyncio lock library: made, used and closed (``aclose``) inside one event loop.
+    ``lock(key)`` gives a lock object for use by the calling *task*."""
+
+    is_async = True
+
+    def lock(self, key: str) -> AsyncLockLike:
+        raise NotImplementedError
+
+    async def acquire_within(self, lock: Any, timeout: float) -> bool:
+        """``lock.acquire()`` waiting at most ``timeout`` seconds (each library names its timeout its own way)."""
+        return bool(await lock.acquire(timeout=timeout))
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _AsyncClientSession(AsyncSession):
+    """An asyncio session over one counting client of its own, closed with the session."""
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self.client = async_counting_client(url)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await self.client.connection_pool.disconnect()  # a pool passed in is not closed with its client
+
+
+class AsyncHybridlockSession(_AsyncClientSession):
+    id = "hybridlock-async"
+    title = "hybridlock (asyncio)"
+    module = "hybridlock"
+    distribution = "hybridlock"
+    reentrant = True
+    renews_itself = True
+
+    def __init__(self, url: str, lease: float) -> None:
+        import hybridlock
+
+        super().__init__(url, lease)
+        self.registry = hybridlock.AsyncLockRegistry(self.client, registry_key="bench", expire_after=lease)
+
+    def lock(self, key: str) -> AsyncLockLike:
+        # One object per key, shared by the tasks of the process: ownership and reentrancy are per task.
+        return self.registry.obtain(key)
+
+    def server_key(self, key: str) -> str:
+        return f"bench:{{{key}}}"
+
+    async def aclose(self) -> None:
+        await self.registry.aclose()
+        await super().aclose()
+
+
+class AsyncRedisPySession(_AsyncClientSession):
+    id = "redis-py-async"
+    title = "redis-py asyncio Lock"
+    module = "redis.asyncio.lock"
+    distribution = "redis"
+
+    def lock(self, key: str) -> AsyncLockLike:
+        # Default settings (sleep=0.1). Its token is thread-local, and the tasks of a loop share one thread: a task
+        # needs a Lock object of its own, as with pottery.
+        return self.client.lock(self.server_key(key), timeout=self.lease)
+
+    def server_key(self, key: str) -> str:
+        return f"bench-redispy:{key}"
+
+    async def acquire_within(self, lock: Any, timeout: float) -> bool:
+        return bool(await lock.acquire(blocking_timeout=timeout))
+
+
+class AsyncPotterySession(_AsyncClientSession):
+    id = "pottery-async"
+    title = "pottery AIORedlock (1 master)"
+    module = "pottery"
+    distribution = "pottery"
+
+    def lock(self, key: str) -> AsyncLockLike:
+        from pottery import AIORedlock
+
+        # An AIORedlock's token is per object: a task needs its own object.
+        return AIORedlock(key=self._name(key), masters={self.client}, auto_release_time=self.lease)
+
+    @staticmethod
+    def _name(key: str) -> str:
+        return f"bench-pottery:{key}"
+
+    def server_key(self, key: str) -> str:
+        return f"redlock:{self._name(key)}"
+
+
+class _FloorLock:
+    """``asyncio.Lock`` behind the awaited interface (its own ``release()`` is a plain call)."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            return await self._lock.acquire()
+        try:
+            return await asyncio.wait_for(self._lock.acquire(), timeout)  # asyncio.Lock is cancellation-safe
+        except TimeoutError:
+            return False
+
+    async def release(self) -> None:
+        self._lock.release()
+
+
+class AsyncioLockSession(AsyncSession):
+    id = "asyncio-lock"
+    title = "asyncio.Lock (floor)"
+    uses_server = False
+
+    def __init__(self, url: str, lease: float) -> None:
+        super().__init__(url, lease)
+        self._locks: dict[str, _FloorLock] = {}
+
+    def lock(self, key: str) -> AsyncLockLike:
+        # One object per key, shared by the tasks: the in-process floor.
+        return self._locks.setdefault(key, _FloorLock())
+
+
 CONTENDERS: dict[str, type[Session]] = {
     cls.id: cls
     for cls in (
@@ -398,6 +577,10 @@ CONTENDERS: dict[str, type[Session]] = {
         HybridlockRetainSession,
         HybridlockReadWriteSession,
         PerThreadHoldsSession,
+        AsyncHybridlockSession,
+        AsyncRedisPySession,
+        AsyncPotterySession,
+        AsyncioLockSession,
     )
 }
 
@@ -421,4 +604,6 @@ def contender_available(contender_id: str) -> tuple[bool, str]:
 
 
 def make_session(contender_id: str, url: str, lease: float) -> Session:
+    """A contender's session for this process (an :class:`AsyncSession`, for an asyncio contender, is made inside
+    the event loop that uses it)."""
     return CONTENDERS[contender_id](url, lease)

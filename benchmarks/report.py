@@ -75,7 +75,8 @@ def table(workload: Mapping[str, Any], titles: Mapping[str, str]) -> list[str]:
 
 
 def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The targets of issues 3 and 4, as this run measured them (issue 5 sets none: its workload is reported)."""
+    """The targets of issues 3 and 4 and of the asyncio API, as this run measured them (issue 5 sets none: its
+    workload is reported)."""
     w = results["workloads"]
 
     def med(workload: str, cid: str, key: str) -> float | None:
@@ -88,9 +89,9 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         return ours / theirs
 
     out = []
-    issue = [3]
+    issue: list[int | str] = [3]
 
-    def add(name: str, measured: str, met: bool | None) -> None:
+    def add(name: str, measured: str, met: bool | str | None) -> None:
         if met is not None:  # None: the workload was not run
             out.append({"issue": issue[0], "target": name, "measured": measured, "met": met})
 
@@ -160,6 +161,44 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"{_number(med('handoff-procs', BASELINE, 'jain'), 3)} on, "
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'jain'), 3)} off",
         None if on_off is None else on_off >= 1.0)
+
+    # The asyncio API, against redis-py's asyncio Lock (the ratios' other side) in the same run.
+    issue[0] = "asyncio"
+    aio, peer = "hybridlock-async", "redis-py-async"
+
+    def aratio(workload: str, key: str) -> float | None:
+        ours, theirs = med(workload, aio, key), med(workload, peer, key)
+        return None if ours is None or theirs is None or theirs == 0 else ours / theirs
+
+    rt = med("async-uncontended", aio, "round_trips_per_cycle")
+    add("uncontended cycle (one task) in 2 round trips", f"{_number(rt, 2)} round trips per cycle",
+        None if rt is None else rt <= 2.05)
+    re = med("async-uncontended", aio, "reentrant_round_trips")
+    add("reentrant acquire (same task) in 0 round trips", f"{_number(re, 2)} round trips",
+        None if re is None else re == 0)
+    r = aratio("async-tasks", "cycles_per_s")
+    add("100 tasks, one process: throughput ≥ 3x redis-py asyncio Lock's",
+        f"hybridlock ÷ redis-py = {_number(r, 2)} ({_number(med('async-tasks', aio, 'cycles_per_s'), 0)} vs "
+        f"{_number(med('async-tasks', peer, 'cycles_per_s'), 0)} cycles/s)", None if r is None else r >= 3.0)
+    r = aratio("async-tasks", "wait_max_ms")
+    add("100 tasks, one process: longest wait ≤ 1/10 of redis-py asyncio Lock's",
+        f"{_number(med('async-tasks', aio, 'wait_max_ms'), 0)} ms vs "
+        f"{_number(med('async-tasks', peer, 'wait_max_ms'), 0)} ms (ratio {_number(r, 3)})",
+        None if r is None else r <= 0.1)
+    c = med("async-processes", aio, "cycles_per_s")
+    add("4 processes x 50 tasks: throughput, longest wait and Jain's index reported",
+        f"{_number(c, 0)} cycles/s (redis-py: {_number(med('async-processes', peer, 'cycles_per_s'), 0)}); longest "
+        f"wait of any process {_number(med('async-processes', aio, 'wait_max_ms'), 0)} ms (redis-py: "
+        f"{_number(med('async-processes', peer, 'wait_max_ms'), 0)}); Jain "
+        f"{_number(med('async-processes', aio, 'jain'), 3)} (redis-py: "
+        f"{_number(med('async-processes', peer, 'jain'), 3)})", None if c is None else "reported")
+    lag = med("async-loop", aio, "lateness_max_ms")
+    add("1,000 waiting tasks: a 10 ms timer's worst lateness < 10 ms",
+        f"{_number(lag, 1)} ms (redis-py: {_number(med('async-loop', peer, 'lateness_max_ms'), 1)} ms; "
+        f"asyncio.Lock floor: {_number(med('async-loop', 'asyncio-lock', 'lateness_max_ms'), 1)} ms); less GC "
+        f"pauses and time off CPU: {_number(med('async-loop', aio, 'lateness_own_max_ms'), 1)} ms (longest GC "
+        f"pause {_number(med('async-loop', aio, 'gc_pause_max_ms'), 1)} ms)",
+        None if lag is None else lag < 10.0)
     return out
 
 
@@ -182,18 +221,18 @@ def markdown(results: Mapping[str, Any]) -> str:
     lines += [
         "",
         "Numbers are medians over the rounds. In parentheses: **hybridlock's value ÷ this lock's**, measured in "
-        "the same run (in each table, hybridlock is the first row: with hand-off on, its default, in 6-8, and its "
-        "read-write lock in 9). ↓ marks columns where lower is better (a ratio below 1 favours hybridlock), ↑ "
-        "where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an error or a wrong "
-        "count.",
+        "the same run (in each table, hybridlock is the first row: with hand-off on, its default, in 6-8, its "
+        "read-write lock in 9, its asyncio API in 11-14). ↓ marks columns where lower is better (a ratio below 1 "
+        "favours hybridlock), ↑ where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an "
+        "error or a wrong count.",
         "",
         "## Targets",
         "",
-        "| issue | target | this run | met |",
+        "| set by | target | this run | met |",
         "|---|---|---|---|",
     ]
     for t in targets(results):
-        met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+        met = {True: "yes", False: "**no**", None: "n/a", "reported": "reported"}[t["met"]]
         lines.append(f"| {t['issue']} | {t['target']} | {t['measured']} | {met} |")
     for name, workload in results["workloads"].items():
         del name
@@ -252,6 +291,13 @@ _PANELS = (
     ("handoff-procs", "jain", False),
     ("read-mostly", "cycles_per_s", False),
     ("read-mostly", "round_trips_per_cycle", False),
+    ("async-uncontended", "latency_median_us", False),
+    ("async-tasks", "cycles_per_s", False),
+    ("async-tasks", "wait_max_ms", True),
+    ("async-processes", "cycles_per_s", False),
+    ("async-processes", "jain", False),
+    ("async-loop", "lateness_max_ms", True),
+    ("async-loop", "lateness_own_max_ms", False),
 )
 
 _SHORT = {
@@ -266,6 +312,10 @@ _SHORT = {
     "hybridlock-retain": "hybridlock\nretain_for",
     "hybridlock-rw": "hybridlock\nread-write",
     "per-thread-holds": "per-thread\nread holds",
+    "hybridlock-async": "hybridlock\nasyncio",
+    "redis-py-async": "redis-py\nasyncio",
+    "pottery-async": "pottery\nAIORedlock",
+    "asyncio-lock": "asyncio.Lock",
 }
 
 
@@ -310,7 +360,7 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
         # Dark orange: the row the table's ratios are taken against; light: other hybridlock variants.
         colors = ["#d9480f" if n == baseline else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
                   for n in names]
-        colors = [c if n != "rlock" else "#adb5bd" for n, c in zip(names, colors, strict=True)]
+        colors = [c if n not in ("rlock", "asyncio-lock") else "#adb5bd" for n, c in zip(names, colors, strict=True)]
         x = range(len(names))
         bars = ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
         for bar, note in zip(bars, lost, strict=True):

@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 #: The contenders of every workload, in table order; in-process ones only where the workload allows.
 MAIN_CONTENDERS = ("hybridlock", "redis-py", "python-redis-lock", "pottery", "rlock")
 #: Names for --only: each selects a set of workloads (the issue that set their targets, in the alias).
-GROUPS = {"core": "core", "issue3": "core", "handoff": "handoff", "issue4": "handoff", "rw": "rw", "issue5": "rw"}
+GROUPS = {"core": "core", "issue3": "core", "handoff": "handoff", "issue4": "handoff", "rw": "rw", "issue5": "rw",
+          "asyncio": "asyncio"}
 
 
 def _log(message: str) -> None:
@@ -101,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
     parser.add_argument("--only", help="comma-separated groups of workloads: core (1-5, issue 3), handoff (6-8, "
                         "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too. Combines with --workloads "
-                        "(a workload runs if either names it)")
+                        "(a workload runs if either names it); asyncio (11-14)")
     parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
                         help="where latest.md, latest.json and latest.png go (default: %(default)s)")
@@ -306,6 +307,16 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
                 "rounds": s.rounds, "lease s": s.lease}
     if name == "takeover":
         return {"acquires per round": 2 * s.handoffs, "rounds": s.rounds, "lease s": s.lease}
+    if name == "async-uncontended":
+        return {"cycles per round": s.uncontended_cycles, "rounds": s.rounds, "lease s": s.lease}
+    if name == "async-tasks":
+        return {"tasks": s.async_tasks, "seconds per round": s.async_s, "rounds": s.rounds, "lease s": s.lease}
+    if name == "async-processes":
+        return {"processes": s.async_processes, "tasks each": s.async_tasks_per_process,
+                "seconds per round": s.async_s, "rounds": s.rounds, "lease s": s.lease}
+    if name == "async-loop":
+        return {"tasks": s.async_waiters, "timer period ms": round(s.async_timer_period * 1000),
+                "seconds per round": s.async_s, "rounds": s.rounds, "lease s": s.lease}
     if name == "read-mostly":
         return {"processes": s.rw_processes, "threads each": s.rw_threads,
                 "writes": f"{s.rw_write_fraction:.0%}", "seconds per round": s.local_s, "rounds": s.rounds,
@@ -327,7 +338,7 @@ def _derived(entry: dict[str, Any]) -> None:
 
 def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
     """Facts worth a line under a table that the columns do not show."""
-    if name == "handoff-procs" and row.get("rounds"):
+    if name in ("handoff-procs", "async-processes") and row.get("rounds"):
         waits = "; ".join(" / ".join(f"{w:,.0f}" for w in r["per_process_wait_max_ms"]) for r in row["rounds"])
         shares = "; ".join(" / ".join(f"{n:,}" for n in r["per_process_cycles"]) for r in row["rounds"])
         notes.append(f"{cid}: longest wait per process (ms), round by round: {waits}. Cycles per process: {shares}.")
