@@ -366,7 +366,7 @@ def test_release_by_a_thread_that_does_not_hold_raises(backend: Backend, kind: K
     assert in_thread(lambda: take_and_give_back(kind.rival(backend.other_owner(registry), "k"))) is True
 
 
-@kinds(xfail={"multi": ("MultiLock's LockNotOwnedError has key=None", AssertionError)})
+@kinds()
 def test_release_by_a_non_owner_names_the_key(backend: Backend, kind: Kind) -> None:
     lock = kind.make(backend.registry(), "k")
     with Holder(lock), pytest.raises(hybridlock.LockNotOwnedError) as excinfo:

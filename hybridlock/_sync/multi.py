@@ -56,6 +56,8 @@ class MultiLock(JavaStyleLock):
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.keys[0], self._context.server)
         deadline = None if wait is None else monotonic() + wait
+        # Refuse before the first use asks the server anything (that would reconnect a closed registry's client).
+        self._context.check_open(self.keys[0])
         if self._atomic is None:
             self._atomic = self._context.backend.can_acquire_together([lock._names for lock in self._locks])
         if self._atomic:
@@ -158,9 +160,13 @@ class MultiLock(JavaStyleLock):
 
     def release(self) -> None:
         """Release every key (newest first). Raises the first error met after releasing all of them."""
-        if not all(lock.is_held_by_current_thread() for lock in self._locks):
+        not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
+        if not_held:
+            # ``key`` names the first key not held, as a single lock's error names its key.
             raise LockNotOwnedError(
-                f"cannot release keys this thread does not hold: {self.keys}", server=self._context.server
+                f"cannot release keys this thread does not hold: {not_held}",
+                key=not_held[0],
+                server=self._context.server,
             )
         first_error: BaseException | None = None
         for lock in reversed(self._locks):

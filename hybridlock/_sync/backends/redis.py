@@ -140,6 +140,7 @@ class RedisBackend(LockBackend):
         # Operations under way, so that close() does not cut a connection from under one (see close).
         self._in_flight = 0
         self._idle = Condition()
+        self._closed = False
 
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
@@ -190,19 +191,25 @@ class RedisBackend(LockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
-        with self._translated(names.key, "release"):
-            released = self._scripts.run(
-                scripts.RELEASE,
-                (names.lock, names.queue, names.queue_until),
-                (owner, names.channel, "publish" if notify else ""),
-            )
-        return bool(released)
+        try:
+            with self._translated(names.key, "release"):
+                released = self._scripts.run(
+                    scripts.RELEASE,
+                    (names.lock, names.queue, names.queue_until),
+                    (owner, names.channel, "publish" if notify else ""),
+                )
+            return bool(released)
+        finally:
+            self._close_again_after_close()
 
     def cancel_wait(self, names: LockNames, owner: str) -> None:
-        with self._translated(names.key, "cancel of a wait"):
-            self._scripts.run(
-                scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
-            )
+        try:
+            with self._translated(names.key, "cancel of a wait"):
+                self._scripts.run(
+                    scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
+                )
+        finally:
+            self._close_again_after_close()
 
     def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
         if not names:
@@ -289,26 +296,35 @@ class RedisBackend(LockBackend):
         return lease_ms
 
     def release_write(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key, "write release"):
-            released = self._scripts.run(
-                scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish")
-            )
-        return bool(released)
+        try:
+            with self._translated(names.key, "write release"):
+                released = self._scripts.run(
+                    scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish")
+                )
+            return bool(released)
+        finally:
+            self._close_again_after_close()
 
     def release_read(self, names: ReadWriteNames, owner: str) -> bool:
-        with self._translated(names.key, "read release"):
-            released = self._scripts.run(
-                scripts.RELEASE_READ,
-                (names.writer, names.readers, names.writers_waiting),
-                (owner, names.channel, "publish"),
-            )
-        return bool(released)
+        try:
+            with self._translated(names.key, "read release"):
+                released = self._scripts.run(
+                    scripts.RELEASE_READ,
+                    (names.writer, names.readers, names.writers_waiting),
+                    (owner, names.channel, "publish"),
+                )
+            return bool(released)
+        finally:
+            self._close_again_after_close()
 
     def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
-        with self._translated(names.key, "cancel of a write wait"):
-            self._scripts.run(
-                scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish")
-            )
+        try:
+            with self._translated(names.key, "cancel of a write wait"):
+                self._scripts.run(
+                    scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish")
+                )
+        finally:
+            self._close_again_after_close()
 
     def is_locked(self, names: LockNames) -> bool:
         with self._translated(names.key, "lock query"):
@@ -321,7 +337,16 @@ class RedisBackend(LockBackend):
         self._subscriber.wanted_listeners.append(callback)
         return True
 
+    def _close_again_after_close(self) -> None:
+        """After a call that may come once the backend is closed (a holder releasing, a waiter leaving its queue):
+        if it is closed, the call reconnected the client it owns, so close that connection again, or nothing would
+        (the socket would leak, and asyncio warn about it when the loop ends)."""
+        if self._closed and self._owns_client and not self._in_flight:
+            with contextlib.suppress(Exception):
+                self.client.close()
+
     def close(self) -> None:
+        self._closed = True
         self._subscriber.close()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
