@@ -102,7 +102,12 @@ class MultiLock(JavaStyleLock):
         queued_for: set[int] = set()
 
         def attempt() -> AcquireResult:
+            # Until the reply is read, any key may have queued us: give_up() then leaves every queue.
+            known = set(queued_for)
+            if blocking:
+                queued_for.update(range(len(names)))
             result = context.backend.try_acquire_many(names, context.client_id, context.config.lease_ms, blocking)
+            queued_for.intersection_update(known)
             outcome[:] = [result]
             if not result.acquired:
                 queued_for.add(result.blocked_by)
