@@ -118,20 +118,19 @@ def test_anyio_task_groups_share_a_lock_on_the_asyncio_backend(server: EmbeddedS
                     order.append(f"{name} out")
 
             with anyio.fail_after(20):
-                async with lock:
-                    async with anyio.create_task_group() as outer:
+                async with lock, anyio.create_task_group() as outer:
+                    for i in range(3):
+                        outer.start_soon(worker, f"a{i}")
+                    async with anyio.create_task_group() as inner:
                         for i in range(3):
-                            outer.start_soon(worker, f"a{i}")
-                        async with anyio.create_task_group() as inner:
-                            for i in range(3):
-                                inner.start_soon(worker, f"b{i}")
-                            await anyio.sleep(0.05)
-                            assert order == [], "a task got in while the outer task held the lock"
-                            assert lock.is_held_by_current_thread()
-                            await lock.release()  # let the others in; the `async with` exit needs one level
-                            await lock.acquire()  # back of the queue
-                        order.append("holder back")
-                        assert lock.hold_count == 1
+                            inner.start_soon(worker, f"b{i}")
+                        await anyio.sleep(0.05)
+                        assert order == [], "a task got in while the outer task held the lock"
+                        assert lock.is_held_by_current_thread()
+                        await lock.release()  # let the others in; the `async with` exit needs one level
+                        await lock.acquire()  # back of the queue
+                    order.append("holder back")
+                    assert lock.hold_count == 1
         return order
 
     order = anyio.run(main, backend="asyncio")
