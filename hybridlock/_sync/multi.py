@@ -173,12 +173,19 @@ class MultiLock(JavaStyleLock):
                 key=not_held[0],
                 server=self._context.server,
             )
-        first_error: BaseException | None = None
-        for lock in reversed(self._locks):
-            try:
-                lock.release()
-            except HybridLockError as exc:
-                first_error = first_error or exc
+        me = current_owner()
+
+        def release_all() -> HybridLockError | None:
+            first_error: HybridLockError | None = None
+            for lock in reversed(self._locks):
+                try:
+                    lock._release_by(me)
+                except HybridLockError as exc:
+                    first_error = first_error or exc
+            return first_error
+
+        # Shielded as a whole: a cancel between two keys' releases would leave the rest held.
+        first_error = shielded(release_all)
         if first_error is not None:
             raise first_error
 
