@@ -45,7 +45,6 @@ RULES: tuple[tuple[str, str], ...] = (
     # The language: coroutines, awaiting and the async protocols.
     ("async def", "def"),
     ("async with", "with"),
-    ("async for", "for"),
     ("await ", ""),
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),

@@ -7,6 +7,9 @@ port and is stopped by pid at the end of the session (or of the test, for ``own_
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +41,34 @@ def redis_client(server: EmbeddedServer) -> Iterator[redis.Redis]:
     client.flushall()
     yield client
     client.close()
+
+
+# How long an ``async def`` test may run before it is cancelled (pytest-timeout's 120 s stays the outer bound).
+ASYNC_TEST_TIMEOUT = 60.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``async def`` test in a fresh event loop of its own (no pytest-asyncio), bounded in time.
+
+    Fixtures stay synchronous: whatever needs the loop (registries, clients) is made and closed inside the test.
+    When the test returns, no other task may be left on its loop: a registry closed by ``async with`` or
+    ``aclose()`` stops all its background tasks, and ``asyncio.run`` would otherwise cancel leftovers quietly."""
+    function = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(function):
+        return None
+    arguments = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+
+    async def run() -> None:
+        await asyncio.wait_for(function(**arguments), ASYNC_TEST_TIMEOUT)
+        for _ in range(3):  # a task that ends as the test ends needs a few steps to finish
+            await asyncio.sleep(0)
+        leftover = asyncio.all_tasks() - {asyncio.current_task()}
+        assert not leftover, f"the test left tasks running: {leftover}"
+
+    asyncio.run(run())
+    gc.collect()  # so that a connection the test left open warns (ResourceWarning) here, failing this test
+    return True
 
 
 RegistryFactory = Callable[..., hybridlock.LockRegistry]

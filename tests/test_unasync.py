@@ -36,8 +36,7 @@ def test_coroutines_and_protocols_become_plain(unasync: ModuleType) -> None:
         "    async def __aenter__(self) -> AsyncHybridLock:\n"
         "        await self._mutex.acquire()\n"
         "        async with self._guard:\n"
-        "            async for item in self._items():\n"
-        "                await sleep(0)\n"
+        "            await sleep(0)\n"
         "        return self\n"
         "\n"
         "    async def __aexit__(self, *exc: object) -> None:\n"
@@ -49,15 +48,14 @@ def test_coroutines_and_protocols_become_plain(unasync: ModuleType) -> None:
         "    def __enter__(self) -> HybridLock:\n"
         "        self._mutex.acquire()\n"
         "        with self._guard:\n"
-        "            for item in self._items():\n"
-        "                sleep(0)\n"
+        "            sleep(0)\n"
         "        return self\n"
         "\n"
         "    def __exit__(self, *exc: object) -> None:\n"
         "        self.close()\n"
     )
     names = {unasync.RULES[i][0] for i in used}
-    assert names == {"async def", "__aenter__", "__aexit__", "await ", "async with", "async for", "aclose",
+    assert names == {"async def", "__aenter__", "__aexit__", "await ", "async with", "aclose",
                      "AsyncHybridLock"}  # fmt: skip
 
 
@@ -233,3 +231,8 @@ def test_a_renamed_import_line_stays_sorted_and_names_each_name_once(unasync: Mo
     # A line no rule touched is left exactly as written.
     untouched = "from typing import b, A\n"
     assert unasync.unasync_text(untouched)[0] == untouched
+
+
+def test_the_repository_is_up_to_date(unasync: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    # CI runs the suite: a stale generated file, an orphan or a dead rule in this repository fails it here.
+    assert unasync.main(["--check"]) == 0, capsys.readouterr().err

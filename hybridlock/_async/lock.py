@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.config import validate_timeout
@@ -425,7 +426,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         released = False
         was_lost = self._give_back_lease()
         try:
-            released = await release_remote(context, self._names)
+            # Shielded: a release cut off by a cancel could leave the server lease held by nobody until it expires.
+            released = await shielded(partial(release_remote, context, self._names))
         finally:
             self._owner = None
             self._count = 0

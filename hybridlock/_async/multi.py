@@ -72,6 +72,8 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.keys[0], self._context.server)
         deadline = None if wait is None else monotonic() + wait
+        # Refuse before the first use asks the server anything (that would reconnect a closed registry's client).
+        self._context.check_open(self.keys[0])
         if self._atomic is None:
             self._atomic = await self._context.backend.can_acquire_together([lock._names for lock in self._locks])
         if self._atomic:
@@ -116,7 +118,12 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         queued_for: set[int] = set()
 
         async def attempt() -> AcquireResult:
+            # Until the reply is read, any key may have queued us: give_up() then leaves every queue.
+            known = set(queued_for)
+            if blocking:
+                queued_for.update(range(len(names)))
             result = await context.backend.try_acquire_many(names, context.client_id, context.config.lease_ms, blocking)
+            queued_for.intersection_update(known)
             outcome[:] = [result]
             if not result.acquired:
                 queued_for.add(result.blocked_by)
@@ -174,19 +181,27 @@ class AsyncMultiLock(AsyncJavaStyleLock):
 
     async def release(self) -> None:
         """Release every key (newest first). Raises the first error met after releasing all of them."""
-        missing = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
-        if missing:
+        not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
+        if not_held:
+            # ``key`` names the first key not held, as a single lock's error names its key.
             raise LockNotOwnedError(
-                f"cannot release keys this thread does not hold: {self.keys}",
-                key=missing[0],
+                f"cannot release keys this thread does not hold: {not_held}",
+                key=not_held[0],
                 server=self._context.server,
             )
-        first_error: BaseException | None = None
-        for lock in reversed(self._locks):
-            try:
-                await lock.release()
-            except HybridLockError as exc:
-                first_error = first_error or exc
+        me = current_owner()
+
+        async def release_all() -> HybridLockError | None:
+            first_error: HybridLockError | None = None
+            for lock in reversed(self._locks):
+                try:
+                    await lock._release_by(me)
+                except HybridLockError as exc:
+                    first_error = first_error or exc
+            return first_error
+
+        # Shielded as a whole: a cancel between two keys' releases would leave the rest held.
+        first_error = await shielded(release_all)
         if first_error is not None:
             raise first_error
 

@@ -94,7 +94,8 @@ async def acquire_remote(
     except BaseException:
         if in_flight:
             await shielded(partial(_quietly, undo))
-        if queued:
+        if queued or (in_flight and blocking):
+            # A blocking attempt cut off in flight may have been refused and queued us without our reading it.
             await shielded(partial(_quietly, give_up))
         raise
     finally:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.config import validate_timeout
@@ -426,7 +427,8 @@ class HybridLock(ServerLease, JavaStyleLock):
         released = False
         was_lost = self._give_back_lease()
         try:
-            released = release_remote(context, self._names)
+            # Shielded: a release cut off by a cancel could leave the server lease held by nobody until it expires.
+            released = shielded(partial(release_remote, context, self._names))
         finally:
             self._owner = None
             self._count = 0

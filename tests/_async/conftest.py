@@ -1,0 +1,15 @@
+"""The ``backend`` fixture of the behavioural suite: each test runs once per backend (see ``helpers.Backend``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .helpers import BACKENDS, Backend
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "redis":
+        request.getfixturevalue("redis_client")  # flushes the session's server
+        return Backend("redis", request.getfixturevalue("server").url)
+    return Backend(request.param)

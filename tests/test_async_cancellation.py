@@ -1,0 +1,239 @@
+"""Cancellation at every await point of acquire and release, on a real server: whatever the step a task is
+cancelled at, it leaves nothing behind (no lease held by nobody, no place in a server queue, no local mutex stuck).
+
+The sweep: for n = 0, 1, 2, ... start the attempt, let the event loop run n steps, cancel it, and check the server's
+keys and the local state; stop once an attempt ran to its end before the cancel came. A round trip spans several
+loop steps, so the sweep lands in every await, and at several moments of each. Anything a cancelled task gives
+back is given back shielded before its ``CancelledError`` reaches the canceller, so the checks run at once.
+Also: a task cancelled inside ``async with lock:`` releases it, and a lease its holder forgets ends and is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+
+import hybridlock
+from hybridlock.testing.server import EmbeddedServer
+from tests._async.helpers import EXCLUSIVE, KINDS, Kind, kinds
+
+pytestmark = pytest.mark.server
+
+MAX_STEPS = 400  # no attempt here needs more loop steps than this to finish (the sweep fails if one does)
+WAITING_STEPS = 120  # how far the sweep goes into a wait that cannot end
+
+
+def server_state(client: redis.Redis) -> dict[bytes, Any]:
+    """The server's lock state: every key but the fencing counters (which outlive every tenancy, by design)."""
+    state: dict[bytes, Any] = {}
+    for key in sorted(client.keys()):
+        if key.endswith(b":fence"):
+            continue
+        kind = client.type(key)
+        if kind == b"string":
+            state[key] = client.get(key)
+        elif kind == b"zset":
+            state[key] = client.zrange(key, 0, -1)
+        elif kind == b"hash":
+            state[key] = client.hgetall(key)
+        else:
+            state[key] = kind
+    return state
+
+
+def mutexes_of(lock: Any) -> list[Any]:
+    """The local mutexes behind a lock (one per key for a multi-key lock; a read-write pair has its own state)."""
+    if isinstance(lock, hybridlock.AsyncMultiLock):
+        return [part._mutex for part in lock.locks]
+    mutex = getattr(lock, "_mutex", None)
+    return [] if mutex is None else [mutex]
+
+
+async def sweep(
+    attempt: Callable[[], Awaitable[object]],
+    check: Callable[[int], Awaitable[None]],
+    before_cancel: Callable[[], Awaitable[None]] | None = None,
+    max_steps: int = MAX_STEPS,
+    must_finish: bool = True,
+) -> int:
+    """Cancel ``attempt()`` after 0, 1, 2, ... loop steps (counted from ``before_cancel()``, if given), calling
+    ``check(n)`` after each; returns the first n at which the attempt had finished before its cancel."""
+    for steps in range(max_steps):
+        task = asyncio.create_task(attempt())
+        if before_cancel is not None:
+            await before_cancel()
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        requested = task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 10)
+        except asyncio.CancelledError:
+            pass
+        await check(steps)
+        if not task.cancelled():
+            task.result()  # an attempt that failed otherwise fails the test
+            # On Python 3.11 a cancel can be lost below us (redis-py awaits asyncio.wait_for, which drops a cancel
+            # that arrives as its inner call completes: CPython gh-86296, fixed in 3.12); the attempt then simply
+            # runs to its end, which the check has just found clean. The sweep ends when the attempt was done
+            # before its cancel came.
+            if not requested:
+                return steps
+    assert not must_finish, f"the attempt did not finish within {max_steps} loop steps"
+    return max_steps
+
+
+@kinds()
+async def test_cancelled_anywhere_in_an_uncontended_acquire_and_release(
+    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
+) -> None:
+    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+        lock = kind.make(mine, "k")
+        rival = kind.rival(theirs, "k")
+
+        async def attempt() -> None:
+            assert await lock.acquire(timeout=5)
+            await lock.release()
+
+        async def check(steps: int) -> None:
+            assert server_state(redis_client) == {}, f"left behind after a cancel at step {steps}"
+            assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
+            assert await rival.acquire(blocking=False), f"another owner could not take it after step {steps}"
+            await rival.release()
+
+        finished_at = await sweep(attempt, check)
+        assert finished_at > 2, "the sweep never landed inside the round trips"
+
+
+@kinds()
+async def test_cancelled_anywhere_while_waiting_for_another_owner(
+    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
+) -> None:
+    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+        lock = kind.make(mine, "k")
+        rival = kind.rival(theirs, "k")
+        assert await rival.acquire(timeout=5)
+        held_state = server_state(redis_client)
+
+        async def check(steps: int) -> None:
+            assert server_state(redis_client) == held_state, f"a wait cancelled at step {steps} left a trace"
+            assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
+
+        await sweep(lambda: lock.acquire(timeout=0.5), check, max_steps=WAITING_STEPS, must_finish=False)
+        await rival.release()
+        assert await lock.acquire(timeout=1), "the lock stayed unreachable after the cancelled waits"
+        await lock.release()
+
+
+@kinds()
+async def test_cancelled_anywhere_as_another_owner_releases_to_it(
+    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
+) -> None:
+    # The test's task holds the rival (another owner); the swept task waits for it in the server and is cancelled
+    # n steps after the release that wakes it.
+    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+        lock = kind.make(mine, "k")
+        rival = kind.rival(theirs, "k")
+
+        async def attempt() -> None:
+            assert await lock.acquire(timeout=5)
+            await lock.release()
+
+        async def hold_until_it_waits_then_release() -> None:
+            await asyncio.sleep(0.03)  # the attempt (started just before) is in its remote wait by now
+            await rival.release()
+
+        async def check(steps: int) -> None:
+            assert server_state(redis_client) == {}, f"left behind after a cancel at step {steps}"
+            assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
+            assert await rival.acquire(timeout=1), f"another owner could not take it after step {steps}"
+
+        assert await rival.acquire(timeout=5)
+        await sweep(attempt, check, before_cancel=hold_until_it_waits_then_release)
+        await rival.release()
+
+
+@kinds(*EXCLUSIVE)
+async def test_cancelled_anywhere_as_a_task_here_hands_the_lock_over(
+    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
+) -> None:
+    # The test's task holds the lock; the swept task of the same registry waits on the local mutex and is cancelled
+    # n steps after the release that hands the lock (and perhaps the lease) to it.
+    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+        lock = kind.make(mine, "k")
+        rival = kind.rival(theirs, "k")
+
+        async def attempt() -> None:
+            assert await lock.acquire(timeout=5)
+            await lock.release()
+
+        async def release_to_it() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)  # the attempt queues on the local mutex
+            await lock.release()
+
+        async def check(steps: int) -> None:
+            assert server_state(redis_client) == {}, f"left behind after a cancel at step {steps}"
+            assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
+            assert await rival.acquire(blocking=False), f"another owner could not take it after step {steps}"
+            await rival.release()
+            assert await lock.acquire(blocking=False), f"could not take it here again after step {steps}"
+
+        assert await lock.acquire(timeout=5)
+        await sweep(attempt, check, before_cancel=release_to_it)
+        await lock.release()
+
+
+# -- cancelled while holding; a lease its holder forgets ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [KINDS[name] for name in ("plain", "write", "read", "multi")], ids=str)
+async def test_a_holder_cancelled_inside_async_with_releases(
+    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
+) -> None:
+    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+        lock = kind.make(mine, "k")
+        inside = asyncio.Event()
+
+        async def hold() -> None:
+            async with lock:
+                inside.set()
+                await asyncio.sleep(30)
+
+        task = asyncio.create_task(hold())
+        await asyncio.wait_for(inside.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert server_state(redis_client) == {}
+        rival = kind.rival(theirs, "k")
+        assert await rival.acquire(blocking=False), "the cancelled holder's lease was left behind"
+        await rival.release()
+
+
+async def test_a_forgotten_lease_ends_and_its_holder_is_told(server: EmbeddedServer, redis_client: redis.Redis) -> None:
+    # Without auto_renew nothing watches the lease: the holder learns of its end at its next renew() or release().
+    async with hybridlock.AsyncLockRegistry(server.url, expire_after=0.3, auto_renew=False) as mine, \
+            hybridlock.AsyncLockRegistry(server.url) as theirs:  # fmt: skip
+        told: list[object] = []
+        mine.on_lost(told.append)
+        lock = mine.obtain("k")
+        assert await lock.acquire()
+        valid_until = lock.valid_until
+        assert lock.lost is False
+        assert valid_until is not None
+        other = theirs.obtain("k")
+        assert await other.acquire(timeout=2), "the forgotten lease did not end"
+        assert time.monotonic() > valid_until, "another owner got in before valid_until"
+        with pytest.raises(hybridlock.LockLostError):
+            await lock.renew()
+        assert lock.lost is True
+        assert told == [lock], "on_lost callbacks were not called once"
+        await other.release()
+        with pytest.raises(hybridlock.LockLostError):
+            await lock.release()
+        assert not lock.is_held_by_current_thread()

@@ -1,0 +1,140 @@
+"""The asyncio API's edges: the event-loop guard and the clients each side refuses; closing a registry and ending
+its loop leave no task pending and no connection open; anyio's asyncio backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import warnings
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+import redis
+import redis.asyncio
+
+import hybridlock
+from hybridlock.testing.server import EmbeddedServer
+
+# -- what each side refuses --------------------------------------------------------------------------------------------
+
+
+async def test_a_thread_lock_inside_the_loop_raises_event_loop_blocked() -> None:
+    registry = hybridlock.LocalLockRegistry()
+    lock = registry.obtain("k")
+    with pytest.raises(hybridlock.EventLoopBlockedError, match="AsyncLockRegistry"):
+        lock.acquire(blocking=False)
+    registry.close()
+
+
+def test_clients_of_the_other_side_are_refused(server: EmbeddedServer) -> None:
+    blocking_client = redis.Redis.from_url(server.url)
+    with pytest.raises(hybridlock.InvalidArgumentError, match="asyncio"):
+        hybridlock.AsyncLockRegistry(blocking_client)
+    blocking_client.close()
+    asyncio_client = redis.asyncio.Redis.from_url(server.url)  # never connected: nothing to close
+    with pytest.raises(hybridlock.InvalidArgumentError, match="AsyncLockRegistry"):
+        hybridlock.LockRegistry(asyncio_client)
+
+
+# -- closing and loop shutdown -----------------------------------------------------------------------------------------
+
+
+def run_and_watch(main: Callable[[], Awaitable[None]], caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Run ``main()`` in a loop of its own, end the loop, collect garbage; return every warning and every asyncio
+    log record seen (a destroyed pending task, a never-retrieved exception, an unclosed transport)."""
+    with caplog.at_level(logging.WARNING, logger="asyncio"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(asyncio.wait_for(main(), 20))
+        gc.collect()
+    return [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
+@pytest.mark.server
+def test_aclose_stops_every_background_task(server: EmbeddedServer, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        before = asyncio.all_tasks()
+        registry = hybridlock.AsyncLockRegistry(server.url, expire_after=0.6, retain_for=0.05)
+        other = hybridlock.AsyncLockRegistry(server.url)
+        lock = registry.obtain("k")
+        theirs = other.obtain("k")
+
+        async def wait_for_it() -> None:  # a pub/sub wait, with its place kept by the wait keeper
+            async with theirs:
+                pass
+
+        async with lock:  # the renewer runs
+            waiter = asyncio.create_task(wait_for_it())
+            await asyncio.sleep(0.4)  # a renewal round
+        await waiter
+        async with lock:  # retained after this release: the reaper runs
+            pass
+        assert asyncio.all_tasks() - before - {asyncio.current_task()}, "no background task ran: a weak test"
+        await registry.aclose()
+        await other.aclose()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        left = asyncio.all_tasks() - before
+        assert not left, f"tasks still running after aclose(): {left}"
+
+    assert run_and_watch(main, caplog) == []
+
+
+@pytest.mark.server
+def test_ending_the_loop_with_a_registry_open_destroys_no_pending_task(
+    server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A program that forgets aclose(): asyncio.run cancels the registry's tasks as the loop ends; none may be
+    # destroyed pending or leave an error nobody retrieved.
+    async def main() -> None:
+        registry = hybridlock.AsyncLockRegistry(server.url, expire_after=0.6)
+        lock = registry.obtain("k")
+        await lock.acquire()
+        await asyncio.sleep(0.3)
+
+    messages = run_and_watch(main, caplog)
+    # (Its connection is reported unclosed, as any redis.asyncio client's would be: closing is the program's job.)
+    assert not [m for m in messages if "destroyed but it is pending" in m or "never retrieved" in m], messages
+
+
+# -- anyio -------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_anyio_task_groups_share_a_lock_on_the_asyncio_backend(server: EmbeddedServer) -> None:
+    # Tasks of two task groups take turns on one key; a lock held by the outer task is kept while a nested task
+    # group runs, and its tasks (not the holder) wait for it.
+    async def main() -> list[str]:
+        order: list[str] = []
+        async with hybridlock.AsyncLockRegistry(server.url) as registry:
+            lock = registry.obtain("k")
+
+            async def worker(name: str) -> None:
+                async with lock:
+                    order.append(f"{name} in")
+                    await anyio.sleep(0.01)
+                    order.append(f"{name} out")
+
+            with anyio.fail_after(20):
+                async with lock, anyio.create_task_group() as outer:
+                    for i in range(3):
+                        outer.start_soon(worker, f"a{i}")
+                    async with anyio.create_task_group() as inner:
+                        for i in range(3):
+                            inner.start_soon(worker, f"b{i}")
+                        await anyio.sleep(0.05)
+                        assert order == [], "a task got in while the outer task held the lock"
+                        assert lock.is_held_by_current_thread()
+                        await lock.release()  # let the others in; the `async with` exit needs one level
+                        await lock.acquire()  # back of the queue
+                    order.append("holder back")
+                    assert lock.hold_count == 1
+        return order
+
+    order = anyio.run(main, backend="asyncio")
+    assert len(order) == 13
+    assert order.count("holder back") == 1
+    entries = [entry for entry in order if entry != "holder back"]
+    assert all(entries[i].endswith(" in") and entries[i + 1] == entries[i][:-3] + " out" for i in range(0, 12, 2))
