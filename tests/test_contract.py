@@ -2,7 +2,8 @@
 
 Registries made by one ``any_registry_factory`` share one store, so two of them are two owners of the same keys,
 as two processes are. Every concurrency test uses real threads, checks an invariant, and bounds its run time.
-``test_contract_kinds.py`` runs the behaviours every lock kind shares over every kind and every backend.
+``tests/_async/test_lock_contract.py`` (and its generated ``tests/_sync`` twin) runs the behaviours every lock kind
+shares over every kind and every backend, for both APIs.
 """
 
 from __future__ import annotations

@@ -504,6 +504,25 @@ return 1
 """
 )
 
+READ_HELD = (
+    """
+-- READ_HELD: whether any owner holds a live read hold (a query: it changes nothing but lapsed holds).
+-- KEYS[1]  readers (zset)
+-- returns  1 if some read hold has not expired, else 0 (a missing key, or one of another type, holds none)
+"""
+    + """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+  return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if #redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'LIMIT', 0, 1) > 0 then
+  return 1
+end
+return 0
+"""
+)
+
 FENCED_SET = """
 -- FENCED_SET: write a value only if the writer's fencing token is not older than any seen for the resource.
 -- KEYS[1]  the data key          KEYS[2]  the resource's high-water-mark key (same slot)

@@ -139,6 +139,13 @@ class ReadLock(_Half):
     def _give_back(self, owner: str) -> bool:
         return self._context.backend.release_read(self._parent._names, owner)
 
+    def locked(self) -> bool:
+        """Whether anyone holds a read hold: a thread of this process (no round trip) or another owner (one)."""
+        if self._parent._readers:
+            return True
+        self._context.check_open(self.key)
+        return self._context.backend.is_read_locked(self._parent._names)
+
     def _writer_elsewhere_waits(self) -> bool:
         return self._watch is not None and self._watch.contended()
 

@@ -1,13 +1,14 @@
 """The lock contract over every lock kind x every backend, written once: here for asyncio (owners are tasks), and
 generated into ``tests/_sync`` for threads (owners are threads).
 
-``tests/test_contract_kinds.py`` and ``tests/test_contract.py`` test the thread API in more detail; this suite
-is what both APIs must share. Each test bounds its own time (``_compat.JOIN``; the async hook's timeout).
+``tests/test_contract.py`` tests the thread API in more detail; this suite is what both APIs must share. Each
+test bounds its own time (``_compat.JOIN``; the async hook's timeout).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Any
 
@@ -225,6 +226,47 @@ async def test_a_read_hold_keeps_writers_out(backend: Backend) -> None:
         assert await in_other(lambda: take_and_give_back(writer)) is True
 
 
+async def test_readers_and_writers_exclude_each_other(backend: Backend) -> None:
+    # Writers and readers of two owners (where the backend has two) mix; the bookkeeping counts every overlap of a
+    # writer with anyone. The guard only makes the bookkeeping itself exact between threads; nothing awaits under it.
+    async with backend:
+        rws = [registry.obtain_read_write("k") for registry in backend.owners()]
+        guard = threading.Lock()
+        state = {"readers": 0, "writers": 0, "count": 0, "violations": 0}
+        rounds = 15
+
+        def enter(role: str) -> None:
+            with guard:
+                state[role] += 1
+                if state["writers"] > 1 or (state["writers"] and state["readers"]):
+                    state["violations"] += 1
+
+        def leave(role: str) -> None:
+            with guard:
+                state[role] -= 1
+
+        async def write(rw: Any) -> None:
+            for _ in range(rounds):
+                async with rw.write_lock():
+                    enter("writers")
+                    value = state["count"]
+                    await sleep(0.0002)  # invite a race
+                    state["count"] = value + 1
+                    leave("writers")
+
+        async def read(rw: Any) -> None:
+            for _ in range(rounds):
+                async with rw.read_lock():
+                    enter("readers")
+                    await sleep(0.001)
+                    leave("readers")
+
+        writers = [functools.partial(write, rws[i % len(rws)]) for i in range(2)]
+        readers = [functools.partial(read, rws[i % len(rws)]) for i in range(3)]
+        await run_concurrently([*writers, *readers], 30)
+        assert state == {"readers": 0, "writers": 0, "count": 2 * rounds, "violations": 0}
+
+
 # -- Java-style aliases ------------------------------------------------------------------------------------------------
 
 
@@ -258,7 +300,24 @@ async def test_lock_unlock_and_try_lock_aliases(backend: Backend, kind: Kind) ->
         await lock.unlock()
 
 
-# -- state: lost, fencing tokens, repr ---------------------------------------------------------------------------------
+# -- state: locked(), lost, fencing tokens, repr -----------------------------------------------------------------------
+
+
+@kinds()
+async def test_locked_reports_a_holder_here_or_elsewhere(backend: Backend, kind: Kind) -> None:
+    async with backend:
+        registry = backend.registry()
+        lock = kind.make(registry, "k")
+        assert await lock.locked() is False
+        async with lock:
+            assert await lock.locked() is True
+        assert await lock.locked() is False
+        async with Holder(lock):
+            assert await lock.locked() is True, "locked() must see a holder in another task (thread)"
+        if backend.shared:
+            async with Holder(kind.make(backend.other_owner(registry), "k")):
+                assert await lock.locked() is True, "locked() must see a holder in another registry"
+        assert await lock.locked() is False
 
 
 @kinds(*SINGLE)

@@ -133,6 +133,10 @@ class AsyncLockBackend(abc.ABC):
     async def is_locked(self, names: LockNames) -> bool:
         """Whether anyone holds ``names.lock`` right now."""
 
+    @abc.abstractmethod
+    async def is_read_locked(self, names: ReadWriteNames) -> bool:
+        """Whether any owner holds a live read hold of the read-write lock ``names``."""
+
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         """Start watching ``names`` for releases meant for ``owner`` (addressed to it as the queue's head, or to
         everyone), or None when this backend cannot notify (callers then back off and retry at the holder's lease

@@ -274,6 +274,10 @@ class AsyncMemoryBackend(AsyncLockBackend):
         with self._cond:
             return self._live_entry(names.lock, monotonic()) is not None
 
+    async def is_read_locked(self, names: ReadWriteNames) -> bool:
+        with self._cond:
+            return bool(self._pruned(self._readers.get(names.readers, {}), monotonic()))
+
     def delete(self, names: LockNames) -> None:
         """Remove a lock whoever holds it: what an operator or an expiry does behind a holder's back (tests)."""
         with self._cond:

@@ -320,6 +320,10 @@ class AsyncRedisBackend(AsyncLockBackend):
         async with self._translated(names.key, "lock query"):
             return bool(await self.client.exists(names.lock))
 
+    async def is_read_locked(self, names: ReadWriteNames) -> bool:
+        async with self._translated(names.key, "read lock query"):
+            return bool(await self._scripts.run(scripts.READ_HELD, (names.readers,), ()))
+
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)
 

@@ -134,6 +134,10 @@ class LockBackend(abc.ABC):
     def is_locked(self, names: LockNames) -> bool:
         """Whether anyone holds ``names.lock`` right now."""
 
+    @abc.abstractmethod
+    def is_read_locked(self, names: ReadWriteNames) -> bool:
+        """Whether any owner holds a live read hold of the read-write lock ``names``."""
+
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         """Start watching ``names`` for releases meant for ``owner`` (addressed to it as the queue's head, or to
         everyone), or None when this backend cannot notify (callers then back off and retry at the holder's lease

@@ -321,6 +321,10 @@ class RedisBackend(LockBackend):
         with self._translated(names.key, "lock query"):
             return bool(self.client.exists(names.lock))
 
+    def is_read_locked(self, names: ReadWriteNames) -> bool:
+        with self._translated(names.key, "read lock query"):
+            return bool(self._scripts.run(scripts.READ_HELD, (names.readers,), ()))
+
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         return self._subscriber.watch(names.channel, owner)
 
