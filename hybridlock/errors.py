@@ -1,9 +1,10 @@
 """The hybridlock error tree.
 
-Every exception the library raises on purpose derives from :class:`HybridLockError`. Each child also derives
-from the standard exception a caller would already catch for that kind of failure (``RuntimeError`` for misuse
-and lost locks, ``TimeoutError`` for a wait that ran out, ``ConnectionError`` for an unreachable server,
-``ValueError``/``TypeError`` for bad arguments), so code written against ``threading`` keeps working.
+Every exception the library raises on purpose derives from [HybridLockError][hybridlock.errors.HybridLockError].
+Each child also derives from the standard exception a caller would already catch for that kind of failure
+(``RuntimeError`` for misuse and lost locks, ``TimeoutError`` for a wait that ran out, ``ConnectionError`` for an
+unreachable server, ``ValueError``/``TypeError`` for bad arguments), so code written against ``threading`` keeps
+working.
 
 Each error carries the lock ``key`` and the ``server`` address (where they apply) as attributes, includes them
 in its message, and survives pickling (so it can cross a ``multiprocessing`` boundary intact).
@@ -16,6 +17,7 @@ from typing import Any
 __all__ = [
     "BackendUnavailableError",
     "ClientSettingsWarning",
+    "EventLoopBlockedError",
     "HybridLockError",
     "InvalidArgumentError",
     "LockLostError",

@@ -5,12 +5,14 @@ new holder, and the old one does not know yet. No lock can prevent that; the res
 mints a token greater than every earlier one for that key (``lock.fencing_token``), the holder passes it along with
 each write, and the resource refuses a write whose token is lower than one it has already accepted.
 
-For data kept in Redis, :func:`fenced_set` does the check and the write in one script. For a SQL database, keep
-the highest token in the row and make it part of the update's condition::
+For data kept in Redis, [fenced_set][hybridlock.fencing.fenced_set] does the check and the write in one script.
+For a SQL database, keep the highest token in the row and make it part of the update's condition:
 
-    UPDATE accounts
-       SET balance = :balance, fence_token = :token
-     WHERE id = :id AND fence_token <= :token
+```sql
+UPDATE accounts
+   SET balance = :balance, fence_token = :token
+ WHERE id = :id AND fence_token <= :token
+```
 
 An update that matches no row was fenced off: a newer holder has written already, so the stale holder must stop
 (treat it as ``LockLostError``). ``tests/test_fencing.py`` runs this statement on SQLite.

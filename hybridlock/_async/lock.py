@@ -117,8 +117,10 @@ class AsyncJavaStyleLock:
 class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
     """A reentrant lock that excludes threads of this process and every other owner of the same key.
 
-    Obtain it from a registry (``registry.obtain(key)``); it is a drop-in for ``threading.RLock``: ``with lock:``,
-    ``acquire(blocking, timeout)``, ``release()``, and ``threading.Condition(lock)`` all work.
+    Obtain it from a registry (``registry.obtain(key)``). It has ``threading.RLock``'s calls and semantics:
+    ``acquire(blocking, timeout)``, ``release()`` and the context manager, with an owner that is the current thread
+    for the thread API and the current task for the asyncio API (whose calls are coroutines). The thread lock also
+    works under ``threading.Condition(lock)``.
     """
 
     def __init__(self, context: LockContext, names: LockNames) -> None:

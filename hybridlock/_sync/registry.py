@@ -49,14 +49,15 @@ T = TypeVar("T")
 
 
 class LockRegistry:
-    """Hands out one :class:`HybridLock` per key, all sharing this registry's server connection and identity.
+    """Hands out one [HybridLock][hybridlock.HybridLock] per key, all sharing this registry's server
+    connection and identity.
 
-    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client, a ``redis://`` / ``rediss://`` / ``unix://``
-    URL, or a :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
-    (``InvalidArgumentError``): an asyncio API is planned, and so is cluster support. ``registry_key`` prefixes
-    every server key (it must not contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond
-    precision), at least ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost
-    whenever a renewal is a little late).
+    ``connection`` is a client (``redis.Redis``, or valkey's twin), a ``redis://`` / ``rediss://`` /
+    ``unix://`` URL, or a backend ([LockBackend][hybridlock.backends.LockBackend]). A client of the other
+    API's kind is refused with the class to use instead, and so is a cluster client (cluster support is planned),
+    both with ``InvalidArgumentError``. ``registry_key`` prefixes every server key (it must not contain ``{`` or
+    ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE`` (0.1 s: it is
+    renewed every third of itself, so a shorter one is lost whenever a renewal is a little late).
 
     Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
     is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
@@ -64,13 +65,13 @@ class LockRegistry:
     ``math.inf`` waits forever). Keys and ``registry_key`` must be encodable as UTF-8.
 
     ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
-    ``auto_renew`` keeps the leases of held locks alive from one background thread; ``max_hold`` (seconds) stops
+    ``auto_renew`` keeps the leases of held locks alive from one background worker; ``max_hold`` (seconds) stops
     renewing a lock held longer than that, so a stuck holder cannot keep it forever.
 
-    Local hand-off: when a thread releases a lock that other threads of this registry are queued for, the server
-    lease is kept and the lock passed to the next thread (in arrival order) with no round trip, at most
-    ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy, and never once another owner
-    is known to be waiting. Either at 0 switches it off (one server release per final release).
+    Local hand-off: when a thread (a task, on the asyncio side) releases a lock that others of this registry are
+    queued for, the server lease is kept and the lock passed to the next one (in arrival order) with no round
+    trip, at most ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy, and never once
+    another owner is known to be waiting. Either at 0 switches it off (one server release per final release).
 
     ``handoff_barge_window`` (seconds) trades a little of that arrival order for throughput: during a hand-off
     streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
@@ -80,8 +81,7 @@ class LockRegistry:
     ``retain_for`` (seconds, default 0: off) keeps the server lease after the last local release, idle, so a thread
     here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
     retention at once (with ``lock_type="pubsub"``; with ``"spin"`` only the deadline does), and the hand-off
-    budget bounds it. While a lease is retained, another owner's non-blocking attempt fails. See
-    ``hybridlock._retention``.
+    budget bounds it. While a lease is retained, another owner's non-blocking attempt fails.
     """
 
     def __init__(

@@ -5,9 +5,10 @@ The lock classes decide *what* to do (reentrancy, timeouts, waiting, renewal, lo
 one atomic server operation per method. A backend:
 
 * never blocks longer than its client's own socket timeout;
-* translates every failure to reach its server into :class:`~hybridlock.BackendUnavailableError` carrying the
-  key and the server address (this is the one place where client exceptions are translated);
-* keeps all the names one lock uses in one place (:class:`~hybridlock._core.names.LockNames`), so every operation on
+* translates every failure to reach its server into
+  [BackendUnavailableError][hybridlock.errors.BackendUnavailableError] carrying the key and the server address
+  (this is the one place where client exceptions are translated);
+* keeps all the names one lock uses in one place (``hybridlock._core.names.LockNames``), so every operation on
   one lock touches a single Redis Cluster slot.
 
 Every method that may talk to the server or wait is ``def``; what only reads or changes local state

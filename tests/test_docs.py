@@ -1,0 +1,71 @@
+"""The documentation's examples run, and the documented ACL is the one the ACL tests use.
+
+The getting-started guide promises that its Python blocks, run in order, are one working program. This test runs
+exactly that program, extracted from the page, in a fresh interpreter against a real server the suite starts
+(the program reads the server's URL from ``REDIS_URL``). The site itself is built by ``.ci/run`` with
+``mkdocs build --strict``, which fails on broken links and references; that needs the ``docs`` extra, so it is not
+a test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridlock.testing.server import EmbeddedServer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+# A fenced block at the start of a line: ```python ... ```, with no indentation (the tabbed examples of other
+# pages are indented and are not meant to run).
+_PYTHON_BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks(page: Path) -> list[str]:
+    return _PYTHON_BLOCK.findall(page.read_text(encoding="utf-8"))
+
+
+def test_the_getting_started_page_has_examples() -> None:
+    blocks = python_blocks(DOCS / "getting-started.md")
+    assert len(blocks) >= 8, "the extraction found too few blocks: has the page's code fence style changed?"
+    assert "REDIS_URL" in blocks[0]
+
+
+@pytest.mark.server
+def test_the_getting_started_examples_run_as_one_program(
+    server: EmbeddedServer, redis_client: object, tmp_path: Path
+) -> None:
+    program = tmp_path / "getting_started.py"
+    program.write_text("\n\n".join(python_blocks(DOCS / "getting-started.md")), encoding="utf-8")
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        # The suite's own strictness: a warning the example draws (a ResourceWarning from an unclosed client, a
+        # ClientSettingsWarning) is a fault of the documentation.
+        "PYTHONWARNINGS": "error",
+        "PYTHONDEVMODE": "1",
+    }
+    run = subprocess.run(
+        [sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90
+    )
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "holding orders:42 with fencing token" in run.stdout
+
+
+def _acl_block(text: str) -> str:
+    start = text.index("ACL SETUSER locker")
+    return " ".join(text[start : text.index("```", start)].split())
+
+
+def test_the_acl_page_shows_the_acl_the_acl_tests_check() -> None:
+    # tests/test_acl.py runs the lock kinds as a user with exactly the README's ACL; the docs must not drift from it.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    page = (DOCS / "acl.md").read_text(encoding="utf-8")
+    assert _acl_block(page) == _acl_block(readme)
