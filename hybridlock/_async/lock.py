@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncHybridLock", "AsyncJavaStyleLock", "LockStatistics"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.lock")
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"

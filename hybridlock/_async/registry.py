@@ -42,7 +42,7 @@ from .rwlock import AsyncReadWriteLock
 
 __all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.registry")
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")

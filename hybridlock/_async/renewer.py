@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LeaseRenewer"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.renewer")
 
 _IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it ends (a quick re-acquire reuses it)
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round

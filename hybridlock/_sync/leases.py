@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HeldLease", "LeaseTable", "LostCallback"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.lock")
 
 LostCallback = Callable[[Any], Any]
 

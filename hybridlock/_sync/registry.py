@@ -43,7 +43,7 @@ from .rwlock import ReadWriteLock
 
 __all__ = ["LocalLockRegistry", "LockRegistry"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.registry")
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
