@@ -26,6 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("shims", ("hybridlock._async._compat", "hybridlock._sync._compat")),
     ("backends", ("hybridlock.backends", "hybridlock._async.backends", "hybridlock._sync.backends")),
     ("fencing", ("hybridlock.fencing",)),
+    # The observer protocol's public face and its exporters (third-party metrics libraries, imported on demand).
+    ("metrics", ("hybridlock.metrics",)),
     ("locks", ("hybridlock._async", "hybridlock._sync")),
     ("registry", ("hybridlock._sync.registry", "hybridlock._async.registry")),
     ("faces", ("hybridlock.__init__", "hybridlock.testing")),

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HeldLease", "LeaseTable", "LostCallback"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.lock")
 
 LostCallback = Callable[[Any], Any]
 
@@ -127,6 +127,9 @@ class LeaseTable:
     def report_lost(self, lock: Any, callbacks: list[LostCallback]) -> None:
         """Tell everyone who asked (the lock's callbacks, then the registry's) that ``lock``'s lease was lost."""
         logger.warning("hybridlock: lease of %r on %s was lost while held", lock.key, self._context.server)
+        observer = self._context.observer
+        if observer is not None:
+            observer.lost(lock.key, getattr(lock, "kind", "lock"))
         for callback in callbacks + self.lost_callbacks:
             try:
                 callback(lock)

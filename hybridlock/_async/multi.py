@@ -23,6 +23,7 @@ from .._core.results import AcquireManyResult, AcquireResult
 from ..errors import HybridLockError, LockNotOwnedError
 from ._compat import current_owner, monotonic, refuse_in_event_loop, shielded
 from .lock import _NEEDS_SERVER, _TIMED_OUT, AsyncHybridLock, AsyncJavaStyleLock
+from .observing import AcquireProbe, observe_acquire, observe_release
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
@@ -76,11 +77,19 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         self._context.check_open(self.keys[0])
         if self._atomic is None:
             self._atomic = await self._context.backend.can_acquire_together([lock._names for lock in self._locks])
-        if self._atomic:
-            return await self._acquire_together(blocking, deadline)
-        return await self._acquire_in_order(blocking, deadline)
+        observer = self._context.observer
+        if observer is not None and not self.hold_count:  # (a reentrant acquire is not reported)
+            start = monotonic()
+            acquire = partial(self._acquire, blocking, deadline)
+            return await observe_acquire(observer, self, ",".join(self.keys), "multi", current_owner(), start, acquire)
+        return await self._acquire(blocking, deadline)
 
-    async def _acquire_together(self, blocking: bool, deadline: float | None) -> bool:
+    async def _acquire(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None) -> bool:
+        if self._atomic:
+            return await self._acquire_together(blocking, deadline, probe)
+        return await self._acquire_in_order(blocking, deadline, probe)
+
+    async def _acquire_together(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
         me = current_owner()
         start = monotonic()
         entered: list[AsyncHybridLock] = []  # done locally: reentrant, or passed on with the server lease
@@ -92,7 +101,7 @@ class AsyncMultiLock(AsyncJavaStyleLock):
                 if state == _TIMED_OUT:
                     return False
                 (pending if state == _NEEDS_SERVER else entered).append(lock)
-            if pending and not await self._take_in_server(pending, blocking, deadline, me, start):
+            if pending and not await self._take_in_server(pending, blocking, deadline, me, start, probe):
                 return False
             done = True
         finally:
@@ -109,7 +118,13 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         return True
 
     async def _take_in_server(
-        self, pending: list[AsyncHybridLock], blocking: bool, deadline: float | None, me: object, start: float
+        self,
+        pending: list[AsyncHybridLock],
+        blocking: bool,
+        deadline: float | None,
+        me: object,
+        start: float,
+        probe: AcquireProbe | None,
     ) -> bool:
         """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
         context = self._context
@@ -140,7 +155,10 @@ class AsyncMultiLock(AsyncJavaStyleLock):
             for lock_names in names:
                 await context.backend.release(lock_names, context.client_id, notify=True)
 
-        if await acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo) is None:
+        if (
+            await acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo, probe=probe)
+            is None
+        ):
             return False
         for lock, part in zip(pending, outcome[0].parts, strict=True):
             lock._start_tenancy(me, part.fencing_token, part.contended, start)
@@ -151,17 +169,13 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         for lock in reversed(pending):
             lock._mutex.release()
 
-    async def _acquire_in_order(self, blocking: bool, deadline: float | None) -> bool:
+    async def _acquire_in_order(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
         me = current_owner()
         taken: list[AsyncHybridLock] = []
         try:
             for lock in self._locks:
-                if not blocking:
-                    ok = await lock.acquire(False)
-                elif deadline is None:
-                    ok = await lock.acquire()
-                else:
-                    ok = await lock.acquire(True, max(0.0, deadline - monotonic()))
+                # Each key as its own acquire would take it, but unreported: the observer hears of the whole.
+                ok = await lock._acquire(me, blocking, deadline, monotonic(), probe)
                 if not ok:
                     await self._roll_back(taken, me)
                     return False
@@ -190,7 +204,14 @@ class AsyncMultiLock(AsyncJavaStyleLock):
                 server=self._context.server,
             )
         me = current_owner()
+        observer = self._context.observer
+        if observer is not None and self.hold_count == 1:  # (a reentrant release is not reported)
+            release = partial(self._release_all, me)
+            await observe_release(observer, self, ",".join(self.keys), "multi", me, release)
+            return
+        await self._release_all(me)
 
+    async def _release_all(self, me: object) -> None:
         async def release_all() -> HybridLockError | None:
             first_error: HybridLockError | None = None
             for lock in reversed(self._locks):

@@ -37,7 +37,7 @@ _IDLE_EXIT = 0.15  # seconds with nothing retained after which the worker ends (
 _UNTIL_WOKEN = 3600.0
 _STOP_TIMEOUT = 5.0  # seconds stop() waits for a round in progress
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.retention")
 
 
 class RetainedLock(Protocol):

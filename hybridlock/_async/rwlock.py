@@ -26,9 +26,11 @@ Failure modes
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._core.config import validate_timeout
+from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
 from ..errors import LockNotOwnedError, LockUpgradeError
@@ -36,6 +38,7 @@ from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_l
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
+from .observing import AcquireProbe, observe_acquire, observe_release
 from .waiting import acquire_remote, contention_watch
 
 if TYPE_CHECKING:
@@ -47,8 +50,9 @@ __all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]
 class _Half(ServerLease, AsyncJavaStyleLock):
     """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
 
-    #: Name of the half in messages and reprs; the subclasses differ in this and in the four hooks below.
-    kind = ""
+    #: Name of the half in messages, reprs and observer events; the subclasses differ in this and in the four hooks
+    #: below.
+    kind: LockKind
     _waits_in_server = False  # whether a refused blocking attempt takes a place in the server (see _acquire_remote)
 
     def __init__(self, parent: AsyncReadWriteLock, names: LockNames) -> None:
@@ -66,11 +70,22 @@ class _Half(ServerLease, AsyncJavaStyleLock):
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.key, self._context.server)
         self._context.check_open(self.key)
-        deadline = None if wait is None else monotonic() + wait
-        return await self._acquire(current_owner(), blocking, deadline)
+        start = monotonic()
+        deadline = None if wait is None else start + wait
+        me = current_owner()
+        observer = self._context.observer
+        if observer is not None and not self.hold_count:  # (a reentrant acquire is not reported)
+            acquire = partial(self._acquire, me, blocking, deadline)
+            return await observe_acquire(observer, self, self.key, self.kind, me, start, acquire)
+        return await self._acquire(me, blocking, deadline)
 
     async def release(self) -> None:
-        await self._release(current_owner())
+        me = current_owner()
+        observer = self._context.observer
+        if observer is not None and self.hold_count == 1:  # (a reentrant release is not reported)
+            await observe_release(observer, self, self.key, self.kind, me, partial(self._release, me))
+            return
+        await self._release(me)
 
     def __repr__(self) -> str:
         return f"<hybridlock.{type(self).__name__} {self.key!r} depth {self.hold_count} here at {id(self):#x}>"
@@ -84,7 +99,9 @@ class _Half(ServerLease, AsyncJavaStyleLock):
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
 
-    async def _remote(self, blocking: bool, deadline: float | None) -> AcquireResult | None:
+    async def _remote(
+        self, blocking: bool, deadline: float | None, probe: AcquireProbe | None
+    ) -> AcquireResult | None:
         context = self._context
         return await acquire_remote(
             context,
@@ -95,6 +112,7 @@ class _Half(ServerLease, AsyncJavaStyleLock):
             give_up=lambda: self._give_up(context.client_id),
             undo=lambda: self._give_back(context.client_id),
             queues=self._waits_in_server,
+            probe=probe,
         )
 
     async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
@@ -107,7 +125,9 @@ class _Half(ServerLease, AsyncJavaStyleLock):
         """Release the server hold (after an attempt interrupted in flight, which may have taken it)."""
         raise NotImplementedError
 
-    async def _acquire(self, me: object, blocking: bool, deadline: float | None) -> bool:
+    async def _acquire(
+        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+    ) -> bool:
         raise NotImplementedError
 
     async def _release(self, me: object) -> None:
@@ -121,7 +141,7 @@ def _remaining(deadline: float | None) -> float | None:
 class AsyncReadLock(_Half):
     """The shared half: any number of threads, in any number of processes, while nobody writes."""
 
-    kind = "read"
+    kind: LockKind = "read"
     _waits_in_server = False  # a blocked reader records nothing in the server: it just retries
 
     def __init__(self, parent: AsyncReadWriteLock) -> None:
@@ -148,7 +168,9 @@ class AsyncReadLock(_Half):
     def _writer_elsewhere_waits(self) -> bool:
         return self._watch is not None and self._watch.contended()
 
-    async def _acquire(self, me: object, blocking: bool, deadline: float | None) -> bool:
+    async def _acquire(
+        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+    ) -> bool:
         rw = self._parent
         start = monotonic()
         with rw._cond:
@@ -185,7 +207,7 @@ class AsyncReadLock(_Half):
             # Listen for other owners' writers before taking the hold, so that nothing is left to do once the hold
             # is ours (an interruption from here on would leave the hold with nobody).
             watch = await contention_watch(self._context, self._names)
-            result = await self._remote(blocking, deadline)
+            result = await self._remote(blocking, deadline, probe)
         finally:
             with rw._cond:
                 if result is not None:
@@ -234,7 +256,7 @@ class AsyncReadLock(_Half):
 class AsyncWriteLock(_Half):
     """The exclusive half: one thread in the whole system, and no reader."""
 
-    kind = "write"
+    kind: LockKind = "write"
     _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
 
     def __init__(self, parent: AsyncReadWriteLock) -> None:
@@ -268,7 +290,9 @@ class AsyncWriteLock(_Half):
     async def _give_back(self, owner: str) -> bool:
         return await self._context.backend.release_write(self._parent._names, owner)
 
-    async def _acquire(self, me: object, blocking: bool, deadline: float | None) -> bool:
+    async def _acquire(
+        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+    ) -> bool:
         rw = self._parent
         start = monotonic()
         with rw._cond:
@@ -302,7 +326,7 @@ class AsyncWriteLock(_Half):
             rw._writer, rw._write_count = me, 1
         result = None
         try:
-            result = await self._remote(blocking, deadline)
+            result = await self._remote(blocking, deadline, probe)
         finally:
             if result is None:
                 with rw._cond:

@@ -21,6 +21,7 @@ from .._core.results import AcquireResult
 from ..errors import BackendUnavailableError, HybridLockError
 from ._compat import Thunk, monotonic, shielded
 from .backends.base import AsyncReleaseWatch
+from .observing import AcquireProbe
 from .wait_keeper import WaitingPlace
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ async def acquire_remote(
     give_up: Thunk[None] | None = None,
     undo: Thunk[object] | None = None,
     queues: bool = True,
+    probe: AcquireProbe | None = None,
 ) -> AcquireResult | None:
     """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
@@ -50,8 +52,9 @@ async def acquire_remote(
     the plain lock's queue). ``undo()`` gives back what an attempt interrupted in flight may have taken (default:
     the plain lock's release). ``queues``: a refused blocking attempt takes a place in the queue of the lock
     ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
-    the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). Returns the
-    successful result, or None when not blocking or out of time."""
+    the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). ``probe``
+    (only when the registry has an observer) counts the attempts. Returns the successful result, or None when not
+    blocking or out of time."""
     backend = context.backend
     if attempt is None:
 
@@ -74,6 +77,8 @@ async def acquire_remote(
 
     async def tracked_attempt() -> AcquireResult:
         nonlocal queued, place, in_flight
+        if probe is not None:
+            probe.attempt()
         in_flight = True
         result = await attempt()
         in_flight = False

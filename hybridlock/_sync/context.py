@@ -7,7 +7,9 @@ owner identity, and owns the registry's shared machinery, each piece with one jo
 
 * ``leases``: the table of leases held in the server (renewal by hand, loss reporting);
 * ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
-* ``closed``: set once the registry is closed; every wait watches it.
+* ``closed``: set once the registry is closed; every wait watches it;
+* ``observer``: the registry's instrumentation hook (``hybridlock._core.events.ObserverHook``), or None: the one
+  attribute a lock checks before reporting anything.
 
 Nothing here is reassigned after construction. A forked child gets a whole new context (``forked``): a new
 owner identity, an empty lease table and workers with no threads, while settings, backend and ``on_lost``
@@ -20,6 +22,7 @@ import uuid
 from typing import Any
 
 from .._core.config import RegistryConfig
+from .._core.events import ObserverHook
 from ..errors import RegistryClosedError
 from ._compat import Event
 from .backends.base import LockBackend
@@ -38,6 +41,7 @@ class LockContext:
         "closed",
         "config",
         "leases",
+        "observer",
         "registry",
         "renewer",
         "retention",
@@ -52,6 +56,7 @@ class LockContext:
         *,
         closed: bool = False,
         lost_callbacks: list[LostCallback] | None = None,
+        observer: ObserverHook | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -59,6 +64,8 @@ class LockContext:
         self.registry = registry
         #: This owner's identity in the server: the value of every server key it holds.
         self.client_id = str(uuid.uuid4())
+        #: Told of acquires, releases, renewal rounds and losses; None when nobody asked (``observer=``).
+        self.observer = observer
         self.closed = Event()
         if closed:
             self.closed.set()
@@ -78,11 +85,12 @@ class LockContext:
 
     def forked(self) -> LockContext:
         """The context a forked child continues with: same settings, backend and registry-wide ``on_lost``
-        callbacks; a new identity, no leases, no threads."""
+        callbacks and observer; a new identity, no leases, no threads."""
         return LockContext(
             self.config,
             self.backend,
             self.registry,
             closed=self.closed.is_set(),
             lost_callbacks=self.leases.lost_callbacks,
+            observer=self.observer,
         )

@@ -44,6 +44,7 @@ from ..errors import (
 from ._compat import FifoMutex, current_owner, describe_owner, monotonic, refuse_in_event_loop, shielded
 from .backends.base import ReleaseWatch
 from .lease import ServerLease
+from .observing import AcquireProbe, observe_acquire, observe_release
 from .waiting import acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HybridLock", "JavaStyleLock", "LockStatistics"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.lock")
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
@@ -248,12 +249,21 @@ class HybridLock(ServerLease, JavaStyleLock):
         me = current_owner()
         start = monotonic()
         deadline = None if wait is None else start + wait
+        observer = self._context.observer
+        if observer is not None and self._owner != me:  # (a reentrant acquire is not reported)
+            acquire = partial(self._acquire, me, blocking, deadline, start)
+            return observe_acquire(observer, self, self.key, "lock", me, start, acquire)
+        return self._acquire(me, blocking, deadline, start)
+
+    def _acquire(
+        self, me: object, blocking: bool, deadline: float | None, start: float, probe: AcquireProbe | None = None
+    ) -> bool:
         entered = self._enter_locally(me, blocking, deadline)
         if entered != _NEEDS_SERVER:
             return entered == _HELD
         try:
             self._context.check_open(self.key)
-            result = acquire_remote(self._context, self._names, blocking, deadline)
+            result = acquire_remote(self._context, self._names, blocking, deadline, probe=probe)
         except BaseException:
             self._mutex.release()
             raise
@@ -363,7 +373,12 @@ class HybridLock(ServerLease, JavaStyleLock):
         ``BackendUnavailableError`` when the server could not be told (the lock is released locally; the server
         key ends with its lease).
         """
-        self._release_by(current_owner())
+        me = current_owner()
+        observer = self._context.observer
+        if observer is not None and self._owner == me and self._count == 1:  # (a reentrant release is not reported)
+            observe_release(observer, self, self.key, "lock", me, partial(self._release_by, me))
+            return
+        self._release_by(me)
 
     def _release_by(self, me: object) -> None:
         """``release`` on behalf of ``me`` (a multi-key lock rolling back runs its cleanup shielded, in a task of
@@ -527,8 +542,12 @@ class HybridLock(ServerLease, JavaStyleLock):
                 "cannot wait on a condition without holding its lock", key=self.key, server=self._context.server
             )
         count = self._count
+        observer = self._context.observer
         try:
-            self._release_fully()
+            if observer is None:
+                self._release_fully()
+            else:
+                observe_release(observer, self, self.key, "lock", current_owner(), self._release_fully)
         except LockLostError:
             # Report it after the wait, once the lock is held again, so the caller's `with` exits cleanly.
             return count, True

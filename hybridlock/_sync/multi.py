@@ -24,6 +24,7 @@ from .._core.results import AcquireManyResult, AcquireResult
 from ..errors import HybridLockError, LockNotOwnedError
 from ._compat import current_owner, monotonic, refuse_in_event_loop, shielded
 from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
+from .observing import AcquireProbe, observe_acquire, observe_release
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
@@ -77,11 +78,19 @@ class MultiLock(JavaStyleLock):
         self._context.check_open(self.keys[0])
         if self._atomic is None:
             self._atomic = self._context.backend.can_acquire_together([lock._names for lock in self._locks])
-        if self._atomic:
-            return self._acquire_together(blocking, deadline)
-        return self._acquire_in_order(blocking, deadline)
+        observer = self._context.observer
+        if observer is not None and not self.hold_count:  # (a reentrant acquire is not reported)
+            start = monotonic()
+            acquire = partial(self._acquire, blocking, deadline)
+            return observe_acquire(observer, self, ",".join(self.keys), "multi", current_owner(), start, acquire)
+        return self._acquire(blocking, deadline)
 
-    def _acquire_together(self, blocking: bool, deadline: float | None) -> bool:
+    def _acquire(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None) -> bool:
+        if self._atomic:
+            return self._acquire_together(blocking, deadline, probe)
+        return self._acquire_in_order(blocking, deadline, probe)
+
+    def _acquire_together(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
         me = current_owner()
         start = monotonic()
         entered: list[HybridLock] = []  # done locally: reentrant, or passed on with the server lease
@@ -93,7 +102,7 @@ class MultiLock(JavaStyleLock):
                 if state == _TIMED_OUT:
                     return False
                 (pending if state == _NEEDS_SERVER else entered).append(lock)
-            if pending and not self._take_in_server(pending, blocking, deadline, me, start):
+            if pending and not self._take_in_server(pending, blocking, deadline, me, start, probe):
                 return False
             done = True
         finally:
@@ -110,7 +119,13 @@ class MultiLock(JavaStyleLock):
         return True
 
     def _take_in_server(
-        self, pending: list[HybridLock], blocking: bool, deadline: float | None, me: object, start: float
+        self,
+        pending: list[HybridLock],
+        blocking: bool,
+        deadline: float | None,
+        me: object,
+        start: float,
+        probe: AcquireProbe | None,
     ) -> bool:
         """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
         context = self._context
@@ -141,7 +156,10 @@ class MultiLock(JavaStyleLock):
             for lock_names in names:
                 context.backend.release(lock_names, context.client_id, notify=True)
 
-        if acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo) is None:
+        if (
+            acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo, probe=probe)
+            is None
+        ):
             return False
         for lock, part in zip(pending, outcome[0].parts, strict=True):
             lock._start_tenancy(me, part.fencing_token, part.contended, start)
@@ -152,17 +170,13 @@ class MultiLock(JavaStyleLock):
         for lock in reversed(pending):
             lock._mutex.release()
 
-    def _acquire_in_order(self, blocking: bool, deadline: float | None) -> bool:
+    def _acquire_in_order(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
         me = current_owner()
         taken: list[HybridLock] = []
         try:
             for lock in self._locks:
-                if not blocking:
-                    ok = lock.acquire(False)
-                elif deadline is None:
-                    ok = lock.acquire()
-                else:
-                    ok = lock.acquire(True, max(0.0, deadline - monotonic()))
+                # Each key as its own acquire would take it, but unreported: the observer hears of the whole.
+                ok = lock._acquire(me, blocking, deadline, monotonic(), probe)
                 if not ok:
                     self._roll_back(taken, me)
                     return False
@@ -191,7 +205,14 @@ class MultiLock(JavaStyleLock):
                 server=self._context.server,
             )
         me = current_owner()
+        observer = self._context.observer
+        if observer is not None and self.hold_count == 1:  # (a reentrant release is not reported)
+            release = partial(self._release_all, me)
+            observe_release(observer, self, ",".join(self.keys), "multi", me, release)
+            return
+        self._release_all(me)
 
+    def _release_all(self, me: object) -> None:
         def release_all() -> HybridLockError | None:
             first_error: HybridLockError | None = None
             for lock in reversed(self._locks):

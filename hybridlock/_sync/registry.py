@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from .._core.config import LockType, RegistryConfig
+from .._core.events import ObserverHook
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
 from ..errors import InvalidArgumentError, LockNotOwnedError
 from ._compat import at_exit, new_guard
@@ -42,7 +43,7 @@ from .rwlock import ReadWriteLock
 
 __all__ = ["LocalLockRegistry", "LockRegistry"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.registry")
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -82,6 +83,11 @@ class LockRegistry:
     here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
     retention at once (with ``lock_type="pubsub"``; with ``"spin"`` only the deadline does), and the hand-off
     budget bounds it. While a lease is retained, another owner's non-blocking attempt fails.
+
+    ``observer`` (a ``hybridlock.metrics.LockObserver``, or any object with some of its methods) is told of every
+    acquire and release of a hold, every renewal round and every lease found lost, for metrics
+    (``hybridlock.metrics.prometheus.PrometheusObserver``). Without one, the instrumentation costs one attribute
+    check per acquire and release. An observer that raises is logged once and ignored.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class LockRegistry:
         handoff_window: float = 0.05,
         handoff_barge_window: float = 0.002,
         retain_for: float = 0.0,
+        observer: Any = None,
     ) -> None:
         self._setup(
             RegistryConfig.checked(
@@ -111,11 +118,13 @@ class LockRegistry:
                 retain_for=retain_for,
             ),
             connection,
+            observer,
         )
 
-    def _setup(self, config: RegistryConfig, connection: Any) -> None:
+    def _setup(self, config: RegistryConfig, connection: Any, observer: Any) -> None:
         self._config = config
-        self._context = LockContext(config, _make_backend(connection), self)
+        hook = ObserverHook.checked(observer, config.registry_key)
+        self._context = LockContext(config, _make_backend(connection), self, observer=hook)
         self._mutex = new_guard()
         self._locks: weakref.WeakValueDictionary[str, HybridLock] = weakref.WeakValueDictionary()
         self._rw_locks: weakref.WeakValueDictionary[str, ReadWriteLock] = weakref.WeakValueDictionary()
@@ -148,6 +157,12 @@ class LockRegistry:
     @property
     def backend(self) -> LockBackend:
         return self._context.backend
+
+    @property
+    def observer(self) -> Any:
+        """The ``observer=`` given at construction (None without one)."""
+        hook = self._context.observer
+        return None if hook is None else hook.observer
 
     @property
     def closed(self) -> bool:
@@ -297,8 +312,8 @@ class LocalLockRegistry(LockRegistry):
 
     Spring's ``DefaultLockRegistry``. Useful where a program runs as one process, and as a test double."""
 
-    def __init__(self, registry_key: str = "hybridlock") -> None:
-        self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), MemoryBackend())
+    def __init__(self, registry_key: str = "hybridlock", *, observer: Any = None) -> None:
+        self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), MemoryBackend(), observer)
 
 
 def _make_backend(connection: Any) -> LockBackend:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LeaseRenewer"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.renewer")
 
 _IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it ends (a quick re-acquire reuses it)
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
@@ -181,7 +181,9 @@ class LeaseRenewer:
         start = monotonic()
         try:
             flags = context.backend.renew([lock._names for lock, _ in locks], context.client_id, lease_ms)
-        except Exception:
+        except Exception as exc:
+            if context.observer is not None:
+                context.observer.renewal(len(locks), 0, 0, monotonic() - start, exc)
             # Whatever the cause (an unreachable server, an untranslated client error): the leases keep running
             # out, and any that certainly ended is lost, because another owner may have taken the key by now.
             self._mark_ended_lost(locks)
@@ -192,6 +194,9 @@ class LeaseRenewer:
                 lock._renewed(tenancy, start)
             else:
                 lock._mark_lost(tenancy)
+        if context.observer is not None:
+            renewed_count = sum(map(bool, flags))
+            context.observer.renewal(len(locks), renewed_count, len(locks) - renewed_count, monotonic() - start)
         return True
 
     @staticmethod

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REFRESH_INTERVAL", "WaitKeeper", "WaitingPlace"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.waiting")
 
 #: Seconds between refreshes: a third of ``QUEUE_PLACE_KEEP_MS``, so one slow or failed refresh loses no place.
 REFRESH_INTERVAL = 1.0

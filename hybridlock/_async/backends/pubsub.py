@@ -43,7 +43,7 @@ from .base import AsyncReleaseWatch
 
 __all__ = ["Subscriber"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.pubsub")
 
 _IDLE_UNSUBSCRIBE = 0.1  # seconds a channel stays subscribed after its last watch closed
 # The longest read: how soon the listener notices that channels fell idle (and aclose() that it must end).
