@@ -202,6 +202,14 @@ class AsyncRedisBackend(AsyncLockBackend):
                 # or it stays open until the garbage collector finds it.
                 with contextlib.suppress(Exception):
                     await self.client.connection_pool.disconnect()
+                # (and a client made from a sentinel URL asked the sentinels where the master is)
+                for sentinel in getattr(self._sentinel_manager(), "sentinels", ()):
+                    with contextlib.suppress(Exception):
+                        await sentinel.connection_pool.disconnect()
+
+    def _sentinel_manager(self) -> Any:
+        """The ``Sentinel`` that finds the master for a Sentinel-managed client; None for any other client."""
+        return getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
 
     async def _run_write(
         self, key: str | None, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
@@ -452,7 +460,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             with contextlib.suppress(Exception):
                 await self.client.aclose()
             # A client made from a sentinel URL also holds connections to the sentinels.
-            manager = getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+            manager = self._sentinel_manager()
             if manager is not None and hasattr(manager, "aclose"):
                 with contextlib.suppress(Exception):
                     await manager.aclose()
