@@ -38,6 +38,7 @@ from .errors import (
     LockTimeoutError,
     LockUpgradeError,
     RegistryClosedError,
+    ReplicationNotConfirmedError,
     TimeoutOverflowError,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "ReadLock",
     "ReadWriteLock",
     "RegistryClosedError",
+    "ReplicationNotConfirmedError",
     "TimeoutOverflowError",
     "WriteLock",
     "__version__",

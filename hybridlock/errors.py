@@ -25,6 +25,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUpgradeError",
     "RegistryClosedError",
+    "ReplicationNotConfirmedError",
     "TimeoutOverflowError",
 ]
 
@@ -103,6 +104,40 @@ class BackendUnavailableError(HybridLockError, ConnectionError):
     The operation did not take the lock: an ``acquire`` that raises this has released the local lock, and a
     ``release`` that raises this has released the local lock (the server key then ends with its lease).
     """
+
+
+class ReplicationNotConfirmedError(BackendUnavailableError):
+    """The server took the lock (or renewed it) but fewer replicas than the registry's ``confirm_replicas``
+    acknowledged the write within ``confirm_timeout`` (``WAIT``), so a failover could lose it.
+
+    From ``acquire`` the lease has already been given back (the lock is not held, here or in the server) and the
+    local lock released; from a renewal the lease counts as not renewed (its ``valid_until`` stays where it was,
+    and it is reported lost if no renewal is confirmed before then). A ``BackendUnavailableError`` (and so a
+    ``ConnectionError``): the lock service cannot give its guarantee right now. ``acknowledged`` is how many
+    replicas did, ``required`` how many were asked for.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        server: str | None = None,
+        acknowledged: int = 0,
+        required: int = 0,
+    ) -> None:
+        self.acknowledged = acknowledged
+        self.required = required
+        super().__init__(message, key=key, server=server)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_replication, (self.message, self.key, self.server, self.acknowledged, self.required))
+
+
+def _rebuild_replication(
+    message: str, key: str | None, server: str | None, acknowledged: int, required: int
+) -> ReplicationNotConfirmedError:
+    return ReplicationNotConfirmedError(message, key=key, server=server, acknowledged=acknowledged, required=required)
 
 
 class RegistryClosedError(HybridLockError, RuntimeError):

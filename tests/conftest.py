@@ -18,6 +18,7 @@ import redis
 
 import hybridlock
 from hybridlock.backends import MemoryBackend
+from hybridlock.testing.sentinel import SentinelService
 from hybridlock.testing.server import EmbeddedServer
 
 
@@ -26,6 +27,23 @@ def server() -> Iterator[EmbeddedServer]:
     """One real server for the whole session; tests flush it before use (``redis_client``)."""
     with EmbeddedServer() as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def sentinel_service() -> Iterator[SentinelService]:
+    """One Sentinel-managed service for the session (a master, 2 replicas, 3 sentinels; started on first use, in
+    about 3 s). Tests that fail it over or kill nodes start their own (``tests/test_sentinel_failover.py``)."""
+    with SentinelService() as service:
+        yield service
+
+
+@pytest.fixture
+def sentinel_url(sentinel_service: SentinelService) -> str:
+    """The session service's ``redis+sentinel://`` URL, its master flushed and every replica caught up."""
+    sentinel_service.wait_healthy()
+    with sentinel_service.node_client(sentinel_service.master()) as client:
+        client.flushall()
+    return sentinel_service.url()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .._core.config import LockType, RegistryConfig
+from .._core.config import LockType, RegistryConfig, ReplicaConfirmation
 from .._core.events import ObserverHook
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
 from ..errors import InvalidArgumentError, LockNotOwnedError
@@ -102,6 +102,8 @@ class AsyncLockRegistry:
         handoff_window: float = 0.05,
         handoff_barge_window: float = 0.002,
         retain_for: float = 0.0,
+        confirm_replicas: int = 0,
+        confirm_timeout: float | None = None,
         observer: Any = None,
     ) -> None:
         self._setup(
@@ -115,6 +117,8 @@ class AsyncLockRegistry:
                 handoff_window=handoff_window,
                 handoff_barge_window=handoff_barge_window,
                 retain_for=retain_for,
+                confirm_replicas=confirm_replicas,
+                confirm_timeout=confirm_timeout,
             ),
             connection,
             observer,
@@ -123,7 +127,7 @@ class AsyncLockRegistry:
     def _setup(self, config: RegistryConfig, connection: Any, observer: Any) -> None:
         self._config = config
         hook = ObserverHook.checked(observer, config.registry_key)
-        self._context = LockContext(config, _make_backend(connection), self, observer=hook)
+        self._context = LockContext(config, _make_backend(connection, config.confirmation), self, observer=hook)
         self._mutex = new_guard()
         self._locks: weakref.WeakValueDictionary[str, AsyncHybridLock] = weakref.WeakValueDictionary()
         self._rw_locks: weakref.WeakValueDictionary[str, AsyncReadWriteLock] = weakref.WeakValueDictionary()
@@ -315,8 +319,15 @@ class AsyncLocalLockRegistry(AsyncLockRegistry):
         self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), AsyncMemoryBackend(), observer)
 
 
-def _make_backend(connection: Any) -> AsyncLockBackend:
+def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = None) -> AsyncLockBackend:
     if isinstance(connection, AsyncLockBackend):
+        if confirmation is not None:
+            # The backend was built without it, and a backend of another kind may have no replicas at all.
+            raise InvalidArgumentError(
+                "confirm_replicas needs a client or a URL, not a backend object (the registry builds the backend "
+                "that confirms)",
+                server=connection.address,
+            )
         return connection
     from ..backends import clients
     from ..backends.clients import check_client_settings, redacted, redacted_url
@@ -330,10 +341,10 @@ def _make_backend(connection: Any) -> AsyncLockBackend:
         except ValueError as exc:
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
-        return AsyncRedisBackend(client, owns_client=True)
+        return AsyncRedisBackend(client, owns_client=True, confirmation=confirmation)
     clients.asyncio_client_family(connection)  # a client of the other kind, or a cluster client, is refused here
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
-        backend = AsyncRedisBackend(connection)
+        backend = AsyncRedisBackend(connection, confirmation=confirmation)
         check_client_settings(connection, backend.address)
         return backend
     raise InvalidArgumentError(

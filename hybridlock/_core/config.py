@@ -22,6 +22,7 @@ __all__ = [
     "QUEUE_PLACE_KEEP_MS",
     "LockType",
     "RegistryConfig",
+    "ReplicaConfirmation",
     "lease_drift",
     "validate_seconds",
     "validate_timeout",
@@ -111,6 +112,48 @@ def validate_timeout(blocking: object, timeout: object) -> float | None:
     return float(timeout)
 
 
+#: ``confirm_timeout``'s default: long enough for a replica on a LAN to acknowledge, short enough that an acquire
+#: refused for want of replicas fails fast. Capped at a sixth of the lease, so a renewal round fits its period.
+DEFAULT_CONFIRM_TIMEOUT = 0.5
+
+
+@dataclass(frozen=True)
+class ReplicaConfirmation:
+    """How many replicas must acknowledge an acquire or a renewal (``WAIT replicas timeout_ms``) before it counts."""
+
+    replicas: int
+    timeout: float
+
+    @property
+    def timeout_ms(self) -> int:
+        """The ``WAIT`` timeout: whole milliseconds, at least one (``WAIT n 0`` would wait for ever)."""
+        return max(1, round(self.timeout * 1000))
+
+    @classmethod
+    def checked(cls, replicas: object, timeout: object, lease: float | None) -> ReplicaConfirmation | None:
+        """Validate ``confirm_replicas`` and ``confirm_timeout``; None when confirmation is off (0 replicas).
+
+        The timeout must fit in a renewal period (a third of the lease): a renewal that waits longer for its
+        replicas than the period would let the lease run out while it waits."""
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise InvalidArgumentError(f"confirm_replicas must be a non-negative int, not {replicas!r}")
+        if timeout is not None:
+            timeout = validate_seconds("confirm_timeout", timeout)
+        if not replicas:
+            return None
+        if lease is None:
+            raise InvalidArgumentError("confirm_replicas needs a lease in a server (a registry with expire_after)")
+        period = lease / 3
+        if timeout is None:
+            timeout = min(DEFAULT_CONFIRM_TIMEOUT, lease / 6)
+        elif timeout >= period:
+            raise InvalidArgumentError(
+                f"confirm_timeout must be shorter than a renewal period (expire_after / 3 = {period:g} s), "
+                f"not {timeout!r}"
+            )
+        return cls(replicas, float(timeout))
+
+
 @dataclass(frozen=True)
 class RegistryConfig:
     """Every setting of one registry, checked (build it with :meth:`checked`).
@@ -129,6 +172,8 @@ class RegistryConfig:
     handoff_barge_window: float
     retain_for: float
     wait_policy: WaitPolicy = field(default_factory=WaitPolicy)
+    #: Replica confirmation of acquires and renewals (``confirm_replicas``); None when off.
+    confirmation: ReplicaConfirmation | None = None
 
     @classmethod
     def checked(
@@ -143,6 +188,8 @@ class RegistryConfig:
         handoff_window: object = 0.05,
         handoff_barge_window: object = 0.002,
         retain_for: object = 0.0,
+        confirm_replicas: object = 0,
+        confirm_timeout: object = None,
         never_expires: bool = False,
     ) -> RegistryConfig:
         """Validate the registry's options (``InvalidArgumentError`` naming the option on the first bad one).
@@ -163,6 +210,7 @@ class RegistryConfig:
                 "retain_for needs local hand-off: a retained lease is handed to the next thread here, within the "
                 "hand-off budget (handoff_limit and handoff_window must be above 0)"
             )
+        confirmation = ReplicaConfirmation.checked(confirm_replicas, confirm_timeout, None if never_expires else lease)
         return cls(
             registry_key=key,
             lease=None if never_expires else lease,
@@ -173,6 +221,7 @@ class RegistryConfig:
             handoff_window=window,
             handoff_barge_window=barge,
             retain_for=retain,
+            confirmation=confirmation,
         )
 
     @property

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .._core.config import LockType, RegistryConfig
+from .._core.config import LockType, RegistryConfig, ReplicaConfirmation
 from .._core.events import ObserverHook
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
 from ..errors import InvalidArgumentError, LockNotOwnedError
@@ -103,6 +103,8 @@ class LockRegistry:
         handoff_window: float = 0.05,
         handoff_barge_window: float = 0.002,
         retain_for: float = 0.0,
+        confirm_replicas: int = 0,
+        confirm_timeout: float | None = None,
         observer: Any = None,
     ) -> None:
         self._setup(
@@ -116,6 +118,8 @@ class LockRegistry:
                 handoff_window=handoff_window,
                 handoff_barge_window=handoff_barge_window,
                 retain_for=retain_for,
+                confirm_replicas=confirm_replicas,
+                confirm_timeout=confirm_timeout,
             ),
             connection,
             observer,
@@ -124,7 +128,7 @@ class LockRegistry:
     def _setup(self, config: RegistryConfig, connection: Any, observer: Any) -> None:
         self._config = config
         hook = ObserverHook.checked(observer, config.registry_key)
-        self._context = LockContext(config, _make_backend(connection), self, observer=hook)
+        self._context = LockContext(config, _make_backend(connection, config.confirmation), self, observer=hook)
         self._mutex = new_guard()
         self._locks: weakref.WeakValueDictionary[str, HybridLock] = weakref.WeakValueDictionary()
         self._rw_locks: weakref.WeakValueDictionary[str, ReadWriteLock] = weakref.WeakValueDictionary()
@@ -316,8 +320,15 @@ class LocalLockRegistry(LockRegistry):
         self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), MemoryBackend(), observer)
 
 
-def _make_backend(connection: Any) -> LockBackend:
+def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = None) -> LockBackend:
     if isinstance(connection, LockBackend):
+        if confirmation is not None:
+            # The backend was built without it, and a backend of another kind may have no replicas at all.
+            raise InvalidArgumentError(
+                "confirm_replicas needs a client or a URL, not a backend object (the registry builds the backend "
+                "that confirms)",
+                server=connection.address,
+            )
         return connection
     from ..backends import clients
     from ..backends.clients import check_client_settings, redacted, redacted_url
@@ -331,10 +342,10 @@ def _make_backend(connection: Any) -> LockBackend:
         except ValueError as exc:
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
-        return RedisBackend(client, owns_client=True)
+        return RedisBackend(client, owns_client=True, confirmation=confirmation)
     clients.client_family(connection)  # a client of the other kind, or a cluster client, is refused here
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
-        backend = RedisBackend(connection)
+        backend = RedisBackend(connection, confirmation=confirmation)
         check_client_settings(connection, backend.address)
         return backend
     raise InvalidArgumentError(

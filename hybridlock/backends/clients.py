@@ -106,6 +106,7 @@ def client_family(client: Any) -> ClientFamily:
                 f"support yet; use a {library}.{family.client.__name__} connected to one server"
             )
         if isinstance(client, family.client):
+            _refuse_sentinel_replica(client)
             return family
     return library_family("redis")
 
@@ -123,6 +124,7 @@ def asyncio_client_family(client: Any) -> ClientFamily:
                 f"support yet; use a {library}.asyncio.{family.asyncio_client.__name__} connected to one server"
             )
         if isinstance(client, family.asyncio_clients):
+            _refuse_sentinel_replica(client)
             return family
         if isinstance(client, family.client):
             raise InvalidArgumentError(
@@ -131,6 +133,17 @@ def asyncio_client_family(client: Any) -> ClientFamily:
                 "(or use the blocking API, LockRegistry, with this one)"
             )
     return library_family("redis")
+
+
+def _refuse_sentinel_replica(client: Any) -> None:
+    """A client from ``Sentinel.slave_for`` talks to read-only replicas: every acquire would be refused."""
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service is not None and getattr(pool, "is_master", True) is False:
+        raise InvalidArgumentError(
+            f"the client for sentinel://{service} talks to its replicas (Sentinel.slave_for), which refuse writes; "
+            "use Sentinel.master_for(...) or a redis+sentinel:// URL"
+        )
 
 
 def server_name(client: Any, family: ClientFamily) -> str:

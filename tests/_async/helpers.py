@@ -21,6 +21,10 @@ BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("local", id="local"),
     pytest.param("redis", id="redis", marks=pytest.mark.server),
+    # The master of a Sentinel-managed service, through a redis+sentinel:// URL; and the same with every acquire
+    # and renewal confirmed by both replicas.
+    pytest.param("sentinel", id="sentinel", marks=[pytest.mark.server, pytest.mark.sentinel]),
+    pytest.param("sentinel-confirmed", id="sentinel-confirmed", marks=[pytest.mark.server, pytest.mark.sentinel]),
 ]
 
 
@@ -30,9 +34,10 @@ class Backend:
     ``shared``: two registries it makes are two owners of the same keys (as two processes are); an
     ``AsyncLocalLockRegistry`` shares nothing, so there the other owner is another task of the same registry."""
 
-    def __init__(self, name: str, url: str | None = None) -> None:
+    def __init__(self, name: str, url: str | None = None, **options: Any) -> None:
         self.name = name
         self.url = url
+        self.options = options  # given to every registry on ``url``
         self.shared = name != "local"
         self.made: list[hybridlock.AsyncLockRegistry] = []
         self._store: AsyncMemoryBackend | None = None
@@ -46,7 +51,7 @@ class Backend:
         elif self.name == "local":
             registry = hybridlock.AsyncLocalLockRegistry()
         else:
-            registry = hybridlock.AsyncLockRegistry(self.url, **options)
+            registry = hybridlock.AsyncLockRegistry(self.url, **self.options, **options)
         self.made.append(registry)
         return registry
 

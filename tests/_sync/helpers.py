@@ -22,6 +22,10 @@ BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("local", id="local"),
     pytest.param("redis", id="redis", marks=pytest.mark.server),
+    # The master of a Sentinel-managed service, through a redis+sentinel:// URL; and the same with every acquire
+    # and renewal confirmed by both replicas.
+    pytest.param("sentinel", id="sentinel", marks=[pytest.mark.server, pytest.mark.sentinel]),
+    pytest.param("sentinel-confirmed", id="sentinel-confirmed", marks=[pytest.mark.server, pytest.mark.sentinel]),
 ]
 
 
@@ -31,9 +35,10 @@ class Backend:
     ``shared``: two registries it makes are two owners of the same keys (as two processes are); an
     ``LocalLockRegistry`` shares nothing, so there the other owner is another task of the same registry."""
 
-    def __init__(self, name: str, url: str | None = None) -> None:
+    def __init__(self, name: str, url: str | None = None, **options: Any) -> None:
         self.name = name
         self.url = url
+        self.options = options  # given to every registry on ``url``
         self.shared = name != "local"
         self.made: list[hybridlock.LockRegistry] = []
         self._store: MemoryBackend | None = None
@@ -47,7 +52,7 @@ class Backend:
         elif self.name == "local":
             registry = hybridlock.LocalLockRegistry()
         else:
-            registry = hybridlock.LockRegistry(self.url, **options)
+            registry = hybridlock.LockRegistry(self.url, **self.options, **options)
         self.made.append(registry)
         return registry
 

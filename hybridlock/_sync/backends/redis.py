@@ -14,6 +14,13 @@ Failure modes
   read them as missing (see ``scripts``), so other owners go on; a holder whose lease key went is told as above.
 * The server refuses a command (``OOM`` under ``maxmemory`` with ``noeviction``, a script error): a plain
   ``HybridLockError`` naming the operation, the key and the server; never a redis-py exception.
+* A failover (Sentinel): the client (``Sentinel.master_for``) asks the sentinels for the new master and reconnects;
+  a command that reaches the demoted master gets ``READONLY``, which redis-py turns into a dropped connection and
+  retries once on the new master. A lease the promoted replica never received is gone: its holder is told at its
+  next renewal. With replica confirmation (``confirmation``), an acquire or renewal counts only once ``WAIT``
+  says enough replicas have it; an acquire that is not confirmed is given back and raises
+  :class:`~hybridlock.ReplicationNotConfirmedError`, a renewal that is not confirmed raises it too and the lease
+  counts as not renewed.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ import redis
 import redis.exceptions
 from redis.crc import key_slot
 
+from ..._core.config import ReplicaConfirmation
 from ..._core.names import LockNames, ReadWriteNames
+from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
 from ...backends.clients import ClientFamily, client_family, library_family, server_name
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
-from .._compat import Condition
+from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError, ReplicationNotConfirmedError
+from .._compat import Condition, shielded
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .pubsub import Subscriber
 
@@ -96,11 +105,31 @@ class ScriptRunner:
     def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
         """Run ``source`` once per ``(keys, args)`` in one pipelined round trip (two if the server must first be
         sent the script); returns the replies in order."""
+        return self._pipelined(source, calls, None)
+
+    def run_confirmed(
+        self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], confirmation: ReplicaConfirmation
+    ) -> tuple[list[Any], int]:
+        """As ``run_many``, then ``WAIT replicas timeout`` in the same pipeline: on the same connection, right
+        after the scripts, so it waits for exactly their writes. Returns the replies and how many replicas
+        acknowledged them (WAIT's reply)."""
+        replies = self._pipelined(source, calls, confirmation)
+        return replies[:-1], int(replies[-1])
+
+    def _pipelined(
+        self,
+        source: str,
+        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+        confirmation: ReplicaConfirmation | None,
+    ) -> list[Any]:
         sha = self._digest(source)
         for attempt in range(2):
             pipe = self._client.pipeline(transaction=False)
             for keys, args in calls:
                 pipe.evalsha(sha, len(keys), *keys, *args)
+            if confirmation is not None:
+                # On NOSCRIPT nothing was written, so this WAIT returns at once; the retry sends its own.
+                pipe.execute_command("WAIT", confirmation.replicas, confirmation.timeout_ms)
             try:
                 return list(pipe.execute())
             except self._no_script:
@@ -126,13 +155,21 @@ _CLOSE_GRACE = 5.0
 
 class RedisBackend(LockBackend):
     """Locks in one Redis or Valkey server. ``client`` is a ``redis.Redis`` instance (or valkey-py's
-    counterpart, or a compatible one). An asyncio backend and its client serve one event loop."""
+    counterpart, or a compatible one), or the master of a Sentinel-managed service
+    (``redis.sentinel.Sentinel(...).master_for(service)``). An asyncio backend and its client serve one
+    event loop.
 
-    def __init__(self, client: Any, *, owns_client: bool = False) -> None:
+    ``confirmation``: every acquire and renewal is followed, on the same connection, by ``WAIT`` for that many
+    replicas (``LockRegistry(confirm_replicas=..., confirm_timeout=...)`` passes it)."""
+
+    def __init__(
+        self, client: Any, *, owns_client: bool = False, confirmation: ReplicaConfirmation | None = None
+    ) -> None:
         # Refuses cluster clients, and clients of the other side (asyncio vs blocking) with the one to use instead.
         self._family = client_family(client)
         self.client = client
         self.address = server_name(client, self._family)
+        self.confirmation = confirmation
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
@@ -166,13 +203,66 @@ class RedisBackend(LockBackend):
                 # or it stays open until the garbage collector finds it.
                 with contextlib.suppress(Exception):
                     self.client.connection_pool.disconnect()
+                # (and a client made from a sentinel URL asked the sentinels where the master is)
+                for sentinel in getattr(self._sentinel_manager(), "sentinels", ()):
+                    with contextlib.suppress(Exception):
+                        sentinel.connection_pool.disconnect()
+
+    def _sentinel_manager(self) -> Any:
+        """The ``Sentinel`` that finds the master for a Sentinel-managed client; None for any other client."""
+        return getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
+
+    def _run_write(
+        self, key: str | None, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[Any, int | None]:
+        """Run a script that may take or extend a lease; with replica confirmation, ``WAIT`` right after it.
+        Returns its reply and how many replicas acknowledged it (None without confirmation)."""
+        with self._translated(key, operation):
+            if self.confirmation is None:
+                return self._scripts.run(source, keys, args), None
+            (reply,), acknowledged = self._scripts.run_confirmed(source, [(keys, args)], self.confirmation)
+            return reply, acknowledged
+
+    def _confirmed(self, acknowledged: int | None) -> bool:
+        return self.confirmation is None or (acknowledged is not None and acknowledged >= self.confirmation.replicas)
+
+    def _given_back(
+        self, key: str, operation: str, acknowledged: int | None, give_back: Callable[[], Any]
+    ) -> ReplicationNotConfirmedError:
+        """An acquire the replicas did not confirm: give the lease back (shielded, best effort: a lease that could
+        not be given back lapses with its lease) and return the error to raise."""
+        try:
+            shielded(give_back)
+            back = "the lease was given back"
+        except HybridLockError:
+            back = "giving the lease back failed too; it ends with its lease"
+        return self._not_confirmed(key, operation, acknowledged, back)
+
+    def _not_confirmed(
+        self, key: str | None, operation: str, acknowledged: int | None, outcome: str
+    ) -> ReplicationNotConfirmedError:
+        assert self.confirmation is not None
+        required = self.confirmation.replicas
+        return ReplicationNotConfirmedError(
+            f"{operation} not confirmed by replicas: {acknowledged or 0} of {required} acknowledged within "
+            f"{self.confirmation.timeout:g} s (WAIT), so a failover could lose it; {outcome}",
+            key=key,
+            server=self.address,
+            acknowledged=acknowledged or 0,
+            required=required,
+        )
 
     def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
-        with self._translated(names.key, "acquire"):
-            reply = self._scripts.run(
-                scripts.ACQUIRE,
-                (names.lock, names.fence, names.queue, names.queue_until),
-                (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(queue)),
+        reply, acknowledged = self._run_write(
+            names.key,
+            "acquire",
+            scripts.ACQUIRE,
+            (names.lock, names.fence, names.queue, names.queue_until),
+            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(queue)),
+        )
+        if reply[0] and not self._confirmed(acknowledged):
+            raise self._given_back(
+                names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
             )
         if reply[0]:
             return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
@@ -188,8 +278,19 @@ class RedisBackend(LockBackend):
     ) -> AcquireManyResult:
         keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
         args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
-        with self._translated(_keys_of(names), "acquire of several locks"):
-            reply = self._scripts.run(scripts.ACQUIRE_MANY, keys, args)
+        reply, acknowledged = self._run_write(
+            _keys_of(names), "acquire of several locks", scripts.ACQUIRE_MANY, keys, args
+        )
+        if reply[0] and not self._confirmed(acknowledged):
+
+            def give_back() -> None:
+                with self._translated(_keys_of(names), "release of several locks"):
+                    self._scripts.run_many(
+                        scripts.RELEASE,
+                        [((n.lock, n.queue, n.queue_until), (owner, n.channel, "publish")) for n in names],
+                    )
+
+            raise self._given_back(_keys_of(names), "acquire of several locks", acknowledged, give_back)
         if reply[0]:
             parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
             return AcquireManyResult(True, parts)
@@ -232,6 +333,7 @@ class RedisBackend(LockBackend):
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
+        acknowledged: int | None = None
         with self._translated(_keys_of(names), "renewal"):
             # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
             # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
@@ -240,10 +342,16 @@ class RedisBackend(LockBackend):
                 for group in self._by_slot(names)
                 for i in range(0, len(group), _RENEW_CHUNK)
             ]
-            if len(chunks) == 1:
+            calls = [(chunk, (owner, lease_ms)) for chunk in chunks]
+            if self.confirmation is not None:
+                replies, acknowledged = self._scripts.run_confirmed(scripts.RENEW, calls, self.confirmation)
+            elif len(chunks) == 1:
                 replies = [self._scripts.run(scripts.RENEW, chunks[0], (owner, lease_ms))]
             else:
-                replies = self._scripts.run_many(scripts.RENEW, [(chunk, (owner, lease_ms)) for chunk in chunks])
+                replies = self._scripts.run_many(scripts.RENEW, calls)
+        if not self._confirmed(acknowledged):
+            # Not renewed as far as a failover is concerned: the replicas still have the old expiry.
+            raise self._not_confirmed(_keys_of(names), "renewal", acknowledged, "the leases count as not renewed")
         renewed: dict[str, bool] = {}
         for chunk, flags in zip(chunks, replies, strict=True):
             renewed.update(zip(chunk, (bool(flag) for flag in flags), strict=True))
@@ -269,9 +377,16 @@ class RedisBackend(LockBackend):
 
     def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
         lease_ms = self._rw_lease(names, lease_ms)
-        with self._translated(names.key, "read acquire"):
-            reply = self._scripts.run(
-                scripts.ACQUIRE_READ, (names.writer, names.readers, names.writers_waiting), (owner, lease_ms)
+        reply, acknowledged = self._run_write(
+            names.key,
+            "read acquire",
+            scripts.ACQUIRE_READ,
+            (names.writer, names.readers, names.writers_waiting),
+            (owner, lease_ms),
+        )
+        if reply[0] and not self._confirmed(acknowledged):
+            raise self._given_back(
+                names.key, "read acquire", acknowledged, lambda: self.release_read(names, owner)
             )
         return _rw_result(reply)
 
@@ -279,11 +394,16 @@ class RedisBackend(LockBackend):
         self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
     ) -> AcquireResult:
         lease_ms = self._rw_lease(names, lease_ms)
-        with self._translated(names.key, "write acquire"):
-            reply = self._scripts.run(
-                scripts.ACQUIRE_WRITE,
-                (names.writer, names.readers, names.writers_waiting, names.fence),
-                (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(wait)),
+        reply, acknowledged = self._run_write(
+            names.key,
+            "write acquire",
+            scripts.ACQUIRE_WRITE,
+            (names.writer, names.readers, names.writers_waiting, names.fence),
+            (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(wait)),
+        )
+        if reply[0] and not self._confirmed(acknowledged):
+            raise self._given_back(
+                names.key, "write acquire", acknowledged, lambda: self.release_write(names, owner)
             )
         return _rw_result(reply)
 
@@ -344,6 +464,11 @@ class RedisBackend(LockBackend):
                 self._idle.wait_for(lambda: not self._in_flight, _CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 self.client.close()
+            # A client made from a sentinel URL also holds connections to the sentinels.
+            manager = self._sentinel_manager()
+            if manager is not None and hasattr(manager, "close"):
+                with contextlib.suppress(Exception):
+                    manager.close()
 
 
 def _keys_of(names: Sequence[LockNames]) -> str:
@@ -362,10 +487,37 @@ def _rw_result(reply: Sequence[Any]) -> AcquireResult:
 def redis_client_from_url(url: str) -> redis.Redis:
     """A client for ``url`` with hybridlock's defaults: 5 s timeouts, and one immediate retry on a broken
     connection only (it reconnects a pooled connection the server dropped). A *timeout* is not retried, so an
-    unresponsive server costs one socket timeout, not several. Making it does no I/O."""
+    unresponsive server costs one socket timeout, not several. Making it does no I/O.
+
+    ``redis+sentinel://`` and ``rediss+sentinel://`` URLs (see ``hybridlock._core.urls``) give the master of a
+    Sentinel-managed service, with the same defaults for the sentinels; ``InvalidArgumentError`` (a
+    ``ValueError``) for a malformed one."""
     # Spelled so that the imports stay sorted on both sides (redis.retry becomes redis.retry).
     from redis import retry as retries
     from redis.backoff import NoBackoff
 
     retry = retries.Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    if is_sentinel_url(url):
+        return _sentinel_master(parse_sentinel_url(url), retry)
     return redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, retry=retry)
+
+
+def _sentinel_master(url: SentinelURL, retry: Any) -> redis.Redis:
+    """The master of ``url.service``, found through ``url.sentinels``: a client that asks the sentinels where the
+    master is whenever it (re)connects, so it follows a failover. Owned by the backend, which closes the sentinel
+    connections too."""
+    from redis.sentinel import Sentinel
+
+    timeouts: dict[str, Any] = {"socket_timeout": 5.0, "socket_connect_timeout": 5.0}
+    tls: dict[str, Any] = {"ssl": True} if url.tls else {}
+    sentinel_login = {"username": url.sentinel_username, "password": url.sentinel_password}
+    manager = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
+        list(url.sentinels),
+        sentinel_kwargs={**timeouts, **tls, "retry": retry, **{k: v for k, v in sentinel_login.items() if v}},
+        **timeouts,
+        retry=retry,
+    )
+    login = {"username": url.username, "password": url.password}
+    master_kwargs: dict[str, Any] = {"db": url.db, **tls, **{k: v for k, v in login.items() if v}}
+    client: redis.Redis = manager.master_for(url.service, **master_kwargs)  # type: ignore[no-untyped-call,unused-ignore]
+    return client

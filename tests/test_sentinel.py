@@ -1,0 +1,254 @@
+"""A Sentinel-managed master: sentinel URLs, the service named in every message, clients given directly, replica
+clients refused, and replica confirmation (``confirm_replicas``) against real replicas that stop answering.
+
+Failovers are in ``test_sentinel_failover.py``; the lock contract over the service is in ``tests/_async`` (and
+``tests/_sync``), backends ``sentinel`` and ``sentinel-confirmed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio.sentinel
+import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import hybridlock
+from hybridlock._core.urls import parse_sentinel_url
+from hybridlock.testing.sentinel import SentinelService
+
+SERVICE = "hybridlock-test"
+NAME = f"sentinel://{SERVICE}/0"
+
+
+# -- URLs (no server) ------------------------------------------------------------------------------------------------
+
+
+def test_a_sentinel_url_names_sentinels_service_db_and_logins() -> None:
+    url = parse_sentinel_url("redis+sentinel://app:s3cret@h1:26380,h2,[::1]:26381/orders/3?sentinel_password=pw")
+    assert url.sentinels == (("h1", 26380), ("h2", 26379), ("::1", 26381))
+    assert (url.service, url.db, url.username) == ("orders", 3, "app")
+    assert (url.password, url.sentinel_password) == ("s3cret", "pw")
+    assert not url.tls
+    assert "s3cret" not in repr(url)
+    assert "pw'" not in repr(url)
+    assert parse_sentinel_url("rediss+sentinel://h/svc?db=2").db == 2
+    assert parse_sentinel_url("rediss+sentinel://h/svc").tls
+    assert parse_sentinel_url("redis+sentinel://:only@h/svc").password == "only"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://h1,h2", "service name"),
+        ("redis+sentinel:///svc", "sentinel host"),
+        ("redis+sentinel://h/svc/x", "db must be"),
+        ("redis+sentinel://h/svc/1?db=1", "not both"),
+        ("redis+sentinel://h:99999/svc", "port"),
+        ("redis+sentinel://h/svc?sentinel_pasword=x", "unknown sentinel URL option"),
+        ("redis+sentinel://h/a/1/2", "path"),
+    ],
+)
+def test_a_bad_sentinel_url_is_refused_saying_why_without_its_password(url: str, says: str) -> None:
+    url = url.replace("://", "://user:hunter22@", 1)
+    with pytest.raises(hybridlock.InvalidArgumentError, match=says) as caught:
+        hybridlock.LockRegistry(url)
+    assert "hunter22" not in str(caught.value)
+
+
+def test_confirm_options_are_checked() -> None:
+    backend = hybridlock.backends.MemoryBackend()
+    with pytest.raises(hybridlock.InvalidArgumentError, match="confirm_replicas"):
+        hybridlock.LockRegistry(backend, confirm_replicas=-1)
+    with pytest.raises(hybridlock.InvalidArgumentError, match="renewal period"):
+        hybridlock.LockRegistry("redis://127.0.0.1:1/0", expire_after=3, confirm_replicas=1, confirm_timeout=1.0)
+    with pytest.raises(hybridlock.InvalidArgumentError, match="not a backend"):
+        hybridlock.LockRegistry(backend, confirm_replicas=1)
+    registry = hybridlock.LockRegistry("redis://127.0.0.1:1/0", expire_after=0.6, confirm_replicas=1)
+    try:  # the default timeout fits the renewal period of a short lease
+        assert registry.backend.confirmation is not None  # type: ignore[attr-defined]
+        assert registry.backend.confirmation.timeout == pytest.approx(0.1)  # type: ignore[attr-defined]
+    finally:
+        registry.close()
+
+
+def test_a_replica_client_is_refused() -> None:
+    manager = redis.sentinel.Sentinel([("127.0.0.1", 1)])
+    with pytest.raises(hybridlock.InvalidArgumentError, match=f"sentinel://{SERVICE}.*slave_for"):
+        hybridlock.LockRegistry(manager.slave_for(SERVICE))
+
+
+# -- the service named -----------------------------------------------------------------------------------------------
+
+
+def _client_kwargs() -> dict[str, object]:
+    return {"socket_timeout": 5, "socket_connect_timeout": 5, "retry": Retry(NoBackoff(), 1)}
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+def test_every_message_names_the_service(sentinel_url: str) -> None:
+    with hybridlock.LockRegistry(sentinel_url, expire_after=5) as a, hybridlock.LockRegistry(sentinel_url) as b:
+        assert a.server == b.server == NAME
+        assert NAME in repr(a)
+        lock = a.obtain("orders:1")
+        assert lock.acquire(timeout=5)
+        with pytest.raises(hybridlock.LockNotOwnedError) as not_owned:
+            b.obtain("orders:1").release()
+        assert NAME in str(not_owned.value)
+        assert not_owned.value.server == NAME
+        assert not b.obtain("orders:1").acquire(blocking=False)
+        lock.release()
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+def test_a_master_for_client_works_and_is_named(sentinel_service: SentinelService, sentinel_url: str) -> None:
+    manager = redis.sentinel.Sentinel(sentinel_service.sentinel_addresses, **_client_kwargs())  # type: ignore[no-untyped-call]
+    client = manager.master_for(SERVICE, **_client_kwargs())  # type: ignore[no-untyped-call]
+    try:
+        with hybridlock.LockRegistry(client, expire_after=5) as registry:
+            assert registry.server == NAME
+            with registry.obtain("k") as lock:
+                assert lock.fencing_token is not None
+                with sentinel_service.node_client(sentinel_service.master()) as master:
+                    assert master.get("hybridlock:{k}") == registry.client_id
+    finally:
+        client.close()
+        manager.close()
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+async def test_an_asyncio_master_for_client_works_and_is_named(
+    sentinel_service: SentinelService, sentinel_url: str
+) -> None:
+    manager = redis.asyncio.sentinel.Sentinel(sentinel_service.sentinel_addresses, socket_timeout=5)
+    client = manager.master_for(SERVICE, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        async with hybridlock.AsyncLockRegistry(client, expire_after=5) as registry:
+            assert registry.server == NAME
+            other = hybridlock.AsyncLockRegistry(sentinel_url)
+            async with registry.obtain("k"):
+                assert not await other.obtain("k").acquire(blocking=False)
+            assert await other.obtain("k").acquire(timeout=5)
+            await other.obtain("k").release()
+            await other.aclose()
+    finally:
+        await client.aclose()
+        await manager.aclose()
+
+
+# -- replica confirmation ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def replicas_stopped(service: SentinelService) -> Iterator[None]:
+    """Both replicas frozen (SIGSTOP): WAIT counts none of them. Resumed, and the service settled, afterwards."""
+    replicas = service.replicas()
+    for replica in replicas:
+        replica.pause()
+    try:
+        yield
+    finally:
+        for replica in replicas:
+            replica.resume()
+        service.wait_healthy()
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+def test_a_confirmed_acquire_fails_clearly_and_gives_the_lease_back_without_replicas(
+    sentinel_service: SentinelService, sentinel_url: str
+) -> None:
+    options = {"expire_after": 5.0, "confirm_replicas": 2, "confirm_timeout": 0.2}
+    with hybridlock.LockRegistry(sentinel_url, **options) as registry:  # type: ignore[arg-type]
+        lock = registry.obtain("orders:7")
+        with lock:  # both replicas up: confirmed
+            assert lock.fencing_token is not None
+        with replicas_stopped(sentinel_service):
+            started = time.monotonic()
+            with pytest.raises(hybridlock.ReplicationNotConfirmedError) as caught:
+                lock.acquire(timeout=5)
+            assert time.monotonic() - started < 3  # one WAIT timeout, not the acquire's whole timeout
+            error = caught.value
+            assert isinstance(error, hybridlock.BackendUnavailableError)
+            assert (error.key, error.server, error.acknowledged, error.required) == ("orders:7", NAME, 0, 2)
+            assert "0 of 2" in str(error)
+            assert "given back" in str(error)
+            assert NAME in str(error)
+            assert not lock.is_held_by_current_thread()
+            with sentinel_service.node_client(sentinel_service.master()) as master:
+                assert master.exists("hybridlock:{orders:7}") == 0  # given back in the server too
+            # Every kind refuses the same way.
+            with pytest.raises(hybridlock.ReplicationNotConfirmedError):
+                registry.obtain_read_write("catalog").read_lock().acquire(timeout=1)
+            with pytest.raises(hybridlock.ReplicationNotConfirmedError):
+                registry.obtain_read_write("catalog").write_lock().acquire(timeout=1)
+            with pytest.raises(hybridlock.ReplicationNotConfirmedError):
+                registry.obtain_many(["a", "b"]).acquire(timeout=1)
+        with lock:  # replicas back: confirmed again
+            pass
+        # One replica is enough when one is asked for.
+    with hybridlock.LockRegistry(sentinel_url, expire_after=5.0, confirm_replicas=1) as registry:
+        replica = sentinel_service.replicas()[0]
+        replica.pause()
+        try:
+            with registry.obtain("orders:8"):
+                pass
+        finally:
+            replica.resume()
+            sentinel_service.wait_healthy()
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+def test_an_unconfirmed_renewal_does_not_extend_the_lease_and_the_holder_is_told(
+    sentinel_service: SentinelService, sentinel_url: str
+) -> None:
+    lost = threading.Event()
+    with hybridlock.LockRegistry(sentinel_url, expire_after=1.5, confirm_replicas=2, confirm_timeout=0.1) as registry:
+        lock = registry.obtain("orders:9")
+        lock.on_lost(lambda _lock: lost.set())
+        assert lock.acquire(timeout=5)
+        try:
+            lock.renew()  # confirmed: fine
+            with replicas_stopped(sentinel_service):
+                before = lock.valid_until
+                with pytest.raises(hybridlock.ReplicationNotConfirmedError, match="renewal not confirmed"):
+                    lock.renew()
+                assert lock.valid_until == before  # not extended
+                # The renewer's rounds are not confirmed either: the lease is reported lost when it runs out.
+                assert lost.wait(5), "the holder was not told"
+                assert lock.lost
+        finally:
+            with pytest.raises(hybridlock.LockLostError):
+                lock.release()
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+async def test_asyncio_confirmed_acquire_without_replicas(sentinel_service: SentinelService, sentinel_url: str) -> None:
+    async with hybridlock.AsyncLockRegistry(sentinel_url, confirm_replicas=2, confirm_timeout=0.2) as registry:
+        lock = registry.obtain("orders:10")
+        async with lock:
+            pass
+        replicas = sentinel_service.replicas()
+        for replica in replicas:
+            replica.pause()
+        try:
+            with pytest.raises(hybridlock.ReplicationNotConfirmedError, match="given back"):
+                await lock.acquire(timeout=5)
+        finally:
+            for replica in replicas:
+                replica.resume()
+        await asyncio.to_thread(sentinel_service.wait_healthy)
+        assert await lock.acquire(timeout=5)
+        await lock.release()
