@@ -2,7 +2,8 @@
 
 The getting-started guide promises that its Python blocks, run in order, are one working program. This test runs
 exactly that program, extracted from the page, in a fresh interpreter against a real server the suite starts
-(the program reads the server's URL from ``REDIS_URL``). The site itself is built by ``.ci/run`` with
+(the program reads the server's URL from ``REDIS_URL``). The migration guide's hybridlock examples run too, each
+with a client, a URL and a ``ship`` function given. The site itself is built by ``.ci/run`` with
 ``mkdocs build --strict``, which fails on broken links and references; that needs the ``docs`` extra, so it is not
 a test.
 """
@@ -13,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,48 @@ def test_the_getting_started_examples_run_as_one_program(
     )
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "holding orders:42 with fencing token" in run.stdout
+
+
+# A tab of the migration guide: `=== "hybridlock"`, then its indented ```python block.
+_HYBRIDLOCK_TAB = re.compile(r'^=== "hybridlock"\n\n    ```python\n(.*?)^    ```', re.MULTILINE | re.DOTALL)
+
+# What the migration examples take as given: a client, a URL, and the work to do under the lock.
+_MIGRATION_PRELUDE = """
+import hybridlock
+import redis
+
+url = os.environ["REDIS_URL"]
+client = redis.Redis.from_url(url)
+shipped = []
+
+
+def ship(order_id):
+    shipped.append(order_id)
+"""
+
+
+def test_the_migration_guide_has_a_hybridlock_example_per_library() -> None:
+    assert len(_HYBRIDLOCK_TAB.findall((DOCS / "migrating.md").read_text(encoding="utf-8"))) == 4
+
+
+@pytest.mark.server
+def test_the_migration_guides_hybridlock_examples_run(server: EmbeddedServer, redis_client: object) -> None:
+    tabs = _HYBRIDLOCK_TAB.findall((DOCS / "migrating.md").read_text(encoding="utf-8"))
+    program = "import os\n" + _MIGRATION_PRELUDE
+    for number, tab in enumerate(tabs):
+        # Each example runs in a namespace of its own, as the separate programs they stand for.
+        program += (
+            f"\nbefore = len(shipped)\n"
+            f"exec(compile({textwrap.dedent(tab)!r}, 'migrating example {number}', 'exec'), dict(globals()))\n"
+            f"assert len(shipped) > before, 'example {number} shipped nothing'\n"
+        )
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
 
 
 def _acl_block(text: str) -> str:

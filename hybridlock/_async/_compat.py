@@ -219,7 +219,7 @@ class _Ticket:
 
 @final
 class AsyncFifoMutex:
-    """A non-reentrant mutex for the tasks of one event loop, with FIFO hand-off: ``hybridlock._local.FifoMutex``
+    """A non-reentrant mutex for the tasks of one event loop, with FIFO hand-off: the thread side's ``FifoMutex``
     for asyncio, with the same methods (only ``acquire`` is a coroutine).
 
     ``release()`` hands the mutex straight to the longest-waiting task; ``pass_on()`` may instead leave it free for

@@ -12,7 +12,7 @@ What the registry keeps:
 * strong references to held locks, by server key (a held lock never disappears, and is never duplicated);
 * background threads, none per lock or per wait: the lease renewer and (in the Redis backend) the pub/sub
   listener, plus the retention reaper when ``retain_for`` is used, and the wait keeper
-  (``hybridlock._wait_keeper``) while some thread of the registry waits in the server. Each starts when there is
+  (``wait_keeper.py``) while some thread of the registry waits in the server. Each starts when there is
   something to do (a lease to renew, a channel to listen on, a lease retained, a place in a server queue to
   keep), stops a fraction of a second after there is nothing left, and starts again on demand; ``close()``
   stops them all. A program that holds no lock and waits for none has no hybridlock thread running.

@@ -97,8 +97,8 @@ def client_family(client: Any) -> ClientFamily:
         family = library_family(library)
         if isinstance(client, family.asyncio_clients):
             raise InvalidArgumentError(
-                f"{type(client).__module__}.{type(client).__name__} is an asyncio client; hybridlock's asyncio API "
-                f"(AsyncLockRegistry) is planned; use a {library}.{family.client.__name__} here"
+                f"{type(client).__module__}.{type(client).__name__} is an asyncio client: pass it to "
+                f"hybridlock.AsyncLockRegistry, or give this registry a {library}.{family.client.__name__}"
             )
         if isinstance(client, family.cluster_clients):
             raise InvalidArgumentError(
