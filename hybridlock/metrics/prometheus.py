@@ -49,17 +49,9 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from .._core.events import AcquireEvent, LockObserver, LossEvent, ReleaseEvent, RenewalEvent
+from ._buckets import ACQUIRE_BUCKETS, HOLD_BUCKETS
 
 __all__ = ["ACQUIRE_BUCKETS", "HOLD_BUCKETS", "PrometheusObserver"]
-
-#: Seconds: from a local hand-off (microseconds) and one round trip (a fraction of a millisecond) to long waits.
-ACQUIRE_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-)  # fmt: skip
-#: Seconds: holds range from microseconds (a counter update) to minutes (a batch job).
-HOLD_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
-)  # fmt: skip
 
 
 class PrometheusObserver(LockObserver):
