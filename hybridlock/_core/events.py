@@ -105,8 +105,10 @@ class ReleaseEvent:
 class RenewalEvent:
     """One renewal round of the registry's renewer (the leases it asked the server to extend, in one call).
 
-    ``renewed`` leases were extended, ``lost`` were found gone or another owner's. A round that failed as a whole
-    (the server out of reach) has ``error`` set and ``renewed == lost == 0``; the renewer retries it."""
+    ``renewed`` leases were extended, ``lost`` were found gone or another owner's (one whose holder was giving it
+    back as the round ran counts here too, but is no loss: ``LossEvent`` is the count of losses). A round that
+    failed as a whole (the server out of reach) has ``error`` set and ``renewed == lost == 0``; the renewer retries
+    it."""
 
     registry_key: str
     leases: int
