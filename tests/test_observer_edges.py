@@ -78,3 +78,15 @@ def test_a_cancelled_acquire_and_a_cancelled_holder_are_reported(
     assert cancelled.duration > 0.15
     assert (acquired.outcome, acquired.via) == ("acquired", "server")
     assert isinstance(recorder.events[2], ReleaseEvent)
+
+
+def test_what_counts_as_a_handoff() -> None:
+    def event(kind: str, outcome: str, via: str | None, attempts: int) -> AcquireEvent:
+        return AcquireEvent("r", "k", kind, outcome, via, 0.1, 0.05, 0.05, attempts)  # type: ignore[arg-type]
+
+    assert event("lock", "acquired", "local", 0).handoff == "local"
+    assert event("write", "acquired", "server", 3).handoff == "remote"
+    assert event("multi", "acquired", "server", 1).handoff is None  # free at once
+    assert event("read", "acquired", "local", 0).handoff is None  # joined this process's read hold
+    assert event("read", "acquired", "server", 2).handoff == "remote"
+    assert event("lock", "timed_out", None, 4).handoff is None
