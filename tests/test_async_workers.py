@@ -121,6 +121,7 @@ class FakeContext:
         self.backend = FakeBackend()
         self.client_id = "me"
         self.server = "fake"
+        self.observer = None  # (LockContext's instrumentation hook: none here)
 
 
 class FakeRetainedLock:

@@ -36,6 +36,9 @@ class ServerLease:
         # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
         # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
         self._retained_until: float | None = None
+        # When each holder's observed acquire returned (only with a registry observer; see observing.py). Set here,
+        # not on first use: an attribute added after __init__ slows every attribute access on the object.
+        self._observed_hold_starts: dict[object, float] | None = None
 
     @property
     def key(self) -> str:
@@ -89,6 +92,7 @@ class ServerLease:
 
     def _forget_lease_after_fork(self) -> None:
         # The child holds none of its parent's leases.
+        self._observed_hold_starts = None
         self._in_server = False
         self._giving_back = False
         self._retained_until = None

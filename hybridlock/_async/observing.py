@@ -99,8 +99,10 @@ async def observe_release(
 
 
 def _hold_starts(lock: Any) -> dict[object, float]:
-    """When each holder's observed acquire returned, kept on the lock itself (created at its first observed
-    acquire, so a lock in a registry without an observer carries nothing). ``setdefault`` is atomic in CPython:
-    two readers entering at once get the same table."""
-    starts: dict[object, float] = lock.__dict__.setdefault("_observed_hold_starts", {})
+    """When each holder's observed acquire returned: a table on the lock (``_observed_hold_starts``, None until its
+    first observed acquire, so a lock of a registry without an observer carries nothing). Two threads creating it
+    at once may lose one entry: that release then reports ``held_for=None``."""
+    starts: dict[object, float] | None = lock._observed_hold_starts
+    if starts is None:
+        starts = lock._observed_hold_starts = {}
     return starts

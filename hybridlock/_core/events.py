@@ -76,12 +76,13 @@ class AcquireEvent:
 
     @property
     def handoff(self) -> Literal["local", "remote"] | None:
-        """``"local"``: handed over by a thread of this process with the lease kept; ``"remote"``: taken in the
-        server after waiting for another owner to let go; None otherwise (free at once, or not acquired)."""
+        """``"local"``: handed over by a thread of this process with the lease kept (or a retained lease reused);
+        ``"remote"``: taken in the server after waiting for another owner to let go; None otherwise (free at once,
+        not acquired, or a reader joining this process's read hold: shared, not handed over)."""
         if self.outcome != "acquired":
             return None
         if self.via == "local":
-            return "local"
+            return None if self.kind == "read" else "local"
         return "remote" if self.server_attempts > 1 else None
 
 
@@ -105,8 +106,10 @@ class ReleaseEvent:
 class RenewalEvent:
     """One renewal round of the registry's renewer (the leases it asked the server to extend, in one call).
 
-    ``renewed`` leases were extended, ``lost`` were found gone or another owner's. A round that failed as a whole
-    (the server out of reach) has ``error`` set and ``renewed == lost == 0``; the renewer retries it."""
+    ``renewed`` leases were extended, ``lost`` were found gone or another owner's (one whose holder was giving it
+    back as the round ran counts here too, but is no loss: ``LossEvent`` is the count of losses). A round that
+    failed as a whole (the server out of reach) has ``error`` set and ``renewed == lost == 0``; the renewer retries
+    it."""
 
     registry_key: str
     leases: int

@@ -42,6 +42,7 @@ class MultiLock(JavaStyleLock):
         self._locks: list[HybridLock] = sorted(locks, key=lambda lock: lock._names.lock)
         self._context = context
         self._atomic: bool | None = None  # whether the backend takes all keys in one step (asked at first use)
+        self._observed_hold_starts: dict[object, float] | None = None  # (see ServerLease)
 
     @property
     def keys(self) -> list[str]:

@@ -1,6 +1,8 @@
 """Metrics and events: the instrumentation hook every registry takes (``observer=``), with no dependency.
 
-    class Counting(hybridlock.metrics.LockObserver):
+    from hybridlock.metrics import LockObserver
+
+    class Counting(LockObserver):
         def on_acquire(self, event):
             if event.outcome == "timed_out":
                 timeouts[event.key] += 1

@@ -44,21 +44,14 @@ unbounded (``order:1``, ``order:2``, ...) and every distinct label value is a ti
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from .._core.events import AcquireEvent, LockObserver, LossEvent, ReleaseEvent, RenewalEvent
+from ._buckets import ACQUIRE_BUCKETS, HOLD_BUCKETS
 
 __all__ = ["ACQUIRE_BUCKETS", "HOLD_BUCKETS", "PrometheusObserver"]
-
-#: Seconds: from a local hand-off (microseconds) and one round trip (a fraction of a millisecond) to long waits.
-ACQUIRE_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-)  # fmt: skip
-#: Seconds: holds range from microseconds (a counter update) to minutes (a batch job).
-HOLD_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
-)  # fmt: skip
 
 
 class PrometheusObserver(LockObserver):
@@ -79,6 +72,9 @@ class PrometheusObserver(LockObserver):
         hold_buckets: Sequence[float] = HOLD_BUCKETS,
     ) -> None:
         self._key_label = key_label
+        # (metric, label values) -> the metric's child for them: ``labels()`` costs a lock and some microseconds per
+        # call, a dict lookup far less, and every event needs several. (It grows as the series do, no more.)
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         per_lock = ("registry_key", "kind", *(("key",) if key_label else ()))
         ns = namespace
 
@@ -124,6 +120,12 @@ class PrometheusObserver(LockObserver):
             ("registry_key", "operation", "error", *(("key",) if key_label else ())),
         )  # fmt: skip
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[metric, labels] = metric.labels(*labels)
+        return child
+
     def _lock_labels(self, registry_key: str, kind: str, key: str) -> tuple[str, ...]:
         return (registry_key, kind, key) if self._key_label else (registry_key, kind)
 
@@ -131,35 +133,36 @@ class PrometheusObserver(LockObserver):
         labels: tuple[str, ...] = (registry_key, operation, type(error).__name__)
         if self._key_label:
             labels += (key or "",)
-        self.errors.labels(*labels).inc()
+        self._child(self.errors, *labels).inc()
 
     def on_acquire(self, event: AcquireEvent) -> None:
         labels = self._lock_labels(event.registry_key, event.kind, event.key)
-        self.acquires.labels(*labels, event.outcome).inc()
-        self.acquire_duration.labels(*labels, event.outcome).observe(event.duration)
+        self._child(self.acquires, *labels, event.outcome).inc()
+        self._child(self.acquire_duration, *labels, event.outcome).observe(event.duration)
         if event.outcome in ("acquired", "timed_out"):
-            self.acquire_wait.labels(*labels, "local").observe(event.local_wait)
-            self.acquire_wait.labels(*labels, "remote").observe(event.remote_wait)
+            self._child(self.acquire_wait, *labels, "local").observe(event.local_wait)
+            self._child(self.acquire_wait, *labels, "remote").observe(event.remote_wait)
         handoff = event.handoff
         if handoff is not None:
-            self.handoffs.labels(*labels, handoff).inc()
+            self._child(self.handoffs, *labels, handoff).inc()
         if event.outcome == "error" and event.error is not None:
             self._error(event.registry_key, "acquire", event.error, event.key)
 
     def on_release(self, event: ReleaseEvent) -> None:
         labels = self._lock_labels(event.registry_key, event.kind, event.key)
-        self.releases.labels(*labels, event.outcome).inc()
+        self._child(self.releases, *labels, event.outcome).inc()
         if event.held_for is not None:
-            self.hold_duration.labels(*labels).observe(event.held_for)
+            self._child(self.hold_duration, *labels).observe(event.held_for)
         if event.outcome in ("lost", "error") and event.error is not None:
             self._error(event.registry_key, "release", event.error, event.key)
 
     def on_renewal(self, event: RenewalEvent) -> None:
-        self.renewal_rounds.labels(event.registry_key, "failed" if event.error is not None else "ok").inc()
-        self.renewed_leases.labels(event.registry_key).inc(event.renewed)
-        self.renewal_duration.labels(event.registry_key).observe(event.duration)
+        outcome = "failed" if event.error is not None else "ok"
+        self._child(self.renewal_rounds, event.registry_key, outcome).inc()
+        self._child(self.renewed_leases, event.registry_key).inc(event.renewed)
+        self._child(self.renewal_duration, event.registry_key).observe(event.duration)
         if event.error is not None:
             self._error(event.registry_key, "renewal", event.error, None)
 
     def on_loss(self, event: LossEvent) -> None:
-        self.losses.labels(*self._lock_labels(event.registry_key, event.kind, event.key)).inc()
+        self._child(self.losses, *self._lock_labels(event.registry_key, event.kind, event.key)).inc()
