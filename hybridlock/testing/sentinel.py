@@ -243,15 +243,20 @@ class SentinelService:
             time.sleep(0.1)
 
     def wait_new_master(self, old_port: int, timeout: float = 30.0) -> int:
-        """Wait until every sentinel names a master other than ``old_port`` and it answers as a master."""
+        """Wait until every sentinel has switched to a master other than ``old_port`` (``SENTINEL MASTER``, which is
+        what clients ask, not ``GET-MASTER-ADDR-BY-NAME``, which names the promoted replica mid-failover), is no
+        longer failing over, and that master answers as one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ports = set()
             for _host, port in self.sentinel_addresses:
                 with contextlib.suppress(redis.RedisError), _client(port) as client:
-                    address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
-                    ports.add(int(address[1]))
-            if len(ports) == 1 and old_port not in ports:
+                    state = _pairs(client.execute_command("SENTINEL", "MASTER", self.service))
+                    if "failover_in_progress" not in state.get("flags", ""):
+                        ports.add(int(state["port"]))
+                    else:
+                        ports.add(-1)
+            if len(ports) == 1 and old_port not in ports and -1 not in ports:
                 (new_port,) = ports
                 with contextlib.suppress(redis.RedisError), _client(new_port) as client:
                     if client.info("replication").get("role") == "master":

@@ -93,8 +93,15 @@ class ScriptRunner:
 
     def __init__(self, client: Any, family: ClientFamily | None = None) -> None:
         self._client = client
-        self._no_script = (family or client_family(client)).no_script
+        family = family or client_family(client)
+        self._no_script = family.no_script
         self._sha: dict[str, str] = {}
+        # After a failover, redis-py (5 to 8) retries a command that failed on the old master (READONLY from a
+        # demoted one, refused by a dead one) on a connection to the *same* address: only a connection taken anew
+        # from the pool asks the sentinels where the master is now. So for a Sentinel-managed client, one more
+        # attempt when the connection failed outright; never after a timeout, which would double the wait.
+        managed = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None) is not None
+        self._failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
 
     def _digest(self, source: str) -> str:
         sha = self._sha.get(source)
@@ -122,6 +129,17 @@ class ScriptRunner:
         calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
         confirmation: ReplicaConfirmation | None,
     ) -> list[Any]:
+        try:
+            return self._pipelined_once(source, calls, confirmation)
+        except self._failed_over:
+            return self._pipelined_once(source, calls, confirmation)
+
+    def _pipelined_once(
+        self,
+        source: str,
+        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+        confirmation: ReplicaConfirmation | None,
+    ) -> list[Any]:
         sha = self._digest(source)
         for attempt in range(2):
             pipe = self._client.pipeline(transaction=False)
@@ -139,6 +157,12 @@ class ScriptRunner:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self._run_once(source, keys, args)
+        except self._failed_over:
+            return self._run_once(source, keys, args)
+
+    def _run_once(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         sha = self._digest(source)
         try:
             return self._client.evalsha(sha, len(keys), *keys, *args)
