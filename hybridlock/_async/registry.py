@@ -50,8 +50,10 @@ T = TypeVar("T")
 class AsyncLockRegistry:
     """Hands out one :class:`AsyncHybridLock` per key, all sharing this registry's server connection and identity.
 
-    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client, a ``redis://`` / ``rediss://`` / ``unix://``
-    URL, or a :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
+    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client (a Sentinel-managed master from
+    ``Sentinel(...).master_for(service)`` too), a ``redis://`` / ``rediss://`` / ``unix://`` URL, a
+    ``redis+sentinel://host:port,.../service[/db]`` URL (see ``hybridlock._core.urls``), or a
+    :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
     (``InvalidArgumentError``): an asyncio API is planned, and so is cluster support. ``registry_key`` prefixes
     every server key (it must not contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond
     precision), at least ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost
@@ -75,6 +77,13 @@ class AsyncLockRegistry:
     streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
     at most this long; then that thread is handed the lock. Threads that are waiting are always served in arrival
     order. 0 makes every local hand-off strictly first come, first served.
+
+    ``confirm_replicas`` (default 0: off) makes every acquire and renewal count only once that many replicas
+    acknowledged it (``WAIT``, sent on the same connection right after the script), waiting at most
+    ``confirm_timeout`` seconds (default: 0.5 s or ``expire_after / 6``, whichever is shorter; it must be shorter than
+    ``expire_after / 3``). An acquire not confirmed is given back and raises ``ReplicationNotConfirmedError``; a
+    renewal not confirmed does not extend the lease, which is reported lost if none is confirmed before it ends.
+    For a master with replicas, typically Sentinel-managed (``redis+sentinel://`` URLs, ``Sentinel.master_for``).
 
     ``retain_for`` (seconds, default 0: off) keeps the server lease after the last local release, idle, so a thread
     here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
