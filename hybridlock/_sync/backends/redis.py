@@ -14,13 +14,14 @@ Failure modes
   read them as missing (see ``scripts``), so other owners go on; a holder whose lease key went is told as above.
 * The server refuses a command (``OOM`` under ``maxmemory`` with ``noeviction``, a script error): a plain
   ``HybridLockError`` naming the operation, the key and the server; never a redis-py exception.
-* A failover (Sentinel): the client (``Sentinel.master_for``) asks the sentinels for the new master and reconnects;
-  a command that reaches the demoted master gets ``READONLY``, which redis-py turns into a dropped connection and
-  retries once on the new master. A lease the promoted replica never received is gone: its holder is told at its
-  next renewal. With replica confirmation (``confirmation``), an acquire or renewal counts only once ``WAIT``
-  says enough replicas have it; an acquire that is not confirmed is given back and raises
-  :class:`~hybridlock.ReplicationNotConfirmedError`, a renewal that is not confirmed raises it too and the lease
-  counts as not renewed.
+* A failover (Sentinel): a ``Sentinel.master_for`` client asks the sentinels where the master is whenever it makes
+  a connection. A command on a connection to the old master fails (``READONLY`` from a demoted one, which redis-py
+  reports as a dropped connection; refused by a dead one), and redis-py's own retry reconnects to the same
+  address, so ``ScriptRunner`` tries once more, on a connection that asks the sentinels. A lease the promoted
+  replica never received is gone: its holder is told at its next renewal. With replica confirmation
+  (``confirmation``), an acquire or renewal counts only once ``WAIT`` says enough replicas have it; an acquire
+  that is not confirmed is given back and raises :class:`~hybridlock.ReplicationNotConfirmedError`, a renewal
+  that is not confirmed raises it too and the lease counts as not renewed.
 """
 
 from __future__ import annotations
