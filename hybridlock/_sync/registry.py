@@ -85,6 +85,8 @@ class LockRegistry:
     ``expire_after / 3``). An acquire not confirmed is given back and raises ``ReplicationNotConfirmedError``; a
     renewal not confirmed does not extend the lease, which is reported lost if none is confirmed before it ends.
     For a master with replicas, typically Sentinel-managed (``redis+sentinel://`` URLs, ``Sentinel.master_for``).
+    ``confirm_fsync=True`` asks for more: ``WAITAOF``, the write fsynced to the append-only file of the master and of
+    ``confirm_replicas`` replicas (servers with ``appendonly yes`` and ``WAITAOF``: Redis 7.2+, Valkey).
 
     ``retain_for`` (seconds, default 0: off) keeps the server lease after the last local release, idle, so a thread
     here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
@@ -108,6 +110,7 @@ class LockRegistry:
         retain_for: float = 0.0,
         confirm_replicas: int = 0,
         confirm_timeout: float | None = None,
+        confirm_fsync: bool = False,
     ) -> None:
         self._setup(
             RegistryConfig.checked(
@@ -122,6 +125,7 @@ class LockRegistry:
                 retain_for=retain_for,
                 confirm_replicas=confirm_replicas,
                 confirm_timeout=confirm_timeout,
+                confirm_fsync=confirm_fsync,
             ),
             connection,
         )
