@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ class Counts:
     told_lost: int = 0  # LockLostError at release
     unavailable: int = 0  # BackendUnavailableError from acquire (not confirmation)
     not_confirmed: int = 0  # ReplicationNotConfirmedError from acquire
+    release_unavailable: int = 0  # BackendUnavailableError from release (the master was down)
     other_errors: int = 0
     other_kinds: dict[str, int] = field(default_factory=dict)
     guard: threading.Lock = field(default_factory=threading.Lock)
@@ -119,6 +121,8 @@ def worker(url: str, options: dict[str, Any], keys: list[str], stop: threading.E
                 lock.release()
             except hybridlock.LockLostError:
                 counts.add("told_lost")
+            except hybridlock.BackendUnavailableError:
+                counts.add("release_unavailable")
             except hybridlock.HybridLockError as exc:
                 counts.other(exc)
 
@@ -137,9 +141,15 @@ def run_setting(name: str, confirm: dict[str, Any], args: argparse.Namespace) ->
         started = time.monotonic()
         for thread in threads:
             thread.start()
-        kinds = []
+        kinds: list[str] = []
+        # Double grants counted from one failover's start to the next one's, by the kind of failover.
+        by_kind = {"failover": 0, "kill": 0}
+        before = 0
         for index in range(args.failovers):
             time.sleep(args.between)
+            if kinds:
+                by_kind[kinds[-1]] += counts.double_grants - before
+            before = counts.double_grants
             if index % 2 == 0:
                 kinds.append("failover")
                 service.failover(timeout=60, demote_old=False)
@@ -149,6 +159,8 @@ def run_setting(name: str, confirm: dict[str, Any], args: argparse.Namespace) ->
             print(f"  {name}: {kinds[-1]} {index + 1}/{args.failovers} done, {counts.acquired} acquires, "
                   f"{counts.double_grants} double grants so far", file=sys.stderr)  # fmt: skip
         time.sleep(args.between)
+        if kinds:
+            by_kind[kinds[-1]] += counts.double_grants - before
         stop.set()
         for thread in threads:
             thread.join(30)
@@ -159,6 +171,7 @@ def run_setting(name: str, confirm: dict[str, Any], args: argparse.Namespace) ->
         "seconds": round(elapsed, 1),
         **{k: v for k, v in vars(counts).items() if k not in ("guard", "other_kinds")},
         "other_kinds": counts.other_kinds,
+        "double_grants_by_kind": f"{by_kind['failover']} after SENTINEL FAILOVER, {by_kind['kill']} after SIGKILL",
     }
 
 
@@ -173,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default="off,1,2", help="comma-separated: off, or a confirm_replicas value")
     parser.add_argument("--out", help="also write the table (Markdown) to this file")
     args = parser.parse_args(argv)
+    # Stopped by its pid (SIGTERM), it still stops the servers it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
     rows = []
     for setting in args.settings.split(","):
@@ -182,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_setting(setting, confirm, args) | {"setting": label})
 
     columns = ["setting", "failovers", "seconds", "acquired", "overlaps", "double_grants", "told_lost",
-               "unavailable", "not_confirmed", "other_errors"]  # fmt: skip
+               "unavailable", "not_confirmed", "release_unavailable", "other_errors"]  # fmt: skip
     lines = [
         f"Sentinel failovers under load: {args.workers} owners on {args.keys} keys, holds of 5-150 ms, "
         f"expire_after={args.expire_after:g} s, {args.between:g} s of load before each failover, reconnects every "
@@ -193,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "|" + "---|" * len(columns),
         *("| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows),
     ]
+    lines += ["", *(f"{row['setting']}: double grants {row['double_grants_by_kind']}" for row in rows)]
     lines += ["", *(f"{row['setting']}, other errors: {row['other_kinds']}" for row in rows if row["other_kinds"])]
     table = "\n".join(lines)
     print(table)
