@@ -3,6 +3,7 @@ confirmation (``confirm_replicas``). A measurement, not a test: it asserts nothi
 
     python -m benchmarks.failover                       # 6 failovers per setting, about 4 minutes
     python -m benchmarks.failover --failovers 10 --workers 8 --out benchmarks/results/failover.md
+    python -m benchmarks.failover --cycle 2000          # what confirmation costs an uncontended acquire/release
 
 For each setting it starts a fresh service (a master, 2 replicas and 3 sentinels on free loopback ports,
 ``hybridlock.testing.SentinelService``), runs ``--workers`` threads, each its own owner (its own ``LockRegistry``
@@ -175,6 +176,27 @@ def run_setting(name: str, confirm: dict[str, Any], args: argparse.Namespace) ->
     }
 
 
+def cycle_cost(settings: list[str], cycles: int) -> str:
+    """The uncontended acquire/release cycle's median, per setting, on one service with no failover."""
+    lines = ["| setting | uncontended cycle median (µs) | p99 (µs) |", "|---|---:|---:|"]
+    with SentinelService("bench-cycle") as service:
+        for setting in settings:
+            confirm = {} if setting == "off" else {"confirm_replicas": int(setting)}
+            with hybridlock.LockRegistry(service.url(), expire_after=10, **confirm) as registry:
+                lock = registry.obtain("cycle")
+                times = []
+                for _ in range(cycles):
+                    started = time.perf_counter()
+                    lock.acquire()
+                    lock.release()
+                    times.append(time.perf_counter() - started)
+            times.sort()
+            label = "no confirmation" if setting == "off" else f"confirm_replicas={setting}"
+            median, p99 = times[len(times) // 2] * 1e6, times[int(len(times) * 0.99)] * 1e6
+            lines.append(f"| {label} | {median:,.0f} | {p99:,.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--failovers", type=int, default=6, help="failovers per setting (alternating kinds)")
@@ -185,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn", type=float, default=1.0, help="mean seconds between reconnects (0: never)")
     parser.add_argument("--settings", default="off,1,2", help="comma-separated: off, or a confirm_replicas value")
     parser.add_argument("--out", help="also write the table (Markdown) to this file")
+    parser.add_argument("--cycle", type=int, default=0, help="instead: time this many uncontended cycles per setting")
     args = parser.parse_args(argv)
+    if args.cycle:
+        print(cycle_cost(args.settings.split(","), args.cycle))
+        return 0
     # Stopped by its pid (SIGTERM), it still stops the servers it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
