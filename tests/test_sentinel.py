@@ -23,6 +23,7 @@ from redis.retry import Retry
 import hybridlock
 from hybridlock._core.urls import parse_sentinel_url
 from hybridlock.testing.sentinel import SentinelService
+from hybridlock.testing.server import EmbeddedServer
 
 SERVICE = "hybridlock-test"
 NAME = f"sentinel://{SERVICE}/0"
@@ -252,3 +253,34 @@ async def test_asyncio_confirmed_acquire_without_replicas(sentinel_service: Sent
         await asyncio.to_thread(sentinel_service.wait_healthy)
         assert await lock.acquire(timeout=5)
         await lock.release()
+
+
+# -- confirmation on disk (WAITAOF) ----------------------------------------------------------------------------------
+
+
+def _has_waitaof(server: EmbeddedServer) -> bool:
+    with redis.Redis.from_url(server.url) as client:
+        version = str(client.info("server")["redis_version"])  # Valkey reports the Redis version it follows
+    return tuple(int(part) for part in version.split(".")[:2]) >= (7, 2)
+
+
+@pytest.mark.server
+def test_confirm_fsync_waits_for_the_masters_aof() -> None:
+    with EmbeddedServer(extra_args=("--appendonly", "yes", "--appendfsync", "everysec")) as server:
+        if not _has_waitaof(server):
+            pytest.skip(f"{server.version()} has no WAITAOF")
+        options = {"expire_after": 6.0, "confirm_fsync": True, "confirm_timeout": 1.5}
+        with hybridlock.LockRegistry(server.url, **options) as registry, registry.obtain("k") as lock:  # type: ignore[arg-type]
+            lock.renew()  # WAITAOF 1 0: fsynced locally (everysec: within about a second)
+
+
+@pytest.mark.server
+def test_a_refused_confirmation_gives_the_lease_back(redis_client: redis.Redis, server: EmbeddedServer) -> None:
+    # No AOF here (WAITAOF refuses numlocal=1), or no WAITAOF at all (Redis 7.0): either way the server answers the
+    # confirmation with an error after the acquire script took the lease, which must not be left behind.
+    with hybridlock.LockRegistry(server.url, expire_after=3.0, confirm_fsync=True) as registry:
+        with pytest.raises(hybridlock.ReplicationNotConfirmedError, match=r"refused WAITAOF.*given back") as caught:
+            registry.obtain("k").acquire(timeout=2)
+        assert caught.value.server == server.url
+        assert redis_client.exists("hybridlock:{k}") == 0
+        assert not registry.obtain("k").locked()

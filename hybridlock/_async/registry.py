@@ -52,12 +52,14 @@ class AsyncLockRegistry:
     """Hands out one [AsyncHybridLock][hybridlock.AsyncHybridLock] per key, all sharing this registry's server
     connection and identity.
 
-    ``connection`` is a client (``redis.asyncio.Redis``, or valkey's twin), a ``redis://`` / ``rediss://`` /
-    ``unix://`` URL, or a backend ([AsyncLockBackend][hybridlock.backends.AsyncLockBackend]). A client of the other
-    API's kind is refused with the class to use instead, and so is a cluster client (cluster support is planned),
-    both with ``InvalidArgumentError``. ``registry_key`` prefixes every server key (it must not contain ``{`` or
-    ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE`` (0.1 s: it is
-    renewed every third of itself, so a shorter one is lost whenever a renewal is a little late).
+    ``connection`` is a client (``redis.asyncio.Redis``, or valkey's twin; a Sentinel-managed master from
+    ``Sentinel(...).master_for(service)`` too), a ``redis://`` / ``rediss://`` / ``unix://`` URL, a
+    ``redis+sentinel://host:port,.../service[/db]`` URL, or a backend
+    ([AsyncLockBackend][hybridlock.backends.AsyncLockBackend]). A client of the other API's kind is refused with the
+    class to use instead, and so is a cluster client (cluster support is planned), both with
+    ``InvalidArgumentError``. ``registry_key`` prefixes every server key (it must not contain ``{`` or ``}``).
+    ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE`` (0.1 s: it is renewed
+    every third of itself, so a shorter one is lost whenever a renewal is a little late).
 
     Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
     is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
@@ -77,6 +79,15 @@ class AsyncLockRegistry:
     streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
     at most this long; then that thread is handed the lock. Threads that are waiting are always served in arrival
     order. 0 makes every local hand-off strictly first come, first served.
+
+    ``confirm_replicas`` (default 0: off) makes every acquire and renewal count only once that many replicas
+    acknowledged it (``WAIT``, sent on the same connection right after the script), waiting at most
+    ``confirm_timeout`` seconds (default: 0.5 s or ``expire_after / 6``, whichever is shorter; it must be shorter than
+    ``expire_after / 3``). An acquire not confirmed is given back and raises ``ReplicationNotConfirmedError``; a
+    renewal not confirmed does not extend the lease, which is reported lost if none is confirmed before it ends.
+    For a master with replicas, typically Sentinel-managed (``redis+sentinel://`` URLs, ``Sentinel.master_for``).
+    ``confirm_fsync=True`` asks for more: ``WAITAOF``, the write fsynced to the append-only file of the master and of
+    ``confirm_replicas`` replicas (servers with ``appendonly yes`` and ``WAITAOF``: Redis 7.2+, Valkey).
 
     ``retain_for`` (seconds, default 0: off) keeps the server lease after the last local release, idle, so a thread
     here that takes the lock again within that time pays no round trip. Another owner's failed attempt ends the
@@ -104,6 +115,7 @@ class AsyncLockRegistry:
         retain_for: float = 0.0,
         confirm_replicas: int = 0,
         confirm_timeout: float | None = None,
+        confirm_fsync: bool = False,
         observer: Any = None,
     ) -> None:
         self._setup(
@@ -119,6 +131,7 @@ class AsyncLockRegistry:
                 retain_for=retain_for,
                 confirm_replicas=confirm_replicas,
                 confirm_timeout=confirm_timeout,
+                confirm_fsync=confirm_fsync,
             ),
             connection,
             observer,

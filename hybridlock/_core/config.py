@@ -119,30 +119,59 @@ DEFAULT_CONFIRM_TIMEOUT = 0.5
 
 @dataclass(frozen=True)
 class ReplicaConfirmation:
-    """How many replicas must acknowledge an acquire or a renewal (``WAIT replicas timeout_ms``) before it counts."""
+    """How an acquire or a renewal is confirmed before it counts: ``WAIT replicas timeout_ms`` (that many replicas
+    acknowledged the write), or with ``fsync`` ``WAITAOF 1 replicas timeout_ms`` (the master and that many replicas
+    wrote it to their append-only file and fsynced it)."""
 
     replicas: int
     timeout: float
+    fsync: bool = False
 
     @property
     def timeout_ms(self) -> int:
         """The ``WAIT`` timeout: whole milliseconds, at least one (``WAIT n 0`` would wait for ever)."""
         return max(1, round(self.timeout * 1000))
 
+    def command(self) -> tuple[str | int, ...]:
+        """The command sent right after the write, on the same connection."""
+        if self.fsync:
+            return ("WAITAOF", 1, self.replicas, self.timeout_ms)
+        return ("WAIT", self.replicas, self.timeout_ms)
+
+    def outcome(self, reply: object) -> tuple[bool, int, str]:
+        """Read the command's reply: (confirmed, how many replicas acknowledged, what happened, for a message)."""
+        if self.fsync:
+            local, replicas = (int(part) for part in reply)  # type: ignore[attr-defined]
+            confirmed = local >= 1 and replicas >= self.replicas
+            where = "" if local >= 1 else ", and not the master,"
+            return confirmed, replicas, (
+                f"{replicas} of {self.replicas} replicas{where} fsynced it to their AOF within {self.timeout:g} s "
+                "(WAITAOF)"
+            )
+        replicas = int(reply)  # type: ignore[call-overload]
+        return replicas >= self.replicas, replicas, (
+            f"{replicas} of {self.replicas} replicas acknowledged within {self.timeout:g} s (WAIT)"
+        )
+
     @classmethod
-    def checked(cls, replicas: object, timeout: object, lease: float | None) -> ReplicaConfirmation | None:
-        """Validate ``confirm_replicas`` and ``confirm_timeout``; None when confirmation is off (0 replicas).
+    def checked(
+        cls, replicas: object, timeout: object, lease: float | None, fsync: object = False
+    ) -> ReplicaConfirmation | None:
+        """Validate ``confirm_replicas``, ``confirm_timeout`` and ``confirm_fsync``; None when confirmation is off
+        (0 replicas, no fsync).
 
         The timeout must fit in a renewal period (a third of the lease): a renewal that waits longer for its
         replicas than the period would let the lease run out while it waits."""
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise InvalidArgumentError(f"confirm_replicas must be a non-negative int, not {replicas!r}")
+        if not isinstance(fsync, bool):
+            raise InvalidArgumentError(f"confirm_fsync must be True or False, not {fsync!r}")
         if timeout is not None:
             timeout = validate_seconds("confirm_timeout", timeout)
-        if not replicas:
+        if not replicas and not fsync:
             return None
         if lease is None:
-            raise InvalidArgumentError("confirm_replicas needs a lease in a server (a registry with expire_after)")
+            raise InvalidArgumentError("replica confirmation needs a lease in a server (a registry with expire_after)")
         period = lease / 3
         if timeout is None:
             timeout = min(DEFAULT_CONFIRM_TIMEOUT, lease / 6)
@@ -151,7 +180,7 @@ class ReplicaConfirmation:
                 f"confirm_timeout must be shorter than a renewal period (expire_after / 3 = {period:g} s), "
                 f"not {timeout!r}"
             )
-        return cls(replicas, float(timeout))
+        return cls(replicas, float(timeout), fsync)
 
 
 @dataclass(frozen=True)
@@ -190,6 +219,7 @@ class RegistryConfig:
         retain_for: object = 0.0,
         confirm_replicas: object = 0,
         confirm_timeout: object = None,
+        confirm_fsync: object = False,
         never_expires: bool = False,
     ) -> RegistryConfig:
         """Validate the registry's options (``InvalidArgumentError`` naming the option on the first bad one).
@@ -210,7 +240,9 @@ class RegistryConfig:
                 "retain_for needs local hand-off: a retained lease is handed to the next thread here, within the "
                 "hand-off budget (handoff_limit and handoff_window must be above 0)"
             )
-        confirmation = ReplicaConfirmation.checked(confirm_replicas, confirm_timeout, None if never_expires else lease)
+        confirmation = ReplicaConfirmation.checked(
+            confirm_replicas, confirm_timeout, None if never_expires else lease, confirm_fsync
+        )
         return cls(
             registry_key=key,
             lease=None if never_expires else lease,

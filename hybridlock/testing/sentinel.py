@@ -243,15 +243,20 @@ class SentinelService:
             time.sleep(0.1)
 
     def wait_new_master(self, old_port: int, timeout: float = 30.0) -> int:
-        """Wait until every sentinel names a master other than ``old_port`` and it answers as a master."""
+        """Wait until every sentinel has switched to a master other than ``old_port`` (``SENTINEL MASTER``, which is
+        what clients ask, not ``GET-MASTER-ADDR-BY-NAME``, which names the promoted replica mid-failover), is no
+        longer failing over, and that master answers as one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ports = set()
             for _host, port in self.sentinel_addresses:
                 with contextlib.suppress(redis.RedisError), _client(port) as client:
-                    address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
-                    ports.add(int(address[1]))
-            if len(ports) == 1 and old_port not in ports:
+                    state = _pairs(client.execute_command("SENTINEL", "MASTER", self.service))
+                    if "failover_in_progress" not in state.get("flags", ""):
+                        ports.add(int(state["port"]))
+                    else:
+                        ports.add(-1)
+            if len(ports) == 1 and old_port not in ports and -1 not in ports:
                 (new_port,) = ports
                 with contextlib.suppress(redis.RedisError), _client(new_port) as client:
                     if client.info("replication").get("role") == "master":
@@ -261,9 +266,13 @@ class SentinelService:
 
     # -- faults ----------------------------------------------------------------------------------------------------
 
-    def failover(self, timeout: float = 30.0, *, settle: bool = True) -> int:
+    def failover(self, timeout: float = 30.0, *, settle: bool = True, demote_old: bool = True) -> int:
         """``SENTINEL FAILOVER``: promote a replica now; returns the new master's port once every sentinel names
-        it (and, with ``settle``, once the old master has become its replica and every node is caught up)."""
+        it (and, with ``settle``, once the old master has become its replica and every node is caught up).
+
+        ``demote_old``: turn the old master into a replica at once, as an operator would; without it the sentinels
+        do it when they next read its INFO (up to 10 s), and until then it still takes writes from clients that
+        stayed connected to it, as a partitioned master does."""
         old_port = self.master_address()[1]
         deadline = time.monotonic() + timeout
         while True:
@@ -279,9 +288,10 @@ class SentinelService:
         if settle:
             # The sentinels turn the old master into a replica only when they next read its INFO (every 10 s):
             # do it now, as an operator would.
-            with contextlib.suppress(redis.RedisError), _client(old_port) as client:
-                if client.info("replication").get("role") == "master":
-                    client.execute_command("REPLICAOF", _HOST, new_port)
+            if demote_old:
+                with contextlib.suppress(redis.RedisError), _client(old_port) as client:
+                    if client.info("replication").get("role") == "master":
+                        client.execute_command("REPLICAOF", _HOST, new_port)
             self.wait_healthy(max(1.0, deadline - time.monotonic()), new_port)
         return new_port
 

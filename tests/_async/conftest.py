@@ -12,8 +12,6 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "redis":
         request.getfixturevalue("redis_client")  # flushes the session's server
         return Backend("redis", request.getfixturevalue("server").url)
-    if request.param == "sentinel":
-        return Backend("sentinel", request.getfixturevalue("sentinel_url"))
     if request.param == "sentinel-confirmed":
         # Every acquire and renewal confirmed by both replicas (WAIT 2).
         return Backend("sentinel-confirmed", request.getfixturevalue("sentinel_url"), confirm_replicas=2)

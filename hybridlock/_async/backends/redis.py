@@ -13,13 +13,14 @@ Failure modes
   read them as missing (see ``scripts``), so other owners go on; a holder whose lease key went is told as above.
 * The server refuses a command (``OOM`` under ``maxmemory`` with ``noeviction``, a script error): a plain
   ``HybridLockError`` naming the operation, the key and the server; never a redis-py exception.
-* A failover (Sentinel): the client (``Sentinel.master_for``) asks the sentinels for the new master and reconnects;
-  a command that reaches the demoted master gets ``READONLY``, which redis-py turns into a dropped connection and
-  retries once on the new master. A lease the promoted replica never received is gone: its holder is told at its
-  next renewal. With replica confirmation (``confirmation``), an acquire or renewal counts only once ``WAIT``
-  says enough replicas have it; an acquire that is not confirmed is given back and raises
-  :class:`~hybridlock.ReplicationNotConfirmedError`, a renewal that is not confirmed raises it too and the lease
-  counts as not renewed.
+* A failover (Sentinel): a ``Sentinel.master_for`` client asks the sentinels where the master is whenever it makes
+  a connection. A command on a connection to the old master fails (``READONLY`` from a demoted one, which redis-py
+  reports as a dropped connection; refused by a dead one), and redis-py's own retry reconnects to the same
+  address, so ``ScriptRunner`` tries once more, on a connection that asks the sentinels. A lease the promoted
+  replica never received is gone: its holder is told at its next renewal. With replica confirmation
+  (``confirmation``), an acquire or renewal counts only once ``WAIT`` says enough replicas have it; an acquire
+  that is not confirmed is given back and raises :class:`~hybridlock.ReplicationNotConfirmedError`, a renewal
+  that is not confirmed raises it too and the lease counts as not renewed.
 """
 
 from __future__ import annotations
@@ -92,8 +93,15 @@ class ScriptRunner:
 
     def __init__(self, client: Any, family: ClientFamily | None = None) -> None:
         self._client = client
-        self._no_script = (family or asyncio_client_family(client)).no_script
+        family = family or asyncio_client_family(client)
+        self._no_script = family.no_script
         self._sha: dict[str, str] = {}
+        # After a failover, redis-py (5 to 8) retries a command that failed on the old master (READONLY from a
+        # demoted one, refused by a dead one) on a connection to the *same* address: only a connection taken anew
+        # from the pool asks the sentinels where the master is now. So for a Sentinel-managed client, one more
+        # attempt when the connection failed outright; never after a timeout, which would double the wait.
+        managed = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None) is not None
+        self._failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
 
     def _digest(self, source: str) -> str:
         sha = self._sha.get(source)
@@ -108,14 +116,26 @@ class ScriptRunner:
 
     async def run_confirmed(
         self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], confirmation: ReplicaConfirmation
-    ) -> tuple[list[Any], int]:
-        """As ``run_many``, then ``WAIT replicas timeout`` in the same pipeline: on the same connection, right
-        after the scripts, so it waits for exactly their writes. Returns the replies and how many replicas
-        acknowledged them (WAIT's reply)."""
+    ) -> tuple[list[Any], Any]:
+        """As ``run_many``, then ``confirmation.command()`` (``WAIT`` or ``WAITAOF``) in the same pipeline: on the
+        same connection, right after the scripts, so it waits for exactly their writes. Returns the scripts'
+        replies and the command's reply, or the error the server answered it with (the scripts' writes are done
+        then, and the caller must undo them)."""
         replies = await self._pipelined(source, calls, confirmation)
-        return replies[:-1], int(replies[-1])
+        return replies[:-1], replies[-1]
 
     async def _pipelined(
+        self,
+        source: str,
+        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+        confirmation: ReplicaConfirmation | None,
+    ) -> list[Any]:
+        try:
+            return await self._pipelined_once(source, calls, confirmation)
+        except self._failed_over:
+            return await self._pipelined_once(source, calls, confirmation)
+
+    async def _pipelined_once(
         self,
         source: str,
         calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
@@ -126,18 +146,34 @@ class ScriptRunner:
             pipe = self._client.pipeline(transaction=False)
             for keys, args in calls:
                 pipe.evalsha(sha, len(keys), *keys, *args)
-            if confirmation is not None:
-                # On NOSCRIPT nothing was written, so this WAIT returns at once; the retry sends its own.
-                pipe.execute_command("WAIT", confirmation.replicas, confirmation.timeout_ms)
-            try:
-                return list(await pipe.execute())
-            except self._no_script:
-                if attempt:
-                    raise
+            if confirmation is None:
+                try:
+                    return list(await pipe.execute())
+                except self._no_script:
+                    if attempt:
+                        raise
+                    await self._client.script_load(source)
+                    continue
+            # On NOSCRIPT nothing was written, so this WAIT returns at once; the retry sends its own.
+            pipe.execute_command(*confirmation.command())
+            # Errors as replies: a refused WAIT must not hide the lease its script took (the caller gives it back).
+            replies = list(await pipe.execute(raise_on_error=False))
+            errors = [reply for reply in replies[:-1] if isinstance(reply, Exception)]
+            if any(isinstance(error, self._no_script) for error in errors) and not attempt:
                 await self._client.script_load(source)
+                continue
+            if errors:
+                raise errors[0]
+            return replies
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._run_once(source, keys, args)
+        except self._failed_over:
+            return await self._run_once(source, keys, args)
+
+    async def _run_once(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         sha = self._digest(source)
         try:
             return await self._client.evalsha(sha, len(keys), *keys, *args)
@@ -213,20 +249,25 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     async def _run_write(
         self, key: str | None, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
-    ) -> tuple[Any, int | None]:
-        """Run a script that may take or extend a lease; with replica confirmation, ``WAIT`` right after it.
-        Returns its reply and how many replicas acknowledged it (None without confirmation)."""
+    ) -> tuple[Any, Any]:
+        """Run a script that may take or extend a lease; with replica confirmation, ``WAIT`` (or ``WAITAOF``) right
+        after it. Returns its reply and the confirmation's reply (None without confirmation; an exception when the
+        server refused it)."""
         async with self._translated(key, operation):
             if self.confirmation is None:
                 return await self._scripts.run(source, keys, args), None
-            (reply,), acknowledged = await self._scripts.run_confirmed(source, [(keys, args)], self.confirmation)
-            return reply, acknowledged
+            (reply,), confirmed = await self._scripts.run_confirmed(source, [(keys, args)], self.confirmation)
+            return reply, confirmed
 
-    def _confirmed(self, acknowledged: int | None) -> bool:
-        return self.confirmation is None or (acknowledged is not None and acknowledged >= self.confirmation.replicas)
+    def _confirmed(self, confirmation_reply: Any) -> bool:
+        if self.confirmation is None:
+            return True
+        if isinstance(confirmation_reply, Exception):
+            return False
+        return self.confirmation.outcome(confirmation_reply)[0]
 
     async def _given_back(
-        self, key: str, operation: str, acknowledged: int | None, give_back: Callable[[], Any]
+        self, key: str, operation: str, confirmation_reply: Any, give_back: Callable[[], Any]
     ) -> ReplicationNotConfirmedError:
         """An acquire the replicas did not confirm: give the lease back (shielded, best effort: a lease that could
         not be given back lapses with its lease) and return the error to raise."""
@@ -235,20 +276,23 @@ class AsyncRedisBackend(AsyncLockBackend):
             back = "the lease was given back"
         except HybridLockError:
             back = "giving the lease back failed too; it ends with its lease"
-        return self._not_confirmed(key, operation, acknowledged, back)
+        return self._not_confirmed(key, operation, confirmation_reply, back)
 
     def _not_confirmed(
-        self, key: str | None, operation: str, acknowledged: int | None, outcome: str
+        self, key: str | None, operation: str, confirmation_reply: Any, outcome: str
     ) -> ReplicationNotConfirmedError:
         assert self.confirmation is not None
-        required = self.confirmation.replicas
+        command = self.confirmation.command()[0]
+        if isinstance(confirmation_reply, Exception):
+            acknowledged, what = 0, f"the server refused {command}: {confirmation_reply}"
+        else:
+            _, acknowledged, what = self.confirmation.outcome(confirmation_reply)
         return ReplicationNotConfirmedError(
-            f"{operation} not confirmed by replicas: {acknowledged or 0} of {required} acknowledged within "
-            f"{self.confirmation.timeout:g} s (WAIT), so a failover could lose it; {outcome}",
+            f"{operation} not confirmed: {what}, so a failover could lose it; {outcome}",
             key=key,
             server=self.address,
-            acknowledged=acknowledged or 0,
-            required=required,
+            acknowledged=acknowledged,
+            required=self.confirmation.replicas,
         )
 
     async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
@@ -332,7 +376,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         if not names:
             return []
-        acknowledged: int | None = None
+        acknowledged: Any = None
         async with self._translated(_keys_of(names), "renewal"):
             # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
             # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.

@@ -1,0 +1,181 @@
+"""Failovers of a Sentinel-managed master while locks are held and waited for (real master, 2 replicas and
+3 sentinels, started here; sentinels notice a dead master after 500 ms).
+
+What the README's guarantees promise: a lock the promoted replica has survives the failover and its renewals go on
+at the new master; a lock the promoted replica never received is gone, its holder is told at its next renewal, and
+waiters get it at the new master; with confirmation, a lock survives even the old master's crash.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import hybridlock
+from hybridlock.testing.sentinel import SentinelService
+
+pytestmark = [pytest.mark.server, pytest.mark.sentinel, pytest.mark.slow, pytest.mark.timeout(180)]
+
+LOCK_KEY = "hybridlock:{orders:1}"
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[SentinelService]:
+    with SentinelService() as started:
+        yield started
+
+
+@pytest.fixture
+def url(service: SentinelService) -> str:
+    service.wait_healthy()
+    with service.node_client(service.master()) as master:
+        master.flushall()
+    return service.url()
+
+
+def _forget_on_replicas(service: SentinelService, key: str) -> None:
+    """Delete ``key`` on every replica only (a replica's own writes are not replicated): as if the acquire never
+    reached them. The replicas are writable only for that moment: a client still connected to a demoted master
+    must get READONLY (and reconnect to the new master), not write to a replica."""
+    for replica in service.replicas():
+        with service.node_client(replica) as client:
+            client.config_set("replica-read-only", "no")
+            try:
+                client.delete(key)
+            finally:
+                client.config_set("replica-read-only", "yes")
+
+
+def test_a_lock_the_promoted_replica_had_survives_and_renewals_go_on(service: SentinelService, url: str) -> None:
+    lost = threading.Event()
+    # The lease outlasts the failover: renewals made at the old master after the promotion never reach the new one.
+    with hybridlock.LockRegistry(url, expire_after=10.0) as registry:
+        lock = registry.obtain("orders:1")
+        lock.on_lost(lambda _lock: lost.set())
+        assert lock.acquire(timeout=5)
+        token = lock.fencing_token
+        old_port = service.master().port
+        new_port = service.failover()
+        assert new_port != old_port
+        lock.renew()  # reaches the new master (the demoted one answers READONLY; the client asks the sentinels)
+        with service.node_client(service.master()) as master:
+            assert master.get(LOCK_KEY) == registry.client_id
+            assert master.pttl(LOCK_KEY) > 8000
+        time.sleep(1.5)  # a renewal round by the renewer at the new master
+        assert not lost.is_set()
+        assert not lock.lost
+        assert lock.fencing_token == token
+        lock.release()
+
+
+def test_a_lock_the_new_master_never_saw_is_reported_lost_and_a_waiter_gets_it(
+    service: SentinelService, url: str
+) -> None:
+    lost = threading.Event()
+    with (
+        hybridlock.LockRegistry(url, expire_after=2.0) as holder_registry,
+        hybridlock.LockRegistry(url, expire_after=2.0) as waiter_registry,
+    ):
+        holder = holder_registry.obtain("orders:1")
+        holder.on_lost(lambda _lock: lost.set())
+        assert holder.acquire(timeout=5)
+        holder_token = holder.fencing_token
+        waited: dict[str, object] = {}
+
+        def wait_for_it() -> None:
+            lock = waiter_registry.obtain("orders:1")
+            started = time.monotonic()
+            deadline = started + 30
+            while "acquired" not in waited:
+                try:
+                    waited["acquired"] = lock.acquire(timeout=max(0.1, deadline - time.monotonic()))
+                except hybridlock.BackendUnavailableError as exc:  # not expected: the failover is followed
+                    waited["error"] = exc
+                    break
+            waited["after"] = time.monotonic() - started
+            waited["token"] = lock.fencing_token
+            waited["told_first"] = lost.is_set()
+            if waited["acquired"]:
+                lock.release()
+
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
+        time.sleep(0.2)  # the waiter is queued
+        _forget_on_replicas(service, LOCK_KEY)
+        service.failover()
+        assert lost.wait(10), "the holder was not told its lock was lost"
+        assert holder.lost
+        waiter.join(30)
+        assert not waiter.is_alive()
+        assert waited["acquired"] is True, waited
+        assert waited["after"] < 25  # type: ignore[operator]
+        assert waited["token"] > holder_token  # type: ignore[operator]
+        with pytest.raises(hybridlock.LockLostError) as caught:
+            holder.release()
+        assert caught.value.server == f"sentinel://{service.service}/0"
+
+
+def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
+    service: SentinelService, url: str
+) -> None:
+    lost = threading.Event()
+    with (
+        # One replica is enough against a crash: the sentinels promote the replica furthest ahead, which has it.
+        hybridlock.LockRegistry(url, expire_after=12.0, confirm_replicas=1) as holder_registry,
+        hybridlock.LockRegistry(url, expire_after=12.0) as waiter_registry,
+    ):
+        holder = holder_registry.obtain("orders:1")
+        holder.on_lost(lambda _lock: lost.set())
+        assert holder.acquire(timeout=5)  # on a replica before acquire returned
+        order: list[str] = []
+
+        def wait_for_it() -> None:
+            lock = waiter_registry.obtain("orders:1")
+            # Unreachable master for a few seconds: a waiter may see BackendUnavailableError; it retries.
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                try:
+                    if lock.acquire(timeout=max(0.1, deadline - time.monotonic())):
+                        order.append("waiter")
+                        lock.release()
+                        return
+                except hybridlock.BackendUnavailableError:
+                    time.sleep(0.2)
+
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
+        time.sleep(0.2)
+        service.kill_master()  # SIGKILL; a replica is promoted; the old node comes back, empty, as a replica
+        # The lease was on every replica: still ours at the new master, and renewals go on there.
+        holder.renew()
+        with service.node_client(service.master()) as master:
+            assert master.get(LOCK_KEY) == holder_registry.client_id
+        assert not waiter.is_alive() or not order  # nobody got in meanwhile
+        order.append("holder released")
+        holder.release()
+        waiter.join(40)
+        assert order == ["holder released", "waiter"]
+        assert not lost.is_set()
+
+
+async def test_asyncio_a_lock_survives_a_failover_and_renews_at_the_new_master(
+    service: SentinelService, url: str
+) -> None:
+    import asyncio
+
+    async with hybridlock.AsyncLockRegistry(url, expire_after=10.0) as registry:
+        lock = registry.obtain("orders:1")
+        assert await lock.acquire(timeout=5)
+        await asyncio.to_thread(service.failover)
+        await lock.renew()  # at the new master, though the pooled connection was to the demoted one
+        assert not lock.lost
+        await lock.release()
+        other = hybridlock.AsyncLockRegistry(url)
+        try:
+            assert await other.obtain("orders:1").acquire(blocking=False)
+            await other.obtain("orders:1").release()
+        finally:
+            await other.aclose()
