@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -319,6 +319,16 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def is_locked(self, names: LockNames) -> bool:
         async with self._translated(names.key, "lock query"):
             return bool(await self.client.exists(names.lock))
+
+    async def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
+        async with self._translated(None, "description of the owner"):
+            pipe = self.client.pipeline(transaction=False)
+            if fields:
+                pipe.hset(key, mapping=dict(fields))
+            if gone:
+                pipe.hdel(key, *gone)
+            pipe.pexpire(key, ttl_ms)
+            await pipe.execute()
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)
