@@ -75,6 +75,14 @@ def test_the_renewer_describes_the_owner_and_its_leases(make_registry, redis_cli
         _until(lambda: "hybridlock:{k}" not in _owner_hash(redis_client, registry))
 
 
+def test_close_removes_the_description(make_registry, redis_client):
+    registry = make_registry(expire_after=1.5)
+    with registry.obtain("k"):
+        _until(lambda: _owner_hash(redis_client, registry))
+    registry.close()
+    assert redis_client.exists(f"hybridlock:owner:{registry.client_id}") == 0
+
+
 def test_a_quick_cycle_sends_no_description(make_registry, redis_client):
     registry = make_registry()  # the first round is 10 s away, the first description 1 s
     lock = registry.obtain("quick")

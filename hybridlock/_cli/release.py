@@ -1,7 +1,7 @@
 """``hybridlock release --force KEY``: an operator's way out (Redisson's ``forceUnlock``).
 
 It deletes the lock's holder key, whoever holds it, and wakes the head of the queue exactly as the holder's own
-release would (the same ``RELEASE`` script, run on the holder's behalf: compare-and-delete, then publish), so
+release would (the backend's own release, run on the holder's behalf: compare-and-delete, then publish), so
 waiters take the lock at once instead of sleeping out the lease. The holder is not told directly: it learns at its
 next renewal (within a third of its lease) that the lease is gone, as a loss (``lock.lost``, ``on_lost``,
 ``LockLostError`` at release; ``hybridlock run`` then signals its command). Until then it may still believe it
@@ -17,8 +17,8 @@ from typing import Any
 import redis
 
 from .._core.names import lock_names, read_write_names
-from .._protocol import scripts
-from .._sync.backends.redis import ScriptRunner
+from .._sync.backends.redis import RedisBackend
+from ..errors import HybridLockError
 from .common import (
     CommandError,
     add_server_arguments,
@@ -85,6 +85,8 @@ def _release(args: argparse.Namespace) -> int:
             released = _run_release(client, registry_key, args.key, owner, args.read_write)
         except redis.RedisError as exc:
             raise server_error(exc, url, SERVER_FAILED) from None
+        except HybridLockError as exc:
+            raise CommandError(str(exc), SERVER_FAILED) from None
     finally:
         client.close()
     if not released:
@@ -95,11 +97,9 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _run_release(client: redis.Redis, registry_key: str, key: str, owner: str, read_write: bool) -> bool:
-    # The holder's own release scripts, run on its behalf: they delete only if the holder is still `owner`, so a
-    # lock that changed hands since we looked is left alone.
-    runner = ScriptRunner(client)
+    # The holder's own release, run on its behalf: it deletes only if the holder is still `owner`, so a lock that
+    # changed hands since we looked is left alone.
+    backend = RedisBackend(client)
     if read_write:
-        rw = read_write_names(registry_key, key)
-        return bool(runner.run(scripts.RELEASE_WRITE, (rw.writer,), (owner, rw.channel, "publish")))
-    n = lock_names(registry_key, key)
-    return bool(runner.run(scripts.RELEASE, (n.lock, n.queue, n.queue_until), (owner, n.channel, "publish")))
+        return backend.release_write(read_write_names(registry_key, key), owner)
+    return backend.release(lock_names(registry_key, key), owner, notify=True)

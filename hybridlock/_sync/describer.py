@@ -66,6 +66,7 @@ class OwnerDescriber:
         self.started_at = time.time()
         self._refresh_at = -1.0  # monotonic: when the hash must be written again (it lapses at ttl_ms)
         self._described: dict[str, int] = {}  # server key of a lease -> the tenancy its field describes
+        self._written = False  # the hash may exist in the server
 
     def describe(self) -> None:
         """Write what changed since the last description (see the module docstring for when). Never raises."""
@@ -91,5 +92,18 @@ class OwnerDescriber:
             return
         self._context.backend.describe_owner(self.key, fields, gone, self.ttl_ms)
         self._described = {name: lease._tenancy for name, lease in current.items()}
+        self._written = True
         if refresh:
             self._refresh_at = now + self.ttl_ms / 2000.0
+
+    def forget(self) -> None:
+        """The registry closes: remove its description now rather than let it lapse. Never raises."""
+        if not self._written:
+            return
+        self._written = False
+        self._described = {}
+        self._refresh_at = -1.0
+        try:
+            self._context.backend.describe_owner(self.key, {}, [], 0)  # an expiry of 0 deletes the hash
+        except Exception:
+            logger.debug("hybridlock: could not remove the description of owner %s", self.key, exc_info=True)

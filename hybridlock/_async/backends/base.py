@@ -150,7 +150,8 @@ class AsyncLockBackend(abc.ABC):
         self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int
     ) -> None:
         """Set ``fields`` of the owner-description hash ``key``, delete its fields ``gone``, and make it expire in
-        ``ttl_ms`` milliseconds, in one round trip (see ``hybridlock._async.describer``). Default: nothing."""
+        ``ttl_ms`` milliseconds (0: delete it now), in one round trip (see ``hybridlock._async.describer``). Default:
+        nothing."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends own nothing to close
         """Release what the backend owns (connections, its listener). Idempotent."""
