@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 from . import __version__
 from ._cli import demo as _demo
+from ._cli import release as _release
+from ._cli import run as _run
+from ._cli import show as _show
 
 __all__ = ["main"]
 
@@ -20,9 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridlock",
         description="Reentrant locks across the threads of one process and across processes sharing Redis/Valkey.",
+        epilog="The server-facing commands take the server from --server URL or $HYBRIDLOCK_SERVER_URL, and the "
+        "registry key from --registry-key or $HYBRIDLOCK_REGISTRY_KEY (default 'hybridlock'). Passwords are never "
+        "printed.",
     )
     parser.add_argument("--version", action="version", version=f"hybridlock {__version__}")
     subparsers = parser.add_subparsers(title="subcommands", metavar="COMMAND")
+    _run.add_parser(subparsers)
+    _show.add_parsers(subparsers)
+    _release.add_parser(subparsers)
     _demo.add_parser(subparsers)
     return parser
 

@@ -33,6 +33,7 @@ __all__ = [
     "describe_owner",
     "monotonic",
     "new_guard",
+    "owner_name",
     "refuse_in_event_loop",
     "shielded",
     "sleep",
@@ -70,6 +71,11 @@ def current_owner() -> object:
 def describe_owner(owner: object) -> str:
     """How a repr shows an owner: the task's name."""
     return owner.get_name() if isinstance(owner, asyncio.Task) else str(owner)
+
+
+def owner_name(owner: object) -> str | None:
+    """The name of an owner, for holder descriptions: the task's name (None if ``owner`` is not a task)."""
+    return owner.get_name() if isinstance(owner, asyncio.Task) else None
 
 
 def refuse_in_event_loop(key: str, server: str) -> None:

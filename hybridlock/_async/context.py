@@ -6,6 +6,7 @@ owner identity, and owns the registry's shared machinery, each piece with one jo
 
 * ``leases``: the table of leases held in the server (renewal by hand, loss reporting);
 * ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
+* ``describer``: this owner's description in the server, written by the renewer's worker;
 * ``closed``: set once the registry is closed; every wait watches it;
 * ``observer``: the registry's instrumentation hook (``hybridlock._core.events.ObserverHook``), or None: the one
   attribute a lock checks before reporting anything.
@@ -25,6 +26,7 @@ from .._core.events import ObserverHook
 from ..errors import RegistryClosedError
 from ._compat import AsyncEvent
 from .backends.base import AsyncLockBackend
+from .describer import OwnerDescriber
 from .leases import LeaseTable, LostCallback
 from .renewer import LeaseRenewer
 from .retention import RetentionReaper
@@ -39,6 +41,7 @@ class LockContext:
         "client_id",
         "closed",
         "config",
+        "describer",
         "leases",
         "observer",
         "registry",
@@ -69,6 +72,7 @@ class LockContext:
         if closed:
             self.closed.set()
         self.leases = LeaseTable(self, lost_callbacks)
+        self.describer = OwnerDescriber(self)
         self.renewer = LeaseRenewer(self) if config.auto_renew else None
         self.retention = RetentionReaper(self)
         self.wait_keeper = WaitKeeper(self)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,7 +42,15 @@ from ..errors import (
     LockLostError,
     LockNotOwnedError,
 )
-from ._compat import AsyncFifoMutex, current_owner, describe_owner, monotonic, refuse_in_event_loop, shielded
+from ._compat import (
+    AsyncFifoMutex,
+    current_owner,
+    describe_owner,
+    monotonic,
+    owner_name,
+    refuse_in_event_loop,
+    shielded,
+)
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
@@ -52,6 +62,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncHybridLock", "AsyncJavaStyleLock", "LockStatistics"]
 
 logger = logging.getLogger("hybridlock.lock")
+
+_HOST = socket.gethostname()
 
 # What the local half of an acquire achieved (see HybridLock._enter_locally).
 _HELD, _TIMED_OUT, _NEEDS_SERVER = "held", "timed out", "needs server"
@@ -70,6 +82,12 @@ class LockStatistics:
     lost: bool
     local_passes: int  # hand-offs between local threads (and re-takes after retention) in the current tenancy
     retained: bool  # the lease is kept idle (retain_for) with no thread here holding the lock
+    # Who the holder is, as ``hybridlock inspect`` shows it to other processes (see describer.py):
+    owner_name: str | None = None  # the holding thread's name (the task's, for an asyncio lock)
+    acquired_at: float | None = None  # when the server granted the current tenancy (time.time()), while held here
+    client_id: str = ""  # this registry's owner identity in the server
+    host: str = ""
+    pid: int = 0
 
 
 _L = TypeVar("_L", bound="AsyncJavaStyleLock")
@@ -155,6 +173,9 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         """The current thread's reentrancy depth (0 when it does not hold the lock)."""
         return self._count if self._owner == current_owner() else 0
 
+    def _holder(self) -> object | None:
+        return self._owner
+
     def _recursion_count(self) -> int:
         """``threading.RLock``'s name (3.11+) for ``hold_count``: the current thread's depth, 0 if not the owner."""
         return self.hold_count
@@ -207,6 +228,11 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             lost=self._lost,
             local_passes=self._passes if self._in_server else 0,
             retained=self._retained_until is not None and self._owner is None,
+            owner_name=None if self._owner is None else owner_name(self._owner),
+            acquired_at=self._granted_wall if self._in_server else None,
+            client_id=self._context.client_id,
+            host=_HOST,
+            pid=os.getpid(),
         )
 
     def __repr__(self) -> str:

@@ -287,6 +287,7 @@ class AsyncLockRegistry:
         await context.wait_keeper.stop()
         if context.renewer is not None:
             await context.renewer.stop()
+        await context.describer.forget()
         await context.backend.aclose()
         _live_registries.discard(self)
 

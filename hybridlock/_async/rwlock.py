@@ -152,6 +152,10 @@ class AsyncReadLock(_Half):
     def hold_count(self) -> int:
         return self._parent._readers.get(current_owner(), 0)
 
+    def _holder(self) -> object | None:
+        # One of the reader threads here (the first to come): the server sees one read hold for all of them.
+        return next(iter(self._parent._readers), None)
+
     async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
         return await self._context.backend.try_acquire_read(self._parent._names, owner, self._context.config.lease_ms)
 
@@ -266,6 +270,9 @@ class AsyncWriteLock(_Half):
     def hold_count(self) -> int:
         rw = self._parent
         return rw._write_count if rw._writer == current_owner() else 0
+
+    def _holder(self) -> object | None:
+        return self._parent._writer
 
     @property
     def fencing_token(self) -> int | None:

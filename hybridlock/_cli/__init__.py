@@ -1,1 +1,2 @@
-"""The command line (`python -m hybridlock`): today the demo."""
+"""The command line (``hybridlock``, or ``python -m hybridlock``): ``run`` (a distributed flock), ``inspect``,
+``list``, ``release --force`` and the ``demo``."""

@@ -18,6 +18,16 @@ and a read-write lock on ``key`` (``registry.obtain_read_write``) these, apart f
 
 The fencing counter ``R:{key}:fence`` is shared with the plain lock of the same key (it only ever increases).
 
+Each owner (a registry in a process) may also describe itself, for operators (``hybridlock inspect``)::
+
+    R:owner:<client_id>  a hash: "host", "pid", "started_at" (when the registry was made, Unix seconds), and one
+                         field per lease it holds, named after the lease's server key (``R:{key}``,
+                         ``R:{key}:writer``, ``R:{key}:readers``), whose value is JSON: the holding thread's or
+                         task's name, when the tenancy was granted and its fencing token
+
+It is written off the hot path, by the registry's renewer (``hybridlock._async.describer``), and lives a while
+longer than the owner's leases. It shares no name with a lock: every lock name has ``{`` right after ``R:``.
+
 Why this shape:
 
 * Everything between the first ``{`` and the next ``}`` is the Redis Cluster hash tag, and every name above
@@ -115,6 +125,11 @@ def lock_names(registry_key: str, key: str) -> LockNames:
         queue=f"{base}:queue",
         queue_until=f"{base}:queue-until",
     )
+
+
+def owner_key(registry_key: str, client_id: str) -> str:
+    """The hash in which the owner ``client_id`` of registry ``registry_key`` describes itself."""
+    return f"{registry_key}:owner:{client_id}"
 
 
 def read_write_names(registry_key: str, key: str) -> ReadWriteNames:

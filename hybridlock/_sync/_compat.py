@@ -30,6 +30,7 @@ __all__ = [
     "monotonic",
     "describe_owner",
     "new_guard",
+    "owner_name",
     "refuse_in_event_loop",
     "shielded",
     "sleep",
@@ -65,6 +66,14 @@ def current_owner() -> object:
 def describe_owner(owner: object) -> str:
     """How a repr shows an owner: the thread ident, as ``threading.RLock``'s repr does."""
     return str(owner)
+
+
+def owner_name(owner: object) -> str | None:
+    """The name of an owner, for holder descriptions: the name of the live thread with that ident, if any."""
+    for thread in threading.enumerate():
+        if thread.ident == owner:
+            return thread.name
+    return None
 
 
 def refuse_in_event_loop(key: str, server: str) -> None:

@@ -9,6 +9,7 @@ whether it was found lost, with the callbacks to run once when it is.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
@@ -30,6 +31,7 @@ class ServerLease:
         self._acquired_at: float | None = None
         self._valid_until: float | None = None
         self._fencing_token: int | None = None
+        self._granted_wall: float | None = None  # when the server granted the tenancy (time.time(), for people)
         self._lost = False
         # The final release of the current tenancy is under way: a renewal reply for it can no longer mean a loss.
         self._giving_back = False
@@ -57,6 +59,10 @@ class ServerLease:
             raise InvalidArgumentError("on_lost needs a callable", key=self.key)
         self._callbacks.append(callback)
 
+    def _holder(self) -> object | None:
+        """Who holds the lease here (a thread ident, or a task), for holder descriptions; None if nobody does."""
+        return None
+
     def _begin_lease(self, token: int | None, start: float) -> None:
         """A fresh tenancy in the server began at ``start`` (``time.monotonic()``, taken before the request)."""
         self._tenancy += 1
@@ -66,6 +72,7 @@ class ServerLease:
         self._lost = False
         self._fencing_token = token
         self._acquired_at = start
+        self._granted_wall = time.time()
         self._valid_until = self._context.config.valid_until(start)
         self._context.leases.track(self)
 

@@ -35,12 +35,16 @@ class HeldLease(Protocol):
     _acquired_at: float | None
     _valid_until: float | None
     _retained_until: float | None  # set while the lease is kept idle (retain_for)
+    _granted_wall: float | None  # when the server granted the tenancy (time.time())
+    _fencing_token: int | None
 
     @property
     def key(self) -> str: ...
 
     @property
     def lost(self) -> bool: ...
+
+    def _holder(self) -> object | None: ...
 
     def _mark_lost(self, tenancy: int) -> None: ...
 

@@ -288,6 +288,7 @@ class LockRegistry:
         context.wait_keeper.stop()
         if context.renewer is not None:
             context.renewer.stop()
+        context.describer.forget()
         context.backend.close()
         _live_registries.discard(self)
 

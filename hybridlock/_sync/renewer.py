@@ -40,6 +40,7 @@ logger = logging.getLogger("hybridlock.renewer")
 _IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it ends (a quick re-acquire reuses it)
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
 _STOP_TIMEOUT = 5.0  # seconds stop() waits for a round in progress (bounded by the client's socket timeout)
+_DESCRIBE_AFTER = 1.0  # seconds into a new worker's first period at which it describes the holders
 
 
 class LeaseRenewer:
@@ -68,6 +69,9 @@ class LeaseRenewer:
         self._lingering = False  # the worker's last sleep began with nothing held
         self._round_due = False  # the worker's last sleep began with leases held: renew when it ends
         self._failing = False  # in a streak of failed rounds (logged once per streak)
+        # A new worker describes the holders once, _DESCRIBE_AFTER into its first period (see describer.py).
+        self._describe_pending = False
+        self._describe_due = False
         self._delay = self._period  # until the next round
         #: Completed renewal rounds and backend calls made (for statistics and benchmarks).
         self.rounds = 0
@@ -79,6 +83,8 @@ class LeaseRenewer:
         with self._guard:
             if not self._live and not self._stopped:
                 self._lingering = self._round_due = False
+                self._describe_pending = True
+                self._describe_due = False
                 self._worker = Worker(self._step, name=f"hybridlock-renewer-{self._context.config.registry_key}")
                 self._live = True
                 self._worker.start()
@@ -104,9 +110,13 @@ class LeaseRenewer:
         with self._guard:
             # Awake: a release emptying the table from now on finds us looking (or about to), not asleep.
             self._sleeping_with_leases = False
-        if self._round_due:
-            self._round_due = False
+        at_round, at_describe = self._round_due, self._describe_due
+        self._round_due = self._describe_due = False
+        if at_round:
             self.renew_once()
+        if at_round or at_describe:
+            # Off the hot path: describe the holders for operators (describer.py); nothing is sent when nothing changed.
+            self._context.describer.describe()
         leases = self._context.leases
         with self._guard:
             if self._stopped:
@@ -127,6 +137,14 @@ class LeaseRenewer:
                 # from now, not at once.
                 self._lingering = False
                 self._delay = self._period
+            if self._describe_pending:
+                self._describe_pending = False
+                if self._delay > _DESCRIBE_AFTER:
+                    # A new worker: describe the holders a moment after their leases began (a hold shorter than
+                    # that is never described, and costs the server nothing), then renew at the period as usual.
+                    self._describe_due = True
+                    self._delay -= _DESCRIBE_AFTER
+                    return _DESCRIBE_AFTER
             self._round_due = True
             return self._delay
 

@@ -18,7 +18,7 @@ lock logic can ask it without yielding to the loop.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..._core.config import QUEUE_PLACE_KEEP_MS
 from ..._core.names import LockNames, ReadWriteNames
@@ -150,6 +150,13 @@ class AsyncLockBackend(abc.ABC):
         itself, so it must be quick and must not block. Returns False when this backend cannot notify; holders
         then learn of contention only by polling ``AsyncReleaseWatch.contended``."""
         return False
+
+    async def describe_owner(  # noqa: B027 - optional: a backend nobody else can read needs no description
+        self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int
+    ) -> None:
+        """Set ``fields`` of the owner-description hash ``key``, delete its fields ``gone``, and make it expire in
+        ``ttl_ms`` milliseconds (0: delete it now), in one round trip (see ``hybridlock._async.describer``). Default:
+        nothing."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends own nothing to close
         """Release what the backend owns (connections, its listener). Idempotent."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -487,6 +487,16 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def is_read_locked(self, names: ReadWriteNames) -> bool:
         async with self._translated(names.key, "read lock query"):
             return bool(await self._scripts.run(scripts.READ_HELD, (names.readers,), ()))
+
+    async def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
+        async with self._translated(None, "description of the owner"):
+            pipe = self.client.pipeline(transaction=False)
+            if fields:
+                pipe.hset(key, mapping=dict(fields))
+            if gone:
+                pipe.hdel(key, *gone)
+            pipe.pexpire(key, ttl_ms)
+            await pipe.execute()
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -488,6 +488,16 @@ class RedisBackend(LockBackend):
     def is_read_locked(self, names: ReadWriteNames) -> bool:
         with self._translated(names.key, "read lock query"):
             return bool(self._scripts.run(scripts.READ_HELD, (names.readers,), ()))
+
+    def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
+        with self._translated(None, "description of the owner"):
+            pipe = self.client.pipeline(transaction=False)
+            if fields:
+                pipe.hset(key, mapping=dict(fields))
+            if gone:
+                pipe.hdel(key, *gone)
+            pipe.pexpire(key, ttl_ms)
+            pipe.execute()
 
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         return self._subscriber.watch(names.channel, owner)

@@ -1,0 +1,108 @@
+"""The holder description: who this owner is, for operators (``hybridlock inspect``), written off the hot path.
+
+An owner (a registry in a process) describes itself in one small hash of the server (``owner_key`` in
+``hybridlock._core.names``): its host, pid and start, and, for each lease it holds, the name of the holding thread
+or task, when the tenancy was granted and its fencing token. Nothing of it is sent by ``acquire`` or ``release``:
+the registry's renewer writes it from its own worker,
+
+* one second after the worker starts (at the registry's first lease after a quiet spell), so a lock held for
+  longer than that is described soon after it was taken;
+* at each renewal round, for the leases taken since the last one, dropping the fields of leases given back since;
+  the whole hash is rewritten, with its expiry, at the first round after half its life (``ttl_ms``: a minute, or
+  three leases if longer), so it outlives every lease of a live owner.
+
+So an uncontended acquire/release cycle costs the server exactly what it did, and a busy registry one small
+pipelined write (``HSET``, ``HDEL``, ``PEXPIRE``) per renewal period at most. What it does not promise: a hold
+shorter than a second, or than a renewal period once the worker runs, may never be described (it is over before
+anyone could look), and a field may outlive its lease until the next round (readers check the fencing token).
+
+Failure modes: a description that cannot be written is logged at debug level and tried again at the next
+occasion; it never affects a lock. With ``auto_renew=False`` there is no renewer and no description.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from .._core.names import owner_key
+from ._compat import monotonic, owner_name
+
+if TYPE_CHECKING:
+    from .context import LockContext
+    from .leases import HeldLease
+
+__all__ = ["OwnerDescriber", "lease_description"]
+
+logger = logging.getLogger("hybridlock")
+
+_MIN_OWNER_TTL_MS = 60_000
+
+
+def lease_description(lease: HeldLease) -> dict[str, object]:
+    """What the owner hash says of one held lease (also what ``statistics()`` shows)."""
+    holder = lease._holder()
+    return {
+        "thread": None if holder is None else owner_name(holder),
+        "acquired_at": lease._granted_wall,
+        "token": lease._fencing_token,
+    }
+
+
+class OwnerDescriber:
+    """Keeps one owner's description in the server; called only from the renewer's worker."""
+
+    def __init__(self, context: LockContext) -> None:
+        self._context = context
+        config = context.config
+        self.key = owner_key(config.registry_key, context.client_id)
+        lease_ms = config.lease_ms or 0
+        self.ttl_ms = max(_MIN_OWNER_TTL_MS, 3 * lease_ms)
+        self.started_at = time.time()
+        self._refresh_at = -1.0  # monotonic: when the hash must be written again (it lapses at ttl_ms)
+        self._described: dict[str, int] = {}  # server key of a lease -> the tenancy its field describes
+        self._written = False  # the hash may exist in the server
+
+    async def describe(self) -> None:
+        """Write what changed since the last description (see the module docstring for when). Never raises."""
+        try:
+            await self._write(monotonic())
+        except Exception:
+            logger.debug("hybridlock: could not write the description of owner %s", self.key, exc_info=True)
+
+    async def _write(self, now: float) -> None:
+        leases = self._context.leases.in_server()
+        if not leases and not self._described:
+            return  # an owner that holds nothing has nothing to tell
+        current = {lease._names.lock: lease for lease in leases}
+        fields: dict[str, str] = {}
+        refresh = now >= self._refresh_at
+        if refresh:
+            fields.update(host=socket.gethostname(), pid=str(os.getpid()), started_at=repr(self.started_at))
+        for name, lease in current.items():
+            if refresh or self._described.get(name) != lease._tenancy:
+                fields[name] = json.dumps(lease_description(lease), separators=(",", ":"))
+        gone = [name for name in self._described if name not in current]
+        if not fields and not gone:
+            return
+        await self._context.backend.describe_owner(self.key, fields, gone, self.ttl_ms)
+        self._described = {name: lease._tenancy for name, lease in current.items()}
+        self._written = True
+        if refresh:
+            self._refresh_at = now + self.ttl_ms / 2000.0
+
+    async def forget(self) -> None:
+        """The registry closes: remove its description now rather than let it lapse. Never raises."""
+        if not self._written:
+            return
+        self._written = False
+        self._described = {}
+        self._refresh_at = -1.0
+        try:
+            await self._context.backend.describe_owner(self.key, {}, [], 0)  # an expiry of 0 deletes the hash
+        except Exception:
+            logger.debug("hybridlock: could not remove the description of owner %s", self.key, exc_info=True)

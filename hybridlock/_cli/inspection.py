@@ -1,0 +1,290 @@
+"""Reading a lock's state from the server, for ``hybridlock inspect`` and ``hybridlock list``: read only.
+
+What a lock looks like from outside (see ``hybridlock._core.names`` for the key layout): its holder (the owner's
+``client_id``, and what the owner wrote about itself in ``R:owner:<client_id>``: host, pid, the holding thread or
+task, when it was granted), the remaining lease, the owners waiting in queue order, and the fencing counter; for a
+read-write lock, its writer, readers and waiting writers.
+
+Everything is read in two pipelined round trips per batch of keys (the lock keys, then the owners' descriptions),
+with plain read commands (``GET``, ``PTTL``, ``ZRANGE``, ``HGETALL``, ``TIME``; ``SCAN`` to list, never ``KEYS``).
+The reads are not one atomic snapshot: a lock may change hands between two of them, which a human (or script)
+looking again sees at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+
+from .._core.names import lock_names, owner_key, read_write_names
+
+__all__ = ["glob_matcher", "inspect_locks", "scan_keys"]
+
+# Endings of a lock's server names (after "R:{key"), and which kind of lock each belongs to. No ending is the end of
+# another (see names.py), so a name's ending, and with it its key, is found unambiguously.
+_ENDINGS = {
+    "}": "lock",
+    "}:queue": "lock",
+    "}:queue-until": "lock",
+    "}:writer": "read-write",
+    "}:readers": "read-write",
+    "}:writers": "read-write",
+}
+_SCAN_COUNT = 1000
+# A fencing token at least this large was taken from the server clock (microseconds since 1970, past 2001).
+_CLOCK_TOKEN = 10**15
+
+
+def glob_matcher(pattern: str) -> re.Pattern[str]:
+    """A regular expression matching what Redis's glob ``pattern`` (as in ``SCAN MATCH``) matches: ``*``, ``?``,
+    ``[abc]``, ``[^a-z]`` and ``\\`` escapes."""
+    out = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "\\" and i + 1 < n:
+            i += 1
+            out.append(re.escape(pattern[i]))
+        elif c == "[":
+            end = pattern.find("]", i + 2)
+            if end < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : end]
+                negate = body.startswith("^")
+                body = body[1:] if negate else body
+                parts = []
+                j = 0
+                while j < len(body):
+                    if j + 2 < len(body) and body[j + 1] == "-":
+                        low, high = sorted((body[j], body[j + 2]))
+                        parts.append(f"{re.escape(low)}-{re.escape(high)}")
+                        j += 3
+                    else:
+                        parts.append(re.escape(body[j]))
+                        j += 1
+                out.append(f"[{'^' if negate else ''}{''.join(parts)}]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def scan_keys(client: redis.Redis, registry_key: str, pattern: str = "*") -> list[tuple[str, str]]:
+    """``(key, kind)`` of every lock of ``registry_key`` whose key matches the glob ``pattern`` and that is held or
+    waited for ("lock" or "read-write"; a key may be both), sorted. Uses ``SCAN``, never ``KEYS``."""
+    prefix = f"{registry_key}:{{"
+    matcher = glob_matcher(pattern)
+    found: set[tuple[str, str]] = set()
+    for name in client.scan_iter(match=f"{_glob_escape(prefix)}{pattern}}}*", count=_SCAN_COUNT):
+        parsed = _parse(name, prefix)
+        if parsed is not None and matcher.fullmatch(parsed[0]):
+            found.add(parsed)
+    return sorted(found)
+
+
+def _parse(name: str, prefix: str) -> tuple[str, str] | None:
+    if not name.startswith(prefix):
+        return None
+    for ending, kind in _ENDINGS.items():
+        if name.endswith(ending) and len(name) > len(prefix) + len(ending):
+            return name[len(prefix) : len(name) - len(ending)], kind
+    return None
+
+
+def inspect_locks(client: redis.Redis, registry_key: str, keys: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The state of each ``(key, kind)`` lock (kind "lock" or "read-write"), as JSON-ready dicts."""
+    keys = list(keys)
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for key, kind in keys:
+        if kind == "lock":
+            n = lock_names(registry_key, key)
+            pipe.get(n.lock)
+            pipe.pttl(n.lock)
+            pipe.get(n.fence)
+            pipe.zrange(n.queue, 0, -1, withscores=True)
+            pipe.zrange(n.queue_until, 0, -1, withscores=True)
+        else:
+            rw = read_write_names(registry_key, key)
+            pipe.get(rw.writer)
+            pipe.pttl(rw.writer)
+            pipe.get(rw.fence)
+            pipe.zrange(rw.readers, 0, -1, withscores=True)
+            pipe.zrange(rw.writers_waiting, 0, -1, withscores=True)
+    replies = pipe.execute(raise_on_error=False)
+    seconds, micros = replies[0]
+    now_ms = seconds * 1000 + micros // 1000
+    raw = [_clean(reply) for reply in replies[1:]]
+    per_key = [raw[i : i + 5] for i in range(0, len(raw), 5)]
+
+    owners: set[str] = set()
+    for value, _pttl, _fence, first, second in per_key:
+        if isinstance(value, str):
+            owners.add(value)
+        owners.update(member for member, _score in first or ())
+        owners.update(member for member, _score in second or ())
+    descriptions = _descriptions(client, registry_key, sorted(owners))
+
+    result = []
+    for (key, kind), (value, pttl, fence, first, second) in zip(keys, per_key, strict=True):
+        if kind == "lock":
+            result.append(_plain(registry_key, key, value, pttl, fence, first, second, now_ms, descriptions))
+        else:
+            result.append(_read_write(registry_key, key, value, pttl, fence, first, second, now_ms, descriptions))
+    return result
+
+
+def _clean(reply: Any) -> Any:
+    # A key of an unexpected type (not written by hybridlock) answers WRONGTYPE: read it as missing, as scripts do.
+    return None if isinstance(reply, Exception) else reply
+
+
+def _descriptions(client: redis.Redis, registry_key: str, owners: list[str]) -> dict[str, dict[str, str]]:
+    if not owners:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for owner in owners:
+        pipe.hgetall(owner_key(registry_key, owner))
+    replies = pipe.execute(raise_on_error=False)
+    return {owner: reply if isinstance(reply, dict) else {} for owner, reply in zip(owners, replies, strict=True)}
+
+
+def _owner(
+    owner: str, descriptions: dict[str, dict[str, str]], lease_name: str | None = None, token: int | None = None
+) -> dict[str, Any]:
+    """An owner as shown: its id and self-description, and what it said about holding ``lease_name`` (only if that
+    speaks of the current tenancy: same fencing token, where there is one)."""
+    described = descriptions.get(owner, {})
+    shown: dict[str, Any] = {"owner": owner, "host": described.get("host"), "pid": _int(described.get("pid"))}
+    started = _float(described.get("started_at"))
+    shown["owner_started_at"] = started
+    if lease_name is not None:
+        shown["thread"] = None
+        shown["acquired_at"] = None
+        about = _json(described.get(lease_name))
+        if about is not None and (token is None or about.get("token") in (None, token)):
+            shown["thread"] = about.get("thread")
+            shown["acquired_at"] = about.get("acquired_at")
+        if shown["acquired_at"] is None and token is not None and token >= _CLOCK_TOKEN:
+            # The token of a fresh acquisition is the server's clock in microseconds (see scripts.py): a fair
+            # "since" even for a holder that has not described itself (yet).
+            shown["acquired_at"] = token / 1e6
+    return shown
+
+
+def _plain(
+    registry_key: str,
+    key: str,
+    holder: Any,
+    pttl: Any,
+    fence: Any,
+    queue: Any,
+    lapses: Any,
+    now_ms: int,
+    descriptions: dict[str, dict[str, str]],
+) -> dict[str, Any]:
+    n = lock_names(registry_key, key)
+    token = _int(fence)
+    held = isinstance(holder, str)
+    lapse_of = dict(lapses or ())
+    waiting = []
+    for member, arrived in queue or ():
+        lapse = lapse_of.get(member)
+        if lapse is None or lapse <= now_ms:
+            continue  # lapsed: the scripts drop it at their next look
+        entry = _owner(member, descriptions)
+        entry["queued_at"] = arrived / 1000.0
+        entry["place_lapses_in_ms"] = int(lapse - now_ms)
+        waiting.append(entry)
+    return {
+        "key": key,
+        "kind": "lock",
+        "name": n.lock,
+        "held": held,
+        "holder": _owner(holder, descriptions, n.lock, token) if held else None,
+        "lease_remaining_ms": _int(pttl) if held else None,
+        "fencing_counter": token,
+        "waiting": waiting,
+    }
+
+
+def _read_write(
+    registry_key: str,
+    key: str,
+    writer: Any,
+    pttl: Any,
+    fence: Any,
+    readers: Any,
+    writers_waiting: Any,
+    now_ms: int,
+    descriptions: dict[str, dict[str, str]],
+) -> dict[str, Any]:
+    rw = read_write_names(registry_key, key)
+    token = _int(fence)
+    written = isinstance(writer, str)
+    shown_readers = []
+    for member, expiry in readers or ():
+        if expiry > now_ms:
+            entry = _owner(member, descriptions, rw.readers)
+            entry["lease_remaining_ms"] = int(expiry - now_ms)
+            shown_readers.append(entry)
+    waiting = []
+    for member, lapse in writers_waiting or ():
+        if lapse > now_ms:
+            entry = _owner(member, descriptions)
+            entry["place_lapses_in_ms"] = int(lapse - now_ms)
+            waiting.append(entry)
+    return {
+        "key": key,
+        "kind": "read-write",
+        "name": rw.writer,
+        "held": written or bool(shown_readers),
+        "writer": _owner(writer, descriptions, rw.writer, token) if written else None,
+        "writer_lease_remaining_ms": _int(pttl) if written else None,
+        "readers": shown_readers,
+        "fencing_counter": token,
+        "writers_waiting": waiting,
+    }
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _json(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

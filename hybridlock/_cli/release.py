@@ -1,0 +1,105 @@
+"""``hybridlock release --force KEY``: an operator's way out (Redisson's ``forceUnlock``).
+
+It deletes the lock's holder key, whoever holds it, and wakes the head of the queue exactly as the holder's own
+release would (the backend's own release, run on the holder's behalf: compare-and-delete, then publish), so
+waiters take the lock at once instead of sleeping out the lease. The holder is not told directly: it learns at its
+next renewal (within a third of its lease) that the lease is gone, as a loss (``lock.lost``, ``on_lost``,
+``LockLostError`` at release; ``hybridlock run`` then signals its command). Until then it may still believe it
+holds the lock, which is what fencing tokens are for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import redis
+
+from .._core.names import lock_names, read_write_names
+from .._sync.backends.redis import RedisBackend
+from ..errors import HybridLockError
+from .common import (
+    CommandError,
+    add_server_arguments,
+    client_for,
+    confirm,
+    registry_key_of,
+    report,
+    server_error,
+    server_url_of,
+)
+from .inspection import inspect_locks
+
+__all__ = ["add_parser"]
+
+RELEASED, NOT_HELD, USAGE, SERVER_FAILED = 0, 1, 2, 3
+_PROG = "hybridlock release"
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "release",
+        help="force-release a lock whoever holds it (an operator's way out)",
+        description="Delete KEY's holder key whoever holds it, and wake the next waiting owner as a release "
+        "would. The holder learns of it at its next renewal, as a lost lease. Asks for confirmation on a "
+        "terminal unless --yes is given.",
+        epilog="exit status: 0 released; 1 the lock was not held (or changed hands meanwhile: nothing was "
+        "released); 2 usage error, no server given, or not confirmed; 3 the server could not be reached or refused.",
+    )
+    parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
+    parser.add_argument("--force", action="store_true", required=True, help="required: yes, whoever holds it")
+    parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    parser.add_argument("--read-write", action="store_true", help="KEY is a read-write lock: release its writer")
+    add_server_arguments(parser)
+    parser.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    try:
+        return _release(args)
+    except CommandError as exc:
+        return report(_PROG, exc)
+
+
+def _release(args: argparse.Namespace) -> int:
+    url = server_url_of(args, USAGE)
+    registry_key = registry_key_of(args, USAGE)
+    kind = "read-write" if args.read_write else "lock"
+    client = client_for(url, USAGE)
+    try:
+        try:
+            (state,) = inspect_locks(client, registry_key, [(args.key, kind)])
+            holder = state["writer"] if args.read_write else state["holder"]
+            if holder is None:
+                print(f"{_PROG}: {args.key!r} is not held: nothing to release", file=sys.stderr)
+                return NOT_HELD
+            owner = holder["owner"]
+            shown = ", ".join(str(part) for part in (owner, holder.get("host"), holder.get("pid")) if part)
+            if not args.yes:
+                if not sys.stdin.isatty():
+                    raise CommandError("not a terminal, so cannot ask: give --yes to release without asking", USAGE)
+                if not confirm(f"Release {args.key!r}, held by {shown}, by force?"):
+                    print(f"{_PROG}: not released", file=sys.stderr)
+                    return USAGE
+            released = _run_release(client, registry_key, args.key, owner, args.read_write)
+        except redis.RedisError as exc:
+            raise server_error(exc, url, SERVER_FAILED) from None
+        except HybridLockError as exc:
+            raise CommandError(str(exc), SERVER_FAILED) from None
+    finally:
+        client.close()
+    if not released:
+        print(f"{_PROG}: {args.key!r} changed hands meanwhile: nothing released", file=sys.stderr)
+        return NOT_HELD
+    print(f"released {args.key!r} (was held by {shown})")
+    return RELEASED
+
+
+def _run_release(client: redis.Redis, registry_key: str, key: str, owner: str, read_write: bool) -> bool:
+    # The holder's own release, run on its behalf: it deletes only if the holder is still `owner`, so a lock that
+    # changed hands since we looked is left alone.
+    backend = RedisBackend(client)
+    if read_write:
+        return backend.release_write(read_write_names(registry_key, key), owner)
+    return backend.release(lock_names(registry_key, key), owner, notify=True)

@@ -1,0 +1,299 @@
+"""``hybridlock run KEY -- CMD ARGS...``: a distributed ``flock``: run a command while holding a lock.
+
+The lock is a plain ``LockRegistry`` lock, so a program using the library on the same key (and registry key)
+excludes the command and is excluded by it. While the command runs, the registry's renewer keeps the lease
+alive. The command finds the lock's fencing token in ``HYBRIDLOCK_FENCING_TOKEN`` (and the key in
+``HYBRIDLOCK_KEY``, the registry key in ``HYBRIDLOCK_REGISTRY_KEY``), to pass on to whatever it writes.
+
+Signals: SIGTERM (and SIGINT) sent to ``hybridlock run`` are passed on to the command, which decides when to
+end; ``hybridlock run`` then releases the lock and exits with the command's status. A SIGINT typed at the terminal
+(Ctrl-C) already reaches the command, which shares the terminal's process group, so it is not sent twice. Before
+the command starts, either signal ends the wait for the lock at once (status 128 + the signal's number).
+
+If the lease is lost while the command runs (a renewal found the key gone or another owner's: the server lost it,
+an operator ran ``hybridlock release --force``, or this process was paused longer than the lease), the command is
+sent ``--lost-signal`` (SIGTERM by default), and SIGKILL ``--kill-after`` seconds later if given; whatever the
+command then does, ``hybridlock run`` exits with ``EXIT_LOST``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from .._sync.lock import HybridLock
+from .._sync.registry import LockRegistry
+from ..errors import HybridLockError, LockLostError
+from .common import CommandError, add_server_arguments, registry_key_of, report, server_url_of
+
+__all__ = [
+    "EXIT_CANNOT_RUN",
+    "EXIT_FAILED",
+    "EXIT_HELD",
+    "EXIT_LOST",
+    "EXIT_NOT_FOUND",
+    "EXIT_TIMEOUT",
+    "add_parser",
+]
+
+EXIT_HELD = 75  # --no-wait, and another owner holds the lock (sysexits' EX_TEMPFAIL: try again later)
+EXIT_LOST = 122  # the lease was lost while the command ran
+EXIT_TIMEOUT = 124  # --timeout passed before the lock was acquired (as timeout(1))
+EXIT_FAILED = 125  # hybridlock itself failed: no server given or reachable, a server error (as timeout(1))
+EXIT_CANNOT_RUN = 126  # the command was found but could not be run (as a shell)
+EXIT_NOT_FOUND = 127  # the command was not found (as a shell)
+
+FENCING_TOKEN_ENV = "HYBRIDLOCK_FENCING_TOKEN"
+KEY_ENV = "HYBRIDLOCK_KEY"
+REGISTRY_KEY_ENV_FOR_CHILD = "HYBRIDLOCK_REGISTRY_KEY"
+
+_PROG = "hybridlock run"
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+
+_EPILOG = f"""exit status:
+  the command's own status, or 128+N if it was killed by signal N (as a shell reports it)
+  {EXIT_HELD:<4} the lock is held by another owner and --no-wait was given
+  {EXIT_LOST:<4} the lease was lost while the command ran (the command was sent --lost-signal)
+  {EXIT_TIMEOUT:<4} --timeout passed before the lock was acquired
+  {EXIT_FAILED:<4} hybridlock failed: no server given, server unreachable or refusing, bad settings
+  {EXIT_CANNOT_RUN:<4} the command could not be run
+  {EXIT_NOT_FOUND:<4} the command was not found
+  128+N  SIGINT or SIGTERM (N) arrived while waiting for the lock (130 for Ctrl-C, 143 for SIGTERM)
+  2    usage error
+
+environment given to the command:
+  {FENCING_TOKEN_ENV}  the lock's fencing token (greater than every earlier holder's)
+  {KEY_ENV}, {REGISTRY_KEY_ENV_FOR_CHILD}  the lock key and registry key
+"""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0: {text!r}")
+    return value
+
+
+def _signal(text: str) -> signal.Signals:
+    name = text.upper()
+    try:
+        if name.isdigit():
+            return signal.Signals(int(name))
+        return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a signal: {text!r}") from None
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a command while holding a lock (a distributed flock)",
+        description="Take KEY's lock (waiting for it unless --no-wait), run CMD while the lease is renewed, "
+        "release the lock when CMD ends and exit with CMD's status. SIGINT and SIGTERM are passed on to CMD. If "
+        "the lease is lost meanwhile, CMD is sent --lost-signal and hybridlock exits with a status of its own.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [options] KEY -- CMD [ARGS...]",
+    )
+    parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
+    wait = parser.add_mutually_exclusive_group()
+    wait.add_argument("--timeout", type=_seconds, metavar="S", help="wait at most S seconds for the lock")
+    wait.add_argument("--no-wait", "-n", action="store_true", help=f"fail at once (status {EXIT_HELD}) when held")
+    parser.add_argument(
+        "--expire-after",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="the lease in seconds, renewed every third of it while CMD runs (default: 30)",
+    )
+    parser.add_argument(
+        "--lost-signal",
+        type=_signal,
+        default=signal.SIGTERM,
+        metavar="SIG",
+        help="signal sent to CMD if the lease is lost, by name or number (default: TERM)",
+    )
+    parser.add_argument(
+        "--kill-after",
+        type=_seconds,
+        metavar="S",
+        help="after sending --lost-signal, send SIGKILL if CMD still runs S seconds later",
+    )
+    add_server_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments")
+    parser.set_defaults(func=_command)
+
+
+class _Interrupted(BaseException):
+    """SIGTERM (or SIGINT) arrived while waiting for the lock."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _command(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print(f"{_PROG}: no command given (hybridlock run KEY -- CMD ARGS...)", file=sys.stderr)
+        return 2
+    try:
+        url = server_url_of(args, EXIT_FAILED)
+        registry_key = registry_key_of(args, EXIT_FAILED)
+        try:
+            registry = LockRegistry(url, registry_key=registry_key, expire_after=args.expire_after)
+        except HybridLockError as exc:
+            raise CommandError(str(exc), EXIT_FAILED) from None
+    except CommandError as exc:
+        return report(_PROG, exc)
+    try:
+        return _hold_and_run(registry, args, command)
+    finally:
+        registry.close()
+
+
+def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: list[str]) -> int:
+    lock = registry.obtain(args.key)
+    failed = _acquire(lock, args)
+    if failed is not None:
+        return failed
+    lost = threading.Event()
+    status = EXIT_FAILED
+    try:
+        status = _run_child(lock, registry, args, command, lost)
+    finally:
+        try:
+            lock.release()
+        except LockLostError:
+            lost.set()
+        except HybridLockError as exc:
+            # The key ends with its lease; the command's status is still the one to report.
+            print(f"{_PROG}: could not release {args.key!r}: {exc}", file=sys.stderr)
+    if lost.is_set():
+        print(f"{_PROG}: the lease of {args.key!r} was lost while the command ran", file=sys.stderr)
+        return EXIT_LOST
+    return status
+
+
+def _acquire(lock: HybridLock, args: argparse.Namespace) -> int | None:
+    """Take the lock: None once held, else the exit status to end with."""
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupted) for signum in _FORWARDED}
+    try:
+        if args.no_wait:
+            got = lock.acquire(blocking=False)
+        elif args.timeout is not None:
+            got = lock.acquire(timeout=args.timeout)
+        else:
+            got = lock.acquire()
+    except _Interrupted as exc:
+        return 128 + exc.signum
+    except HybridLockError as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if got:
+        return None
+    if args.no_wait:
+        print(f"{_PROG}: {args.key!r} is held by another owner", file=sys.stderr)
+        return EXIT_HELD
+    print(f"{_PROG}: timed out after {args.timeout:g} s waiting for {args.key!r}", file=sys.stderr)
+    return EXIT_TIMEOUT
+
+
+def _run_child(
+    lock: HybridLock, registry: LockRegistry, args: argparse.Namespace, command: list[str], lost: threading.Event
+) -> int:
+    env = dict(os.environ)
+    env[FENCING_TOKEN_ENV] = str(lock.fencing_token)
+    env[KEY_ENV] = args.key
+    env[REGISTRY_KEY_ENV_FOR_CHILD] = registry.registry_key
+    guard = threading.Lock()
+    child: subprocess.Popen[bytes] | None = None
+
+    def tell_child_lost() -> None:
+        # From the renewer's thread (or below, if the lease was lost before the child started).
+        if child is None or child.returncode is not None:
+            return
+        _send(child, args.lost_signal)
+        if args.kill_after is not None:
+            timer = threading.Timer(args.kill_after, _send, (child, signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
+
+    def on_lost(_lock: object) -> None:
+        with guard:
+            lost.set()
+            tell_child_lost()
+
+    lock.on_lost(on_lost)
+    # Block forwarding until the child exists, so a signal arriving meanwhile is not lost: handled after start.
+    pending: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: pending.append(signum)) for signum in _FORWARDED}
+    try:
+        with guard:
+            try:
+                child = subprocess.Popen(command, env=env)
+            except FileNotFoundError as exc:
+                print(f"{_PROG}: {command[0]}: command not found ({exc.strerror})", file=sys.stderr)
+                return EXIT_NOT_FOUND
+            except OSError as exc:
+                print(f"{_PROG}: {command[0]}: cannot run it ({exc.strerror})", file=sys.stderr)
+                return EXIT_CANNOT_RUN
+            if lost.is_set() or lock.lost:
+                lost.set()
+                tell_child_lost()
+        forward = _forwarder(child)
+        for signum in _FORWARDED:
+            signal.signal(signum, forward)
+        for early in pending:
+            forward(early, None)
+        returncode = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _forwarder(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_foreground():
+            return  # typed at the terminal: the child, in our process group, got it already
+        _send(child, signum)
+
+    return forward
+
+
+def _terminal_foreground() -> bool:
+    """Whether this process is in its terminal's foreground process group (where Ctrl-C's SIGINT goes)."""
+    for stream in (sys.stdin, sys.stderr):
+        try:
+            if stream is not None and stream.isatty():
+                return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def _send(child: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        child.send_signal(signum)
+    except OSError:
+        pass  # it has just ended

@@ -1,0 +1,443 @@
+"""The command line end to end: ``python -m hybridlock run / inspect / list / release`` as subprocesses against the
+suite's real server; exit statuses, signals, lease loss, fencing tokens, queue order and force release."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hybridlock
+from hybridlock._cli.inspection import glob_matcher
+from hybridlock._cli.run import EXIT_FAILED, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, EXIT_TIMEOUT
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
+
+_PY = sys.executable
+
+
+def _env(server: Any, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key != "HYBRIDLOCK_REGISTRY_KEY"}
+    return {**env, "HYBRIDLOCK_SERVER_URL": server.url, **extra}
+
+
+def _cli(server: Any, *args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_PY, "-m", "hybridlock", *args], env=_env(server, **env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _start(server: Any, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [_PY, "-m", "hybridlock", *args],
+        env=_env(server, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def registry(make_registry: Any) -> hybridlock.LockRegistry:
+    return make_registry()
+
+
+@pytest.fixture
+def stopper() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test started: killed (by pid) if the test left them running."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+
+
+# -- run ----------------------------------------------------------------------------------------------------------
+
+
+def test_run_exits_with_the_commands_status_and_exports_the_token(server, redis_client):
+    script = 'echo "$HYBRIDLOCK_FENCING_TOKEN $HYBRIDLOCK_KEY $HYBRIDLOCK_REGISTRY_KEY"; exit 3'
+    tokens = []
+    for _ in range(3):
+        result = _cli(server, "run", "job", "--", "sh", "-c", script)
+        assert result.returncode == 3, result.stderr
+        token, key, registry_key = result.stdout.split()
+        assert (key, registry_key) == ("job", "hybridlock")
+        tokens.append(int(token))
+    assert tokens == sorted(set(tokens)), "fencing tokens must increase from run to run"
+    assert not redis_client.exists("hybridlock:{job}"), "the lock was not released after the command"
+
+
+def test_run_excludes_a_library_holder_and_the_token_is_the_librarys(server, registry):
+    lock = registry.obtain("shared")
+    with lock:
+        held_token = lock.fencing_token
+    result = _cli(server, "run", "shared", "--", "sh", "-c", 'echo "$HYBRIDLOCK_FENCING_TOKEN"')
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > held_token
+    with lock:
+        assert lock.fencing_token > int(result.stdout)
+
+
+def test_no_wait_fails_at_once_when_held(server, registry, tmp_path):
+    marker = tmp_path / "ran"
+    with registry.obtain("busy"):
+        start = time.monotonic()
+        result = _cli(server, "run", "--no-wait", "busy", "--", "touch", str(marker))
+        assert result.returncode == EXIT_HELD, result.stderr
+        assert time.monotonic() - start < 15
+    assert "held by another owner" in result.stderr
+    assert not marker.exists(), "the command ran without the lock"
+
+
+def test_timeout_gives_its_own_status(server, registry, tmp_path):
+    marker = tmp_path / "ran"
+    with registry.obtain("slow"):
+        start = time.monotonic()
+        result = _cli(server, "run", "--timeout", "0.5", "slow", "--", "touch", str(marker))
+        elapsed = time.monotonic() - start
+    assert result.returncode == EXIT_TIMEOUT, result.stderr
+    assert 0.5 <= elapsed < 20
+    assert not marker.exists()
+
+
+def test_the_lock_is_taken_when_the_holder_lets_go(server, registry):
+    lock = registry.obtain("turn")
+    held = threading.Event()
+
+    def hold_briefly() -> None:
+        with lock:
+            held.set()
+            time.sleep(0.5)
+
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    held.wait(30)
+    result = _cli(server, "run", "--timeout", "20", "turn", "--", "true")
+    holder.join(30)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_signalled_command_gives_128_plus_the_signal(server, redis_client):
+    result = _cli(server, "run", "k", "--", "sh", "-c", "kill -KILL $$")
+    assert result.returncode == 128 + signal.SIGKILL
+    assert not redis_client.exists("hybridlock:{k}")
+
+
+def test_a_missing_command_gives_127(server, redis_client):
+    result = _cli(server, "run", "k", "--", "no-such-command-anywhere")
+    assert result.returncode == EXIT_NOT_FOUND
+    assert "not found" in result.stderr
+    assert not redis_client.exists("hybridlock:{k}")
+
+
+def _trapping_child(tmp_path: Path, trapped: str, status: int) -> tuple[list[str], Path, Path]:
+    """A shell command that records its start, and on signal ``trapped`` records it and exits ``status``."""
+    started, got = tmp_path / "started", tmp_path / "got"
+    script = f'trap \'echo {trapped} > "{got}"; exit {status}\' {trapped}; echo up > "{started}"; '
+    script += "while :; do sleep 0.05; done"
+    return ["sh", "-c", script], started, got
+
+
+def test_sigterm_reaches_the_command_and_its_status_is_returned(server, redis_client, tmp_path, stopper):
+    command, started, got = _trapping_child(tmp_path, "TERM", 7)
+    process = _start(server, "run", "term", "--", *command)
+    stopper.append(process)
+    _until(started.exists, what="the command to start")
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=30)
+    assert process.returncode == 7
+    assert got.read_text().strip() == "TERM"
+    assert not redis_client.exists("hybridlock:{term}")
+
+
+def test_sigint_is_forwarded_too_when_not_typed_at_a_terminal(server, tmp_path, stopper):
+    command, started, got = _trapping_child(tmp_path, "INT", 9)
+    process = _start(server, "run", "int", "--", *command)
+    stopper.append(process)
+    _until(started.exists, what="the command to start")
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=30)
+    assert process.returncode == 9
+    assert got.read_text().strip() == "INT"
+
+
+def test_sigterm_while_waiting_ends_the_wait_and_leaves_the_queue(server, registry, redis_client, tmp_path, stopper):
+    marker = tmp_path / "ran"
+    with registry.obtain("queued"):
+        process = _start(server, "run", "queued", "--", "touch", str(marker))
+        stopper.append(process)
+        _until(lambda: redis_client.zcard("hybridlock:{queued}:queue"), what="the CLI to queue")
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+        assert process.returncode == 128 + signal.SIGTERM
+        assert redis_client.zcard("hybridlock:{queued}:queue") == 0, "the queue place was left behind"
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("how", ["force-release", "del"])
+def test_a_lost_lease_signals_the_command_and_gives_its_own_status(server, redis_client, tmp_path, stopper, how):
+    command, started, got = _trapping_child(tmp_path, "USR1", 0)
+    process = _start(server, "run", "--expire-after", "0.6", "--lost-signal", "USR1", "lease", "--", *command)
+    stopper.append(process)
+    _until(started.exists, what="the command to start")
+    if how == "del":
+        assert redis_client.delete("hybridlock:{lease}") == 1
+    else:
+        released = _cli(server, "release", "--force", "--yes", "lease")
+        assert released.returncode == 0, released.stderr
+    start = time.monotonic()
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - start < 15  # the renewal every 0.2 s notices the loss
+    assert process.returncode == EXIT_LOST, stderr
+    assert got.read_text().strip() == "USR1"
+    assert "was lost" in stderr
+
+
+def test_kill_after_ends_a_command_that_ignores_the_lost_signal(server, redis_client, tmp_path, stopper):
+    started = tmp_path / "started"
+    script = f'trap "" TERM; echo up > "{started}"; while :; do sleep 0.05; done'
+    options = ("--expire-after", "0.6", "--kill-after", "0.5")
+    process = _start(server, "run", *options, "stubborn", "--", "sh", "-c", script)
+    stopper.append(process)
+    _until(started.exists, what="the command to start")
+    redis_client.delete("hybridlock:{stubborn}")
+    process.communicate(timeout=30)
+    assert process.returncode == EXIT_LOST
+
+
+def test_no_server_given_fails_with_its_own_status(server):
+    env = {key: value for key, value in os.environ.items() if key != "HYBRIDLOCK_SERVER_URL"}
+    result = subprocess.run(
+        [_PY, "-m", "hybridlock", "run", "k", "--", "true"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == EXIT_FAILED
+    assert "HYBRIDLOCK_SERVER_URL" in result.stderr
+
+
+def test_passwords_are_never_printed(server):
+    url = "redis://:sekrit-password@127.0.0.1:1/0"  # nothing listens on port 1: refused at once
+    run = _cli(server, "run", "--server", url, "k", "--", "true")
+    assert run.returncode == EXIT_FAILED
+    inspect = _cli(server, "inspect", "k", HYBRIDLOCK_SERVER_URL=url)
+    assert inspect.returncode == 3
+    for result in (run, inspect):
+        assert "sekrit" not in result.stdout + result.stderr
+        assert "127.0.0.1:1" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_the_help_documents_every_exit_status(server):
+    result = _cli(server, "run", "--help")
+    for status in (EXIT_HELD, EXIT_LOST, EXIT_TIMEOUT, EXIT_FAILED, 126, EXIT_NOT_FOUND):
+        assert f"  {status} " in result.stdout
+    assert "HYBRIDLOCK_FENCING_TOKEN" in result.stdout
+
+
+# -- inspect and list ------------------------------------------------------------------------------------------------
+
+
+def _inspect(server: Any, *keys: str) -> list[dict[str, Any]]:
+    result = _cli(server, "inspect", "--json", *keys)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["server"] == server.url
+    locks: list[dict[str, Any]] = document["locks"]
+    return locks
+
+
+def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_registry):
+    holder = make_registry(expire_after=3.0)  # renewed every second: described by then
+    waiters = [make_registry(), make_registry()]
+    lock = holder.obtain("q")
+    ready = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with lock:
+            ready.set()
+            release.wait(60)
+
+    holding = threading.Thread(target=hold, name="holding-thread")
+    holding.start()
+    ready.wait(30)
+    threads = []
+
+    def take_and_give_back(waiter: hybridlock.LockRegistry) -> None:
+        waiting_lock = waiter.obtain("q")
+        if waiting_lock.acquire(timeout=60):
+            waiting_lock.release()
+
+    try:
+        for waiter in waiters:
+            thread = threading.Thread(target=take_and_give_back, args=(waiter,))
+            thread.start()
+            threads.append(thread)
+            expected = len(threads)
+            _until(lambda n=expected: len(_inspect(server, "q")[0]["waiting"]) == n, what="the waiter to queue")
+
+        def described() -> dict[str, Any] | None:
+            (state,) = _inspect(server, "q")
+            return state if state["holder"]["thread"] else None
+
+        state = _until(described, what="the holder's description")
+        assert state["held"] is True
+        assert state["holder"]["owner"] == holder.client_id
+        assert state["holder"]["pid"] == os.getpid()
+        assert state["holder"]["host"]
+        assert state["holder"]["thread"] == "holding-thread"
+        assert abs(state["holder"]["acquired_at"] - time.time()) < 60
+        assert state["fencing_counter"] == lock.statistics().fencing_token
+        assert 0 < state["lease_remaining_ms"] <= 3000
+        assert [w["owner"] for w in state["waiting"]] == [w.client_id for w in waiters]
+        assert all(w["pid"] is None or w["pid"] == os.getpid() for w in state["waiting"])
+
+        text = _cli(server, "inspect", "q")
+        assert text.returncode == 0
+        assert holder.client_id in text.stdout
+        assert "holding-thread" in text.stdout
+        assert text.stdout.index(waiters[0].client_id) < text.stdout.index(waiters[1].client_id)
+    finally:
+        release.set()
+        holding.join(30)
+        for thread in threads:
+            thread.join(60)
+
+
+def test_inspect_a_free_lock(server, redis_client):
+    (state,) = _inspect(server, "nothing-here")
+    assert state["held"] is False
+    assert state["holder"] is None
+    assert state["waiting"] == []
+
+
+def test_list_finds_held_locks_by_pattern_with_scan(server, registry):
+    rw = registry.obtain_read_write("doc:1")
+    with registry.obtain("job:1"), registry.obtain("job:2"), registry.obtain("other"), rw.write_lock():
+        result = _cli(server, "list", "--json", "job:*")
+        assert result.returncode == 0, result.stderr
+        keys = [lock["key"] for lock in json.loads(result.stdout)["locks"]]
+        assert keys == ["job:1", "job:2"]
+        everything = json.loads(_cli(server, "list", "--json").stdout)["locks"]
+        assert {(lock["key"], lock["kind"]) for lock in everything} == {
+            ("job:1", "lock"),
+            ("job:2", "lock"),
+            ("other", "lock"),
+            ("doc:1", "read-write"),
+        }
+        (doc,) = [lock for lock in everything if lock["kind"] == "read-write"]
+        assert doc["writer"]["owner"] == registry.client_id
+        text = _cli(server, "list")
+        assert "job:1 [lock]: held by" in text.stdout
+    after = json.loads(_cli(server, "list", "--json").stdout)["locks"]
+    assert after == []
+
+
+def test_list_pattern_is_a_redis_glob():
+    assert glob_matcher("job:*").fullmatch("job:1")
+    assert not glob_matcher("job:?").fullmatch("job:12")
+    assert glob_matcher("a[bc]d").fullmatch("acd")
+    assert not glob_matcher("a[^bc]d").fullmatch("abd")
+    assert glob_matcher(r"a\*").fullmatch("a*")
+    assert not glob_matcher(r"a\*").fullmatch("ab")
+
+
+# -- release --force -------------------------------------------------------------------------------------------------
+
+
+def test_force_release_wakes_the_waiter_and_the_holder_learns_at_renewal(server, make_registry, redis_client):
+    holder, rival = make_registry(expire_after=30.0), make_registry()
+    lock = holder.obtain("stuck")
+    lost = threading.Event()
+    lock.on_lost(lambda _lock: lost.set())
+    lock.acquire()
+    got: list[float] = []
+
+    def wait() -> None:
+        rival_lock = rival.obtain("stuck")
+        if rival_lock.acquire(timeout=20):
+            got.append(time.monotonic())
+            rival_lock.release()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    _until(lambda: redis_client.zcard("hybridlock:{stuck}:queue"), what="the rival to queue")
+    start = time.monotonic()
+    result = _cli(server, "release", "--force", "--yes", "stuck")
+    assert result.returncode == 0, result.stderr
+    assert holder.client_id in result.stdout
+    waiter.join(30)
+    assert got, "the waiter never got the lock"
+    assert got[0] - start < 10, "the waiter slept out the 30 s lease instead of being woken"
+    # The holder is told at its next renewal (here by hand, instead of waiting 10 s for the renewer).
+    with pytest.raises(hybridlock.LockLostError):
+        lock.renew()
+    assert lock.lost
+    assert lost.is_set()
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()
+
+
+def test_force_release_asks_and_refuses_without_a_terminal(server, registry, redis_client):
+    with registry.obtain("precious"):
+        result = subprocess.run(
+            [_PY, "-m", "hybridlock", "release", "--force", "precious"],
+            env=_env(server),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 2
+        assert "--yes" in result.stderr
+        assert redis_client.get("hybridlock:{precious}") == registry.client_id.encode()
+
+
+def test_force_release_of_a_free_lock_says_so(server, redis_client):
+    result = _cli(server, "release", "--force", "--yes", "free")
+    assert result.returncode == 1
+    assert "not held" in result.stderr
+
+
+def test_release_needs_force(server):
+    assert _cli(server, "release", "k").returncode == 2
+
+
+def test_force_release_of_a_writer(server, registry, redis_client):
+    rw = registry.obtain_read_write("doc")
+    rw.write_lock().acquire()
+    result = _cli(server, "release", "--force", "--yes", "--read-write", "doc")
+    assert result.returncode == 0, result.stderr
+    assert not redis_client.exists("hybridlock:{doc}:writer")
+    with pytest.raises(hybridlock.LockLostError):
+        rw.write_lock().release()
+
+
+def test_the_registry_key_comes_from_the_environment(server, make_registry):
+    other = make_registry(registry_key="elsewhere")
+    with other.obtain("k"):
+        assert _inspect(server, "k")[0]["held"] is False
+        result = _cli(server, "inspect", "--json", "k", HYBRIDLOCK_REGISTRY_KEY="elsewhere")
+        assert json.loads(result.stdout)["locks"][0]["holder"]["owner"] == other.client_id
+        held = _cli(server, "run", "--no-wait", "--registry-key", "elsewhere", "k", "--", "true")
+        assert held.returncode == EXIT_HELD
