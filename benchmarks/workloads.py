@@ -124,6 +124,7 @@ UNCONTENDED_METRICS = (
     Metric("latency_p99_us", "cycle p99 (µs)", "lower", 0),
     Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
     Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+    Metric("server_us_per_cycle", "server µs / cycle", "lower", 1),
     Metric("reentrant_round_trips", "reentrant acquire: round trips", "lower", 2),
     Metric("reentrant_server_cmds", "reentrant acquire: server cmds", "lower", 2),
     Metric("reentrant_us", "reentrant acquire+release (µs)", "lower", 2),
@@ -172,6 +173,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
                     "latency_p99_us": _us(percentile(latencies, 0.99)),
                     "round_trips_per_cycle": trips / n,
                     "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
+                    "server_us_per_cycle": _server_us_per_bare_cycle(lock, stats, settings.uncontended_cycles),
                 }
             )
         if session.reentrant:
@@ -182,6 +184,18 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         session.close()
         counter.close()
         stats.close()
+
+
+def _server_us_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int) -> float:
+    """The server's time per acquire+release with nothing in between, from ``INFO commandstats`` (its ``usec``):
+    every command the cycle sent, and every command a script ran inside the server, which Redis counts both on its
+    own and in the script's time, as it does for every contender alike. With no critical section, none of it is the
+    counter's."""
+    before = command_snapshot(stats)
+    for _ in range(cycles):
+        lock.acquire()
+        lock.release()
+    return command_delta(before, command_snapshot(stats)).total_usec() / cycles
 
 
 def _cycle(lock: LockLike, section: Callable[[], Any]) -> float:
