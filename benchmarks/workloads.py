@@ -26,6 +26,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import redis
@@ -35,6 +36,7 @@ from .measure import (
     AsyncCounter,
     CommandCounts,
     Counter,
+    KeyedCounter,
     LocalCounter,
     Metric,
     command_delta,
@@ -90,6 +92,10 @@ class Settings:
     async_tasks_per_process: int = 50
     async_waiters: int = 1_000
     async_timer_period: float = 0.01
+    # many keys: a pool of threads of one process, each cycle on a key drawn at random from many
+    many_keys: int = 1_000
+    many_threads: int = 64
+    many_s: float = 5.0
 
 
 QUICK = Settings(
@@ -103,6 +109,7 @@ QUICK = Settings(
     scale_acquire_max_s=20.0,
     local_s=0.5,
     async_s=1.0,
+    many_s=1.0,
 )
 FULL = Settings(rounds=3)
 
@@ -247,6 +254,13 @@ CONTENTION_METRICS = (
 )
 
 
+PROCESSES_METRICS = (
+    *CONTENTION_METRICS[:5],
+    Metric("jain", "Jain's index over processes", "higher", 3),
+    *CONTENTION_METRICS[5:],
+)
+
+
 def _contend(
     session: Session,
     counter: Counter | LocalCounter,
@@ -341,6 +355,50 @@ def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, i
         "round_trips_per_cycle": trips / cycles if cycles else math.nan,
         "server_cmds_per_cycle": delta.total(counter_increments=increments) / cycles if cycles else math.nan,
     }
+
+
+def many_keys(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """A worker pool: ``settings.many_threads`` threads of one process, each cycle on a key drawn (seeded, per
+    thread and round) from ``settings.many_keys``; the critical section increments that key's counter."""
+    session = None
+    counter = KeyedCounter(url, f"bench-counter:many:{contender_id}", settings.many_keys)
+    stats = redis.Redis.from_url(url)
+    threads = settings.many_threads
+    try:
+        session = make_session(contender_id, url, settings.lease)
+        _cycle(session.lock("many:0"), partial(counter.increment, 0))  # loads scripts, opens the connection
+        cycles_run = 1
+        rounds = []
+        errors: list[str] = []
+        for round_no in range(settings.rounds):
+            draws = [random.Random(1000 * round_no + i) for i in range(threads)]
+            waits: list[list[float]] = [[] for _ in range(threads)]
+            increments0 = counter.increments
+            before, trips0 = command_snapshot(stats), round_trips_sent()
+
+            def step(index: int, draws: list[random.Random] = draws, waits: list[list[float]] = waits) -> None:
+                key = draws[index].randrange(settings.many_keys)
+                lock = session.lock(f"many:{key}")  # type: ignore[union-attr]  # (made above)
+                waits[index].append(_cycle(lock, partial(counter.increment, key)))
+
+            round_errors: list[str] = []
+            start, end = _cycling_threads(threads, step, settings.many_s, settings.contention_max_cycles,
+                                          lambda: None, round_errors)
+            trips = round_trips_sent() - trips0
+            delta = command_delta(before, command_snapshot(stats))
+            part = {"start": start, "end": end, "waits": [w for mine in waits for w in mine],
+                    "per_thread": [len(mine) for mine in waits], "errors": round_errors}
+            errors += round_errors
+            cycles_run += sum(part["per_thread"])
+            rounds.append(_contention_round([part], trips, delta, counter.increments - increments0))
+            if round_errors:
+                break
+        return _row(rounds, CONTENTION_METRICS, counter, cycles_run, errors)
+    finally:
+        if session is not None:
+            session.close()
+        counter.close()
+        stats.close()
 
 
 def threads_one_process(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
@@ -1625,11 +1683,23 @@ WORKLOADS = (
         "processes",
         "3. Four processes x 2 threads, one key",
         "Four processes (each its own client, and registry) with two threads each cycle on one key for a fixed "
-        "time.",
+        "time. Jain's index is over the processes' cycle counts, (Σx)² / (n·Σx²): 1 = equal shares, 0.25 = one "
+        "process took all.",
         threads_many_processes,
-        CONTENTION_METRICS,
+        PROCESSES_METRICS,
         in_process=False,
         extra=("hybridlock-retain",),
+    ),
+    Workload(
+        "many-keys",
+        "3b. A worker pool: one process, 64 threads, 1,000 keys",
+        "Sixty-four threads of one process each take a key drawn at random (seeded) from 1,000, increment that "
+        "key's Redis counter (GET, then SET) under its lock, release, and draw again, for a fixed time: a worker "
+        "pool spread over many keys, where two threads meet on one key now and then. hybridlock's threads share "
+        "the registry's lock object of a key; the other libraries make a lock object per cycle.",
+        many_keys,
+        CONTENTION_METRICS,
+        in_process=True,
     ),
     Workload(
         "handoff",
