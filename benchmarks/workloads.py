@@ -589,7 +589,7 @@ def _reap(children: Sequence[Any], wait: float) -> None:
 def threads_many_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.processes`` processes x ``settings.threads_per_process`` threads on one key."""
     return _many_processes(contender_id, url, settings, "processes", settings.contention_s,
-                           settings.contention_max_cycles, CONTENTION_METRICS)
+                           settings.contention_max_cycles, PROCESSES_METRICS)
 
 
 def _many_processes(
