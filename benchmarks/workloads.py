@@ -131,7 +131,8 @@ UNCONTENDED_METRICS = (
     Metric("latency_p99_us", "cycle p99 (µs)", "lower", 0),
     Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
     Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
-    Metric("server_us_per_cycle", "server µs / cycle", "lower", 1),
+    Metric("server_us_per_cycle", "server µs / cycle (commandstats)", "lower", 1),
+    Metric("server_cpu_us_per_cycle", "server CPU µs / cycle", "lower", 1),
     Metric("reentrant_round_trips", "reentrant acquire: round trips", "lower", 2),
     Metric("reentrant_server_cmds", "reentrant acquire: server cmds", "lower", 2),
     Metric("reentrant_us", "reentrant acquire+release (µs)", "lower", 2),
@@ -180,7 +181,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
                     "latency_p99_us": _us(percentile(latencies, 0.99)),
                     "round_trips_per_cycle": trips / n,
                     "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
-                    "server_us_per_cycle": _server_us_per_bare_cycle(lock, stats, settings.uncontended_cycles),
+                    **_server_time_per_bare_cycle(lock, stats, settings.uncontended_cycles),
                 }
             )
         if session.reentrant:
@@ -193,16 +194,34 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         stats.close()
 
 
-def _server_us_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int) -> float:
-    """The server's time per acquire+release with nothing in between, from ``INFO commandstats`` (its ``usec``):
-    every command the cycle sent, and every command a script ran inside the server, which Redis counts both on its
-    own and in the script's time, as it does for every contender alike. With no critical section, none of it is the
-    counter's."""
-    before = command_snapshot(stats)
+def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int) -> dict[str, float]:
+    """The server's time per acquire+release with nothing in between, two ways:
+
+    * ``server_us_per_cycle``: ``INFO commandstats`` (its ``usec``) summed over every command the cycle sent and
+      every command a script ran inside the server, which Redis counts both on its own and within the script's time
+      (for every contender alike);
+    * ``server_cpu_us_per_cycle``: the CPU time of the server's main thread (``INFO cpu``, user + system): what
+      the cycle cost the one core that runs every command, reading requests and writing replies included.
+
+    With no critical section, none of it is the counter's. The CPU time also counts the server's own periodic work
+    over the loop (small next to thousands of cycles)."""
+    before, cpu0 = command_snapshot(stats), _server_cpu(stats)
     for _ in range(cycles):
         lock.acquire()
         lock.release()
-    return command_delta(before, command_snapshot(stats)).total_usec() / cycles
+    cpu1, after = _server_cpu(stats), command_snapshot(stats)
+    return {
+        "server_us_per_cycle": command_delta(before, after).total_usec() / cycles,
+        "server_cpu_us_per_cycle": _us(cpu1 - cpu0) / cycles,
+    }
+
+
+def _server_cpu(stats: redis.Redis) -> float:
+    """Seconds of CPU the server's main thread has used (the whole process's on a server that does not say)."""
+    info = stats.info("cpu")
+    if "used_cpu_user_main_thread" in info:
+        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _cycle(lock: LockLike, section: Callable[[], Any]) -> float:
