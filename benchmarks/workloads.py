@@ -1687,6 +1687,7 @@ WORKLOADS = (
         UNCONTENDED_METRICS,
         in_process=True,
         extra=("hybridlock-retain",),
+        interleave=True,
     ),
     Workload(
         "threads",
@@ -1697,6 +1698,7 @@ WORKLOADS = (
         threads_one_process,
         CONTENTION_METRICS,
         in_process=True,
+        interleave=True,
     ),
     Workload(
         "processes",
@@ -1708,6 +1710,7 @@ WORKLOADS = (
         PROCESSES_METRICS,
         in_process=False,
         extra=("hybridlock-retain",),
+        interleave=True,
     ),
     Workload(
         "many-keys",
@@ -1719,6 +1722,7 @@ WORKLOADS = (
         many_keys,
         CONTENTION_METRICS,
         in_process=True,
+        interleave=True,
     ),
     Workload(
         "handoff",
@@ -1730,6 +1734,7 @@ WORKLOADS = (
         HANDOFF_METRICS,
         in_process=False,
         extra=("hybridlock-spin",),
+        interleave=True,
     ),
     Workload(
         "scale",
