@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ __all__ = [
     "AsyncCounter",
     "CommandCounts",
     "Counter",
+    "KeyedCounter",
     "LocalCounter",
     "Metric",
     "command_delta",
@@ -57,6 +59,39 @@ class Counter:
 
     def value(self) -> int:
         return int(self.client.get(self.key) or 0)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class KeyedCounter:
+    """One ``Counter`` per lock key, for workloads spread over many keys: the holder of key k's lock increments k's
+    counter (GET, then SET), so a lock that lets two holders of one key in loses increments there. ``value`` is the
+    sum over all keys, checked against the cycles run."""
+
+    in_server = True
+
+    def __init__(self, url: str, prefix: str, keys: int) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self.keys = keys
+        self.increments = 0
+        self._guard = threading.Lock()  # many threads count here at once, each under a different key's lock
+        self.client.delete(*(self._name(k) for k in range(keys)))
+
+    def _name(self, key: int) -> str:
+        return f"{self.prefix}:{key}"
+
+    def increment(self, key: int) -> None:
+        name = self._name(key)
+        value = self.client.get(name)
+        self.client.set(name, int(value or 0) + 1)
+        with self._guard:
+            self.increments += 1
+
+    def value(self) -> int:
+        values = self.client.mget([self._name(k) for k in range(self.keys)])
+        return sum(int(v or 0) for v in values)
 
     def close(self) -> None:
         self.client.close()

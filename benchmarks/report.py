@@ -14,7 +14,7 @@ from typing import Any
 
 from .measure import Metric
 
-__all__ = ["markdown", "targets", "write_chart", "write_json"]
+__all__ = ["markdown", "round_ratios", "targets", "write_chart", "write_json", "write_workload_charts"]
 
 BASELINE = "hybridlock"
 
@@ -162,6 +162,45 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'jain'), 3)} off",
         None if on_off is None else on_off >= 1.0)
 
+    # Issue 11: cross-process speed.
+    issue[0] = 11
+    ours_us, theirs_us = med("uncontended", BASELINE, "server_us_per_cycle"), med("uncontended", "redis-py",
+                                                                                 "server_us_per_cycle")
+    r = ratio("uncontended", "server_us_per_cycle", "redis-py")
+    add("uncontended: server time per cycle ≤ 1.5x redis-py Lock's",
+        f"{_number(ours_us, 1)} µs vs {_number(theirs_us, 1)} µs (ratio {_number(r, 2)}); commands "
+        f"{_number(med('uncontended', BASELINE, 'server_cmds_per_cycle'), 1)} vs "
+        f"{_number(med('uncontended', 'redis-py', 'server_cmds_per_cycle'), 1)}", None if r is None else r <= 1.5)
+    r = ratio("uncontended", "server_cpu_us_per_cycle", "redis-py")
+    add("uncontended: server CPU time per cycle (INFO cpu, main thread) reported",
+        f"{_number(med('uncontended', BASELINE, 'server_cpu_us_per_cycle'), 1)} µs vs "
+        f"{_number(med('uncontended', 'redis-py', 'server_cpu_us_per_cycle'), 1)} µs (ratio {_number(r, 2)})",
+        None if r is None else "reported")
+    r = ratio("processes", "cycles_per_s", "redis-py")
+    add("4 processes x 2 threads: throughput ≥ redis-py Lock's",
+        f"hybridlock ÷ redis-py = {_number(r, 2)} ({_number(med('processes', BASELINE, 'cycles_per_s'), 0)} vs "
+        f"{_number(med('processes', 'redis-py', 'cycles_per_s'), 0)} cycles/s)", None if r is None else r >= 1.0)
+    r = ratio("processes", "wait_max_ms", "redis-py")
+    add("4 processes x 2 threads: longest wait ≤ 1/20 of redis-py Lock's",
+        f"{_number(med('processes', BASELINE, 'wait_max_ms'), 0)} ms vs "
+        f"{_number(med('processes', 'redis-py', 'wait_max_ms'), 0)} ms (ratio {_number(r, 3)})",
+        None if r is None else r <= 0.05)
+    j = med("processes", BASELINE, "jain")
+    add("4 processes x 2 threads: Jain's index over processes ≥ 0.95",
+        f"{_number(j, 3)} (redis-py: {_number(med('processes', 'redis-py', 'jain'), 3)})",
+        None if j is None else j >= 0.95)
+    h, hp = med("handoff", BASELINE, "handoff_median_ms"), med("handoff", "python-redis-lock", "handoff_median_ms")
+    r = ratio("handoff", "handoff_median_ms", "python-redis-lock")
+    add("cross-process hand-off p50 ≤ python-redis-lock's", f"{_number(h, 2)} ms vs {_number(hp, 2)} ms "
+        f"(ratio {_number(r, 2)})", None if r is None else r <= 1.0)
+    t, floor = med("threads", BASELINE, "cycles_per_s"), med("threads", "rlock", "cycles_per_s")
+    add("1 process x 8 threads: ≥ 0.85x threading.RLock", f"{_number(t / floor if t and floor else None, 2)}x "
+        f"({_number(t, 0)} vs {_number(floor, 0)} cycles/s)", None if not t or not floor else t / floor >= 0.85)
+    r = ratio("many-keys", "cycles_per_s", "redis-py")
+    add("1,000 keys x 64 threads: throughput ≥ redis-py Lock's",
+        f"hybridlock ÷ redis-py = {_number(r, 2)} ({_number(med('many-keys', BASELINE, 'cycles_per_s'), 0)} vs "
+        f"{_number(med('many-keys', 'redis-py', 'cycles_per_s'), 0)} cycles/s)", None if r is None else r >= 1.0)
+
     # The asyncio API, against redis-py's asyncio Lock (the ratios' other side) in the same run.
     issue[0] = "asyncio"
     aio, peer = "hybridlock-async", "redis-py-async"
@@ -274,6 +313,86 @@ def write_json(results: Mapping[str, Any], path: Path) -> None:
     path.write_text(json.dumps(clean(results), indent=1, default=encode, ensure_ascii=False) + "\n")
 
 
+def round_ratios(workload: Mapping[str, Any]) -> list[str]:
+    """Notes giving, for each peer, hybridlock's ratio on the workload's first metric round by round (rounds are
+    matched by index; with interleaved rounds, round i of every row ran under the same load): the spread the
+    medians hide."""
+    baseline = workload.get("baseline", BASELINE)
+    rows = workload["rows"]
+    ours = rows.get(baseline, {}).get("rounds", [])
+    metric = next((m for m in workload["metrics"] if m.ratio), None)
+    if not ours or metric is None:
+        return []
+    notes = []
+    for cid, row in rows.items():
+        if cid == baseline:
+            continue
+        pairs = [
+            a[metric.key] / b[metric.key]
+            for a, b in zip(ours, row.get("rounds", []), strict=False)
+            if a.get(metric.key) and b.get(metric.key)
+        ]
+        if pairs:
+            notes.append(f"{baseline} ÷ {cid}, {metric.label}, round by round: "
+                         + ", ".join(_number(x, 3 if x < 0.1 else 2) for x in pairs) + ".")
+    return notes
+
+
+# One chart per workload (``write_workload_charts``): its throughput (or latency) and its longest wait, hybridlock
+# against each peer. Workloads not listed get their first two metrics.
+_WORKLOAD_PANELS: dict[str, tuple[str, ...]] = {
+    "uncontended": ("latency_median_us", "server_us_per_cycle", "server_cpu_us_per_cycle"),
+    "threads": ("cycles_per_s", "wait_max_ms"),
+    "processes": ("cycles_per_s", "wait_max_ms", "jain"),
+    "many-keys": ("cycles_per_s", "wait_max_ms"),
+    "handoff": ("handoff_median_ms", "handoff_p99_ms"),
+    "scale": ("round_trips_per_period", "cpu_percent"),
+    "handoff-inproc": ("cycles_per_s", "wait_max_ms"),
+    "handoff-redis": ("cycles_per_s", "wait_max_ms"),
+    "handoff-procs": ("cycles_per_s", "wait_max_ms", "jain"),
+    "read-mostly": ("cycles_per_s", "write_wait_p99_ms"),
+    "takeover": ("takeover_median_ms", "takeover_p99_ms"),
+    "async-tasks": ("cycles_per_s", "wait_max_ms"),
+    "async-processes": ("cycles_per_s", "wait_max_ms", "jain"),
+    "async-loop": ("lateness_max_ms", "lateness_own_max_ms"),
+}
+# Metrics whose bars read better on a log scale (waits spanning milliseconds to seconds).
+_LOG_METRICS = frozenset({"wait_max_ms", "handoff_median_ms", "handoff_p99_ms", "round_trips_per_period",
+                          "takeover_p99_ms", "lateness_max_ms"})
+
+
+def write_workload_charts(results: Mapping[str, Any], directory: Path) -> list[Path]:
+    """One PNG per workload of the run, ``<directory>/<workload>.png``, each with a panel per metric of
+    ``_WORKLOAD_PANELS``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = results["meta"]
+    written = []
+    for wname, workload in results["workloads"].items():
+        keys = [m.key for m in workload["metrics"]]
+        wanted = [k for k in _WORKLOAD_PANELS.get(wname, tuple(keys[:2])) if k in keys]
+        if not wanted or not workload["rows"]:
+            continue
+        fig, axes = plt.subplots(1, len(wanted), figsize=(4.6 * len(wanted) + 0.6, 4.6), squeeze=False)
+        fig.suptitle(f"{workload['title']}\n{meta['date']}, medians of {meta['rounds']} rounds, {meta['server']}",
+                     fontsize=10)
+        for ax, key in zip(axes.flat, wanted, strict=True):
+            _draw_panel(ax, workload, key, key in _LOG_METRICS, title=False)
+        fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: hybridlock "
+                 "(the row ratios are taken against); light orange: other hybridlock modes; blue: peers; grey: the "
+                 "in-process floor.", ha="center", fontsize=8)
+        fig.tight_layout(rect=(0, 0.04, 1, 0.9))
+        path = directory / f"{wname}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 # (workload, metric key, log scale)
 _PANELS = (
     ("uncontended", "latency_median_us", False),
@@ -340,53 +459,7 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
     for ax in axes.flat[len(panels):]:
         ax.set_axis_off()
     for ax, (wname, key, log) in zip(axes.flat, panels, strict=False):
-        workload = results["workloads"][wname]
-        baseline = workload.get("baseline", BASELINE)
-        metric = next(m for m in workload["metrics"] if m.key == key)
-        names, values, lows, highs, lost = [], [], [], [], []
-        for cid, row in workload["rows"].items():
-            value = row.get("median", {}).get(key) if not row.get("skipped") else None
-            if value is None or math.isnan(value):
-                continue
-            per_round = [r[key] for r in row.get("rounds", []) if r.get(key) is not None and not math.isnan(r[key])]
-            names.append(cid)
-            values.append(value)
-            lows.append(value - min(per_round, default=value))
-            highs.append(max(per_round, default=value) - value)
-            first = row["rounds"][0] if row.get("rounds") else {}
-            kept, acquired = first.get("locks_kept"), first.get("acquired")
-            lost.append(f"kept {kept:,}\nof {acquired:,}" if kept is not None and acquired and kept < acquired
-                        else "")
-        # Dark orange: the row the table's ratios are taken against; light: other hybridlock variants.
-        colors = ["#d9480f" if n == baseline else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
-                  for n in names]
-        colors = [c if n not in ("rlock", "asyncio-lock") else "#adb5bd" for n, c in zip(names, colors, strict=True)]
-        x = range(len(names))
-        bars = ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
-        for bar, note in zip(bars, lost, strict=True):
-            if note:  # a library that lost locks: its per-period numbers cover only the ones it kept
-                bar.set_hatch("//")
-                bar.set_alpha(0.55)
-                ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, -4),
-                            textcoords="offset points", ha="center", va="top", fontsize=7, color="#c92a2a",
-                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
-        labels = workload.get("labels", {})
-        ax.set_xticks(list(x), [labels[n].replace(" ", "\n", 1) if n in labels else _SHORT.get(n, n)
-                                for n in names], fontsize=8)
-        heading = workload["title"].split(". ", 1)[-1].replace(": ", ":\n", 1)
-        if wname == "scale":
-            params = workload["params"]
-            heading = f"Scale: {params.get('locks', 0):,} locks held, {params.get('lease s')} s lease"
-        ax.set_title(f"{heading}\n{metric.label} "
-                     f"({'lower' if metric.better == 'lower' else 'higher'} is better)", fontsize=9)
-        if log and values and min(values) > 0:
-            ax.set_yscale("log")
-        elif log:
-            ax.set_yscale("symlog", linthresh=1)
-        for i, v in enumerate(values):
-            ax.annotate(f"{v:.3g}" if v < 100 else f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=7,
-                        xytext=(0, 2), textcoords="offset points")
-        ax.grid(axis="y", alpha=0.3)
+        _draw_panel(ax, results["workloads"][wname], key, log, name=wname)
     fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: the row the "
              "table's ratios are taken against (hybridlock; its read-write lock in Read-mostly); light orange: other "
              "hybridlock modes; blue: peers and models; grey: the in-process floor; hatched: lost locks. "
@@ -394,3 +467,57 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
     fig.tight_layout(rect=(0, 0.03, 1, 1 - 0.35 / (4.1 * rows + 0.6)))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _draw_panel(
+    ax: Any, workload: Mapping[str, Any], key: str, log: bool, *, name: str = "", title: bool = True
+) -> None:
+    """One bar chart: every row's median of ``key`` with whiskers to its fastest and slowest round. ``title``: put
+    the workload's name over the metric's (False when the figure has the workload's title already)."""
+    wname = name
+    baseline = workload.get("baseline", BASELINE)
+    metric = next(m for m in workload["metrics"] if m.key == key)
+    names, values, lows, highs, lost = [], [], [], [], []
+    for cid, row in workload["rows"].items():
+        value = row.get("median", {}).get(key) if not row.get("skipped") else None
+        if value is None or math.isnan(value):
+            continue
+        per_round = [r[key] for r in row.get("rounds", []) if r.get(key) is not None and not math.isnan(r[key])]
+        names.append(cid)
+        values.append(value)
+        lows.append(value - min(per_round, default=value))
+        highs.append(max(per_round, default=value) - value)
+        first = row["rounds"][0] if row.get("rounds") else {}
+        kept, acquired = first.get("locks_kept"), first.get("acquired")
+        lost.append(f"kept {kept:,}\nof {acquired:,}" if kept is not None and acquired and kept < acquired
+                    else "")
+    # Dark orange: the row the table's ratios are taken against; light: other hybridlock variants.
+    colors = ["#d9480f" if n == baseline else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
+              for n in names]
+    colors = [c if n not in ("rlock", "asyncio-lock") else "#adb5bd" for n, c in zip(names, colors, strict=True)]
+    x = range(len(names))
+    bars = ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
+    for bar, note in zip(bars, lost, strict=True):
+        if note:  # a library that lost locks: its per-period numbers cover only the ones it kept
+            bar.set_hatch("//")
+            bar.set_alpha(0.55)
+            ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, -4),
+                        textcoords="offset points", ha="center", va="top", fontsize=7, color="#c92a2a",
+                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+    labels = workload.get("labels", {})
+    ax.set_xticks(list(x), [labels[n].replace(" ", "\n", 1) if n in labels else _SHORT.get(n, n)
+                            for n in names], fontsize=8)
+    heading = workload["title"].split(". ", 1)[-1].replace(": ", ":\n", 1)
+    if wname == "scale":
+        params = workload["params"]
+        heading = f"Scale: {params.get('locks', 0):,} locks held, {params.get('lease s')} s lease"
+    better = f"{metric.label} ({'lower' if metric.better == 'lower' else 'higher'} is better)"
+    ax.set_title(f"{heading}\n{better}" if title else better, fontsize=9)
+    if log and values and min(values) > 0:
+        ax.set_yscale("log")
+    elif log:
+        ax.set_yscale("symlog", linthresh=1)
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:.3g}" if v < 100 else f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 2), textcoords="offset points")
+    ax.grid(axis="y", alpha=0.3)

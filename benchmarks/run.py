@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     failures.append(f"{workload.name} / {cid}: {error.strip()}")
                 _notes(workload.name, cid, row, entry["notes"])
             _derived(entry)
+            entry["notes"] += report.round_ratios(entry)
         admin.close()
     finally:
         server.stop()
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(results, args.out / "latest.json")
     try:
         report.write_chart(results, args.out / "latest.png")
+        report.write_workload_charts(results, args.out / "charts")
     except ImportError as exc:
         _log(f"note: no chart: {exc}")
     print(text)
@@ -295,6 +297,9 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
     if name == "processes":
         return {"processes": s.processes, "threads each": s.threads_per_process,
                 "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
+    if name == "many-keys":
+        return {"threads": s.many_threads, "keys": s.many_keys, "seconds per round": s.many_s, "rounds": s.rounds,
+                "lease s": s.lease}
     if name == "handoff":
         return {"hand-offs per round": s.handoffs, "hold ms": f"{s.hold_min_s * 1000:.0f}-{s.hold_max_s * 1000:.0f}",
                 "rounds": s.rounds, "lease s": s.lease}
@@ -338,7 +343,7 @@ def _derived(entry: dict[str, Any]) -> None:
 
 def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
     """Facts worth a line under a table that the columns do not show."""
-    if name in ("handoff-procs", "async-processes") and row.get("rounds"):
+    if name in ("processes", "handoff-procs", "async-processes") and row.get("rounds"):
         waits = "; ".join(" / ".join(f"{w:,.0f}" for w in r["per_process_wait_max_ms"]) for r in row["rounds"])
         shares = "; ".join(" / ".join(f"{n:,}" for n in r["per_process_cycles"]) for r in row["rounds"])
         notes.append(f"{cid}: longest wait per process (ms), round by round: {waits}. Cycles per process: {shares}.")

@@ -26,6 +26,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import redis
@@ -35,6 +36,7 @@ from .measure import (
     AsyncCounter,
     CommandCounts,
     Counter,
+    KeyedCounter,
     LocalCounter,
     Metric,
     command_delta,
@@ -90,6 +92,10 @@ class Settings:
     async_tasks_per_process: int = 50
     async_waiters: int = 1_000
     async_timer_period: float = 0.01
+    # many keys: a pool of threads of one process, each cycle on a key drawn at random from many
+    many_keys: int = 1_000
+    many_threads: int = 64
+    many_s: float = 5.0
 
 
 QUICK = Settings(
@@ -103,6 +109,7 @@ QUICK = Settings(
     scale_acquire_max_s=20.0,
     local_s=0.5,
     async_s=1.0,
+    many_s=1.0,
 )
 FULL = Settings(rounds=3)
 
@@ -124,6 +131,8 @@ UNCONTENDED_METRICS = (
     Metric("latency_p99_us", "cycle p99 (µs)", "lower", 0),
     Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
     Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+    Metric("server_us_per_cycle", "server µs / cycle (commandstats)", "lower", 1),
+    Metric("server_cpu_us_per_cycle", "server CPU µs / cycle", "lower", 1),
     Metric("reentrant_round_trips", "reentrant acquire: round trips", "lower", 2),
     Metric("reentrant_server_cmds", "reentrant acquire: server cmds", "lower", 2),
     Metric("reentrant_us", "reentrant acquire+release (µs)", "lower", 2),
@@ -172,6 +181,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
                     "latency_p99_us": _us(percentile(latencies, 0.99)),
                     "round_trips_per_cycle": trips / n,
                     "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
+                    **_server_time_per_bare_cycle(lock, stats, settings.uncontended_cycles),
                 }
             )
         if session.reentrant:
@@ -182,6 +192,36 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         session.close()
         counter.close()
         stats.close()
+
+
+def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int) -> dict[str, float]:
+    """The server's time per acquire+release with nothing in between, two ways:
+
+    * ``server_us_per_cycle``: ``INFO commandstats`` (its ``usec``) summed over every command the cycle sent and
+      every command a script ran inside the server, which Redis counts both on its own and within the script's time
+      (for every contender alike);
+    * ``server_cpu_us_per_cycle``: the CPU time of the server's main thread (``INFO cpu``, user + system): what
+      the cycle cost the one core that runs every command, reading requests and writing replies included.
+
+    With no critical section, none of it is the counter's. The CPU time also counts the server's own periodic work
+    over the loop (small next to thousands of cycles)."""
+    before, cpu0 = command_snapshot(stats), _server_cpu(stats)
+    for _ in range(cycles):
+        lock.acquire()
+        lock.release()
+    cpu1, after = _server_cpu(stats), command_snapshot(stats)
+    return {
+        "server_us_per_cycle": command_delta(before, after).total_usec() / cycles,
+        "server_cpu_us_per_cycle": _us(cpu1 - cpu0) / cycles,
+    }
+
+
+def _server_cpu(stats: redis.Redis) -> float:
+    """Seconds of CPU the server's main thread has used (the whole process's on a server that does not say)."""
+    info = stats.info("cpu")
+    if "used_cpu_user_main_thread" in info:
+        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _cycle(lock: LockLike, section: Callable[[], Any]) -> float:
@@ -230,6 +270,13 @@ CONTENTION_METRICS = (
     Metric("fairness", "fairness (min/mean cycles per thread)", "higher", 2),
     Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
     Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+)
+
+
+PROCESSES_METRICS = (
+    *CONTENTION_METRICS[:5],
+    Metric("jain", "Jain's index over processes", "higher", 3),
+    *CONTENTION_METRICS[5:],
 )
 
 
@@ -327,6 +374,50 @@ def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, i
         "round_trips_per_cycle": trips / cycles if cycles else math.nan,
         "server_cmds_per_cycle": delta.total(counter_increments=increments) / cycles if cycles else math.nan,
     }
+
+
+def many_keys(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """A worker pool: ``settings.many_threads`` threads of one process, each cycle on a key drawn (seeded, per
+    thread and round) from ``settings.many_keys``; the critical section increments that key's counter."""
+    session = None
+    counter = KeyedCounter(url, f"bench-counter:many:{contender_id}", settings.many_keys)
+    stats = redis.Redis.from_url(url)
+    threads = settings.many_threads
+    try:
+        session = make_session(contender_id, url, settings.lease)
+        _cycle(session.lock("many:0"), partial(counter.increment, 0))  # loads scripts, opens the connection
+        cycles_run = 1
+        rounds = []
+        errors: list[str] = []
+        for round_no in range(settings.rounds):
+            draws = [random.Random(1000 * round_no + i) for i in range(threads)]
+            waits: list[list[float]] = [[] for _ in range(threads)]
+            increments0 = counter.increments
+            before, trips0 = command_snapshot(stats), round_trips_sent()
+
+            def step(index: int, draws: list[random.Random] = draws, waits: list[list[float]] = waits) -> None:
+                key = draws[index].randrange(settings.many_keys)
+                lock = session.lock(f"many:{key}")  # type: ignore[union-attr]  # (made above)
+                waits[index].append(_cycle(lock, partial(counter.increment, key)))
+
+            round_errors: list[str] = []
+            start, end = _cycling_threads(threads, step, settings.many_s, settings.contention_max_cycles,
+                                          lambda: None, round_errors)
+            trips = round_trips_sent() - trips0
+            delta = command_delta(before, command_snapshot(stats))
+            part = {"start": start, "end": end, "waits": [w for mine in waits for w in mine],
+                    "per_thread": [len(mine) for mine in waits], "errors": round_errors}
+            errors += round_errors
+            cycles_run += sum(part["per_thread"])
+            rounds.append(_contention_round([part], trips, delta, counter.increments - increments0))
+            if round_errors:
+                break
+        return _row(rounds, CONTENTION_METRICS, counter, cycles_run, errors)
+    finally:
+        if session is not None:
+            session.close()
+        counter.close()
+        stats.close()
 
 
 def threads_one_process(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
@@ -517,7 +608,7 @@ def _reap(children: Sequence[Any], wait: float) -> None:
 def threads_many_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.processes`` processes x ``settings.threads_per_process`` threads on one key."""
     return _many_processes(contender_id, url, settings, "processes", settings.contention_s,
-                           settings.contention_max_cycles, CONTENTION_METRICS)
+                           settings.contention_max_cycles, PROCESSES_METRICS)
 
 
 def _many_processes(
@@ -1596,6 +1687,7 @@ WORKLOADS = (
         UNCONTENDED_METRICS,
         in_process=True,
         extra=("hybridlock-retain",),
+        interleave=True,
     ),
     Workload(
         "threads",
@@ -1606,16 +1698,31 @@ WORKLOADS = (
         threads_one_process,
         CONTENTION_METRICS,
         in_process=True,
+        interleave=True,
     ),
     Workload(
         "processes",
         "3. Four processes x 2 threads, one key",
         "Four processes (each its own client, and registry) with two threads each cycle on one key for a fixed "
-        "time.",
+        "time. Jain's index is over the processes' cycle counts, (Σx)² / (n·Σx²): 1 = equal shares, 0.25 = one "
+        "process took all.",
         threads_many_processes,
-        CONTENTION_METRICS,
+        PROCESSES_METRICS,
         in_process=False,
         extra=("hybridlock-retain",),
+        interleave=True,
+    ),
+    Workload(
+        "many-keys",
+        "3b. A worker pool: one process, 64 threads, 1,000 keys",
+        "Sixty-four threads of one process each take a key drawn at random (seeded) from 1,000, increment that "
+        "key's Redis counter (GET, then SET) under its lock, release, and draw again, for a fixed time: a worker "
+        "pool spread over many keys, where two threads meet on one key now and then. hybridlock's threads share "
+        "the registry's lock object of a key; the other libraries make a lock object per cycle.",
+        many_keys,
+        CONTENTION_METRICS,
+        in_process=True,
+        interleave=True,
     ),
     Workload(
         "handoff",
@@ -1627,6 +1734,7 @@ WORKLOADS = (
         HANDOFF_METRICS,
         in_process=False,
         extra=("hybridlock-spin",),
+        interleave=True,
     ),
     Workload(
         "scale",

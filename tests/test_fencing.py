@@ -144,3 +144,36 @@ def test_tokens_from_a_promoted_replica_exceed_every_token_the_lost_master_minte
         finally:
             on_master.close()
             replica_client.close()
+
+
+@pytest.mark.server
+def test_a_counter_ahead_of_the_clock_still_gives_the_next_token(make_registry, redis_client):
+    # The clock stepped back (or the counter was written by a server whose clock ran ahead): the counter term
+    # carries the order, so the token is the counter plus one, not the clock.
+    registry = make_registry()
+    lock = registry.obtain("ahead")
+    ahead = int(time.time() * 1_000_000) + 10**12
+    redis_client.set("hybridlock:{ahead}:fence", ahead)
+    with lock:
+        assert lock.fencing_token == ahead + 1
+    with lock:
+        assert lock.fencing_token == ahead + 2
+    assert int(redis_client.get("hybridlock:{ahead}:fence")) == ahead + 2
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("junk", ["not a number", "zset"])
+def test_a_counter_that_is_not_a_number_is_replaced_by_the_clock_term(make_registry, redis_client, junk):
+    registry = make_registry()
+    lock = registry.obtain("junk")
+    fence = "hybridlock:{junk}:fence"
+    if junk == "zset":
+        redis_client.zadd(fence, {"x": 1})
+    else:
+        redis_client.set(fence, junk)
+    before = int(time.time() * 1_000_000)
+    with lock:
+        token = lock.fencing_token
+    assert token >= before - 5_000_000  # the server clock's microseconds, give or take a skew between clocks
+    assert int(redis_client.get(fence)) == token
+    assert 0 < redis_client.pttl(fence) <= 7 * 24 * 3600 * 1000

@@ -8,7 +8,8 @@ Acquiring takes the key's local mutex first, then the server lock; releasing doe
 * the final release deletes the server key only if it still holds this registry's ``client_id`` and releases
   the local mutex whatever the server said;
 * except when the server lease is kept for this process: passed to a thread queued here (local hand-off, within
-  the budget, never once another owner is known to want the lock), or, with ``retain_for``, kept idle for the
+  the budget, and within a shorter one once another owner is known to want the lock), or, with ``retain_for``
+  and while no other owner is known to want it, kept idle for the
   next thread here that asks (``_retention.py``). A thread that takes the lock with the lease already held pays no
   round trip; the lease (and its fencing token) is one tenancy across all of them.
 
@@ -425,10 +426,14 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         for whichever thread here asks next.
 
         Only while the lease is sound and the budget is not spent: at most ``handoff_limit`` passes and
-        ``handoff_window`` seconds per tenancy, and none once another owner is known to want the lock (it failed
-        to get it: the acquire script told us at the start of the tenancy, or its announcement reached our
-        subscription since)."""
+        ``handoff_window`` seconds per tenancy, and only ``handoff_contended_window`` seconds of it once another
+        owner is known to want the lock (it failed to get it: the acquire script told us at the start of the
+        tenancy, or its announcement reached our subscription since). A lease is never kept idle (``retain_for``)
+        for a contended lock: the caller checks ``_contended`` after this."""
         config = self._context.config
+        watch = self._contention_watch
+        if watch is not None and not self._contended and watch.contended():
+            self._contended = True
         if not may_keep_lease(
             lost=self._lost,
             in_server=self._in_server,
@@ -438,15 +443,12 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             now=now,
             handoff_limit=config.handoff_limit,
             handoff_window=config.handoff_window,
+            contended_window=config.handoff_contended_window,
         ):
             return False
-        watch = self._contention_watch
         if watch is None:
             # First pass of this tenancy: start listening for other owners' "wanted" announcements.
             self._contention_watch = await contention_watch(self._context, self._names)
-        elif watch.contended():
-            self._contended = True
-            return False
         return True
 
     async def _release_fully(self) -> None:
@@ -460,7 +462,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             self._passes += 1
             if self._mutex.waiting and self._mutex.pass_on():  # (a cheap look first: retention's hot path)
                 return
-            if retain_for and context.retention.retain(self, now + retain_for):
+            if retain_for and not self._contended and context.retention.retain(self, now + retain_for):
                 # Nobody here waits: the lease stays, idle, for whichever thread here asks next (_retention.py).
                 self._mutex.release()  # a thread that queued meanwhile is handed the lock, lease and all
                 return

@@ -198,6 +198,9 @@ class RegistryConfig:
     max_hold: float | None
     handoff_limit: int  # 0 when local hand-off is off (either budget at 0)
     handoff_window: float
+    # How long a tenancy may keep passing the lock among local threads once another owner is known to wait
+    # (never longer than handoff_window; 0: not at all). See policy.may_keep_lease.
+    handoff_contended_window: float
     handoff_barge_window: float
     retain_for: float
     wait_policy: WaitPolicy = field(default_factory=WaitPolicy)
@@ -215,6 +218,7 @@ class RegistryConfig:
         max_hold: object = None,
         handoff_limit: object = 64,
         handoff_window: object = 0.05,
+        handoff_contended_window: object = 0.02,
         handoff_barge_window: object = 0.002,
         retain_for: object = 0.0,
         confirm_replicas: object = 0,
@@ -232,6 +236,7 @@ class RegistryConfig:
         if isinstance(handoff_limit, bool) or not isinstance(handoff_limit, int) or handoff_limit < 0:
             raise InvalidArgumentError(f"handoff_limit must be a non-negative int, not {handoff_limit!r}")
         window = validate_seconds("handoff_window", handoff_window, allow_zero=True)
+        contended_window = validate_seconds("handoff_contended_window", handoff_contended_window, allow_zero=True)
         barge = validate_seconds("handoff_barge_window", handoff_barge_window, allow_zero=True)
         retain = validate_seconds("retain_for", retain_for, allow_zero=True)
         limit = handoff_limit if window > 0 else 0  # either bound at 0 switches local hand-off off
@@ -251,6 +256,7 @@ class RegistryConfig:
             max_hold=hold,
             handoff_limit=limit,
             handoff_window=window,
+            handoff_contended_window=min(contended_window, window),
             handoff_barge_window=barge,
             retain_for=retain,
             confirmation=confirmation,

@@ -70,18 +70,19 @@ def may_keep_lease(
     now: float,
     handoff_limit: int,
     handoff_window: float,
+    contended_window: float = 0.0,
 ) -> bool:
-    """Whether a final release may keep the server lease (for a thread of this process waiting for the lock, or
-    with ``retain_for`` for whichever thread here asks next), as far as the tenancy's own state tells.
+    """Whether a final release may keep the server lease for a thread of this process waiting for the lock (or,
+    when not ``contended``, with ``retain_for`` for whichever thread here asks next), as far as the tenancy's own
+    state tells.
 
     Only while the lease is sound and the hand-off budget is not spent: at most ``handoff_limit`` passes and
-    ``handoff_window`` seconds per tenancy, and none once another owner is known to want the lock. (The caller
-    also asks its subscription whether another owner announced itself since.)"""
-    return not (
-        lost
-        or not in_server
-        or contended
-        or passes >= handoff_limit
-        or acquired_at is None
-        or now - acquired_at >= handoff_window
-    )
+    ``handoff_window`` seconds per tenancy. Once another owner is known to want the lock (``contended``), the
+    window shrinks to ``contended_window`` (0: no pass at all): lock cohorting's bounded batch. A global hand-off
+    costs a release, a wake-up and an acquire, several times a local pass; letting the local threads have a short
+    batch first amortises it, and the bound on the batch (count and time from the grant) bounds how long the other
+    owner waits. (The caller also asks its subscription whether another owner announced itself since.)"""
+    if lost or not in_server or passes >= handoff_limit or acquired_at is None:
+        return False
+    window = min(contended_window, handoff_window) if contended else handoff_window
+    return now - acquired_at < window

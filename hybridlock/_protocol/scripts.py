@@ -79,10 +79,12 @@ local function zset_at(key)
   end
   return key
 end
--- Make sure a key lives at least ``ms`` more milliseconds (a key without expiry gets one).
-local function outlive(key, ms)
-  if redis.call('PTTL', key) < ms then
-    redis.call('PEXPIRE', key, ms)
+-- A place was just taken or kept until now + PLACE_KEEP_MS: the keys holding places must live that long. No place
+-- in them lapses later than the one set last, so a plain PEXPIRE (no PTTL first) never cuts another place short.
+local function keep_places(queue, expiries)
+  redis.call('PEXPIRE', queue, PLACE_KEEP_MS)
+  if expiries ~= queue then
+    redis.call('PEXPIRE', expiries, PLACE_KEEP_MS)
   end
 end
 """
@@ -93,12 +95,25 @@ end
 # the arithmetic is exact, and redis.call formats a number argument with %.17g, which writes such an integer out in
 # full (tostring would not: it switches to exponent notation past 14 digits). A counter that is missing, not a
 # string or not a number counts as 0 (the clock term then carries the order) and SET replaces it.
+#
+# One command in the common case: SET ... GET stores the clock term and returns the counter it replaced. Only when
+# that counter was not below the clock (the clock stepped back, or two acquisitions fell in one microsecond) does a
+# second SET store counter + 1 instead; the script is atomic, so nobody sees the value in between. SET ... GET
+# refuses a key of another type (pcall returns the error): a plain SET then replaces it.
 _FENCE_LIB = """
 local function mint(fence, ttl, t)
-  local stored = tonumber(string_at(fence) or '0') or 0
-  local token = math.max(stored + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-  redis.call('SET', fence, token, 'PX', ttl)
-  return token
+  local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local replaced = redis.pcall('SET', fence, clock, 'PX', ttl, 'GET')
+  if type(replaced) == 'table' then
+    redis.call('SET', fence, clock, 'PX', ttl)
+    return clock
+  end
+  local stored = tonumber(replaced or '0') or 0
+  if stored >= clock then
+    redis.call('SET', fence, stored + 1, 'PX', ttl)
+    return stored + 1
+  end
+  return clock
 end
 """
 
@@ -106,11 +121,10 @@ end
 # ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
 # that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
 # its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
-_QUEUE_LIB = (
-    _ANNOUNCE_LIB
-    + _KEYS_LIB
-    + _FENCE_LIB
-    + """
+#
+# ``_QUEUE_FUNCS`` is the part of ``_QUEUE_LIB`` that only the slow paths need: ACQUIRE and RELEASE define it after
+# their fast path (an uncontended lock with no queue), so that path does not even pay for creating its closures.
+_QUEUE_FUNCS = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
@@ -146,8 +160,7 @@ end
 local function enqueue(queue, expiries, owner, now)
   redis.call('ZADD', queue, 'NX', now, owner)
   redis.call('ZADD', expiries, now + PLACE_KEEP_MS, owner)
-  outlive(queue, PLACE_KEEP_MS)
-  outlive(expiries, PLACE_KEEP_MS)
+  keep_places(queue, expiries)
 end
 local function leave(queue, expiries, owner)
   redis.call('ZREM', queue, owner)
@@ -169,7 +182,7 @@ local function blocked_for(lock, queue, expiries, owner, now)
   return nil
 end
 """
-)
+_QUEUE_LIB = _ANNOUNCE_LIB + _KEYS_LIB + _FENCE_LIB + _QUEUE_FUNCS
 
 ACQUIRE = (
     """
@@ -190,9 +203,29 @@ ACQUIRE = (
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout) or by a release that failed to reach the server.
 """
-    + _QUEUE_LIB
+    + _FENCE_LIB
     + """
-local now, t = now_ms()
+local t = redis.call('TIME')
+-- The common case first: nobody queues (no queue key at all) and the key does not exist: SET NX takes it, and we
+-- mint a token. No pruning, no head to look for, no place to leave. (A lock key of another type fails SET NX and
+-- is dealt with below, as missing.)
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  local taken
+  if ARGV[2] == '0' then
+    taken = redis.call('SET', KEYS[1], ARGV[1], 'NX')
+  else
+    taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  end
+  if taken then
+    return {1, mint(KEYS[2], ARGV[3], t), 0}
+  end
+end
+"""
+    + _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + _QUEUE_FUNCS
+    + """
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 prune(KEYS[3], KEYS[4], now)
 local wait_ms = blocked_for(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now)
 if wait_ms then
@@ -265,12 +298,21 @@ RELEASE = (
 -- returns  1                     released; announced "released:<head owner>", or "released" with no queue
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
 """
-    + _QUEUE_LIB
+    + _ANNOUNCE_LIB
     + """
-if string_at(KEYS[1]) ~= ARGV[1] then
+-- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  announce(ARGV[3], ARGV[2], 'released')  -- nobody queues: no pruning, no head to look for
+  return 1
+end
+"""
+    + _KEYS_LIB
+    + _QUEUE_FUNCS
+    + """
 prune(KEYS[2], KEYS[3], (now_ms()))
 wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
 return 1
@@ -319,8 +361,7 @@ for i = 1, #KEYS / 2 do
   result[i] = 0
   if lapse and lapse > now and redis.call('ZSCORE', queue, ARGV[1]) then
     redis.call('ZADD', expiries, now + PLACE_KEEP_MS, ARGV[1])
-    outlive(queue, PLACE_KEEP_MS)
-    outlive(expiries, PLACE_KEEP_MS)
+    keep_places(queue, expiries)
     result[i] = 1
   end
 end
@@ -434,7 +475,7 @@ end
 if wait_ms then
   if ARGV[6] == '1' then
     redis.call('ZADD', KEYS[3], now + PLACE_KEEP_MS, ARGV[1])
-    outlive(KEYS[3], PLACE_KEEP_MS)
+    keep_places(KEYS[3], KEYS[3])
     announce(ARGV[5], ARGV[4], 'wanted')
   end
   return {0, wait_ms}

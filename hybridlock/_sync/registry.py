@@ -73,8 +73,12 @@ class LockRegistry:
 
     Local hand-off: when a thread (a task, on the asyncio side) releases a lock that others of this registry are
     queued for, the server lease is kept and the lock passed to the next one (in arrival order) with no round
-    trip, at most ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy, and never once
-    another owner is known to be waiting. Either at 0 switches it off (one server release per final release).
+    trip, at most ``handoff_limit`` times and for ``handoff_window`` seconds per server tenancy. Once another owner
+    is known to be waiting, the streak goes on for at most ``handoff_contended_window`` seconds from the server's
+    grant (at most ``handoff_window``; 0: it ends at the next release), then the lock goes to that owner: a short
+    batch of local passes amortises the costly hand-off between processes (lock cohorting), and its bound bounds
+    the other owner's wait. ``handoff_limit`` or ``handoff_window`` at 0 switches hand-off off (one server release
+    per final release).
 
     ``handoff_barge_window`` (seconds) trades a little of that arrival order for throughput: during a hand-off
     streak, a thread that releases and at once takes the lock again may go ahead of the longest-waiting thread, for
@@ -112,6 +116,7 @@ class LockRegistry:
         max_hold: float | None = None,
         handoff_limit: int = 64,
         handoff_window: float = 0.05,
+        handoff_contended_window: float = 0.02,
         handoff_barge_window: float = 0.002,
         retain_for: float = 0.0,
         confirm_replicas: int = 0,
@@ -128,6 +133,7 @@ class LockRegistry:
                 max_hold=max_hold,
                 handoff_limit=handoff_limit,
                 handoff_window=handoff_window,
+                handoff_contended_window=handoff_contended_window,
                 handoff_barge_window=handoff_barge_window,
                 retain_for=retain_for,
                 confirm_replicas=confirm_replicas,
