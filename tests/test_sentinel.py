@@ -64,6 +64,15 @@ def test_a_bad_sentinel_url_is_refused_saying_why_without_its_password(url: str,
     assert "hunter22" not in str(caught.value)
 
 
+def test_replication_not_confirmed_error_survives_pickling() -> None:
+    import pickle
+
+    error = hybridlock.ReplicationNotConfirmedError("x", key="k", server=NAME, acknowledged=1, required=2)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.key, copy.server, copy.acknowledged, copy.required, str(copy)) == ("k", NAME, 1, 2, str(error))
+    assert isinstance(copy, ConnectionError)
+
+
 def test_confirm_options_are_checked() -> None:
     backend = hybridlock.backends.MemoryBackend()
     with pytest.raises(hybridlock.InvalidArgumentError, match="confirm_replicas"):

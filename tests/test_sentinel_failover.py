@@ -52,14 +52,19 @@ def _forget_on_replicas(service: SentinelService, key: str) -> None:
 def test_a_lock_the_promoted_replica_had_survives_and_renewals_go_on(service: SentinelService, url: str) -> None:
     lost = threading.Event()
     # The lease outlasts the failover: renewals made at the old master after the promotion never reach the new one.
-    with hybridlock.LockRegistry(url, expire_after=10.0) as registry:
+    with (
+        hybridlock.LockRegistry(url, expire_after=10.0) as registry,
+        hybridlock.LockRegistry(url) as observer,
+    ):
         lock = registry.obtain("orders:1")
         lock.on_lost(lambda _lock: lost.set())
         assert lock.acquire(timeout=5)
         token = lock.fencing_token
+        assert observer.obtain("orders:1").locked()  # its pooled connection is to the old master
         old_port = service.master().port
         new_port = service.failover()
         assert new_port != old_port
+        assert observer.obtain("orders:1").locked()  # asked at the new master, not refused
         lock.renew()  # reaches the new master (the demoted one answers READONLY; the client asks the sentinels)
         with service.node_client(service.master()) as master:
             assert master.get(LOCK_KEY) == registry.client_id

@@ -80,9 +80,8 @@ def _client(port: int) -> redis.Redis:
 class SentinelService:
     """``replicas`` replicas of one master, watched by ``sentinels`` sentinels (quorum: a majority of them).
 
-    ``servers`` are the data nodes (``EmbeddedServer``; the first is the master at the start). ``writable_replicas``
-    lets a test write to a replica directly (``replica-read-only no``), to make a replica miss a write as a lagging
-    one would. Nothing here is meant for anything but a test or a measurement on one machine."""
+    ``servers`` are the data nodes (``EmbeddedServer``; the first is the master at the start). Nothing here is meant
+    for anything but a test or a measurement on one machine."""
 
     def __init__(
         self,
@@ -93,7 +92,6 @@ class SentinelService:
         binary: str | None = None,
         down_after_ms: int = 500,
         failover_timeout_ms: int = 3000,
-        writable_replicas: bool = False,
     ) -> None:
         self.service = service
         self.binary = binary or find_server_binary()
@@ -101,7 +99,6 @@ class SentinelService:
         self.sentinel_count = sentinels
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
-        self.writable_replicas = writable_replicas
         self.servers: list[EmbeddedServer] = []
         self.sentinels: list[_SentinelProcess] = []
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -145,7 +142,6 @@ class SentinelService:
         args: list[str] = [
             # A new replica syncs at once (the default waits 5 s for more replicas to share one transfer).
             "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
-            "--replica-read-only", "no" if self.writable_replicas else "yes",
         ]  # fmt: skip
         if master_port is not None:
             args += ["--replicaof", _HOST, str(master_port)]

@@ -101,7 +101,7 @@ class ScriptRunner:
         # from the pool asks the sentinels where the master is now. So for a Sentinel-managed client, one more
         # attempt when the connection failed outright; never after a timeout, which would double the wait.
         managed = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None) is not None
-        self._failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
+        self.failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
 
     def _digest(self, source: str) -> str:
         sha = self._sha.get(source)
@@ -132,7 +132,7 @@ class ScriptRunner:
     ) -> list[Any]:
         try:
             return await self._pipelined_once(source, calls, confirmation)
-        except self._failed_over:
+        except self.failed_over:
             return await self._pipelined_once(source, calls, confirmation)
 
     async def _pipelined_once(
@@ -170,7 +170,7 @@ class ScriptRunner:
     async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._run_once(source, keys, args)
-        except self._failed_over:
+        except self.failed_over:
             return await self._run_once(source, keys, args)
 
     async def _run_once(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -482,7 +482,10 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     async def is_locked(self, names: LockNames) -> bool:
         async with self._translated(names.key, "lock query"):
-            return bool(await self.client.exists(names.lock))
+            try:
+                return bool(await self.client.exists(names.lock))
+            except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
+                return bool(await self.client.exists(names.lock))
 
     async def is_read_locked(self, names: ReadWriteNames) -> bool:
         async with self._translated(names.key, "read lock query"):

@@ -102,7 +102,7 @@ class ScriptRunner:
         # from the pool asks the sentinels where the master is now. So for a Sentinel-managed client, one more
         # attempt when the connection failed outright; never after a timeout, which would double the wait.
         managed = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None) is not None
-        self._failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
+        self.failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
 
     def _digest(self, source: str) -> str:
         sha = self._sha.get(source)
@@ -133,7 +133,7 @@ class ScriptRunner:
     ) -> list[Any]:
         try:
             return self._pipelined_once(source, calls, confirmation)
-        except self._failed_over:
+        except self.failed_over:
             return self._pipelined_once(source, calls, confirmation)
 
     def _pipelined_once(
@@ -171,7 +171,7 @@ class ScriptRunner:
     def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return self._run_once(source, keys, args)
-        except self._failed_over:
+        except self.failed_over:
             return self._run_once(source, keys, args)
 
     def _run_once(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -483,7 +483,10 @@ class RedisBackend(LockBackend):
 
     def is_locked(self, names: LockNames) -> bool:
         with self._translated(names.key, "lock query"):
-            return bool(self.client.exists(names.lock))
+            try:
+                return bool(self.client.exists(names.lock))
+            except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
+                return bool(self.client.exists(names.lock))
 
     def is_read_locked(self, names: ReadWriteNames) -> bool:
         with self._translated(names.key, "read lock query"):
