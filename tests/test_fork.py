@@ -339,3 +339,39 @@ def test_a_child_works_even_if_a_parent_thread_was_inside_the_memory_backend_at_
         forked.close()
         occupant.join(5)
         registry.close()
+
+
+def test_a_child_keeps_the_registrys_observer(make_registry, redis_client):
+    events: list = []
+
+    class Recorder:
+        def on_acquire(self, event):
+            events.append(("acquire", event.key, event.outcome))
+
+        def on_release(self, event):
+            events.append(("release", event.key, event.outcome, event.held_for is not None))
+
+    observer = Recorder()
+    registry = make_registry(observer=observer)
+    lock = registry.obtain("parent-key")
+    assert lock.acquire()
+
+    def child(report, wait_for_parent):
+        del events[:]  # the parent's, copied by the fork
+        with registry.obtain("child-key"):
+            pass
+        try:
+            lock.release()  # the parent's hold: not the child's to release (and not reported)
+        except hybridlock.LockNotOwnedError:
+            pass
+        report({"same_observer": registry.observer is observer, "events": events})
+
+    forked = Child(child)
+    try:
+        facts = forked.next_report()
+        assert forked.wait() == 0
+    finally:
+        forked.close()
+    assert facts["same_observer"] is True
+    assert facts["events"] == [["acquire", "child-key", "acquired"], ["release", "child-key", "released", True]]
+    lock.release()

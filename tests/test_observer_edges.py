@@ -90,3 +90,15 @@ def test_what_counts_as_a_handoff() -> None:
     assert event("read", "acquired", "local", 0).handoff is None  # joined this process's read hold
     assert event("read", "acquired", "server", 2).handoff == "remote"
     assert event("lock", "timed_out", None, 4).handoff is None
+
+
+def test_coroutine_methods_are_refused_on_both_sides() -> None:
+    class Awaiting:
+        async def on_acquire(self, event: AcquireEvent) -> None:
+            pass
+
+    # Called synchronously, an async method would only make a coroutine nobody awaits: nothing observed.
+    with pytest.raises(hybridlock.InvalidArgumentError, match="coroutine"):
+        hybridlock.LocalLockRegistry(observer=Awaiting())
+    with pytest.raises(hybridlock.InvalidArgumentError, match="coroutine"):
+        hybridlock.AsyncLocalLockRegistry(observer=Awaiting())

@@ -21,6 +21,7 @@ Failure modes
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -179,6 +180,13 @@ class ObserverHook:
             raise InvalidArgumentError(
                 f"observer must be an object with at least one of {', '.join(_METHODS)} (see "
                 f"hybridlock.metrics.LockObserver), not {observer!r}"
+            )
+        coroutines = [name for name in _METHODS if inspect.iscoroutinefunction(getattr(observer, name, None))]
+        if coroutines:
+            # Called synchronously, they would only make coroutines nobody awaits: nothing would be observed.
+            raise InvalidArgumentError(
+                f"observer methods are called synchronously (also by AsyncLockRegistry) and must not be coroutine "
+                f"functions: {', '.join(coroutines)}"
             )
         return cls(observer, registry_key)
 
