@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OwnerDescriber", "lease_description"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.describer")
 
 _MIN_OWNER_TTL_MS = 60_000
 
@@ -72,7 +72,7 @@ class OwnerDescriber:
         try:
             await self._write(monotonic())
         except Exception:
-            logger.debug("hybridlock: could not write the description of owner %s", self.key, exc_info=True)
+            logger.debug("could not write the description of owner %s", self.key, exc_info=True)
 
     async def _write(self, now: float) -> None:
         leases = self._context.leases.in_server()
@@ -105,4 +105,4 @@ class OwnerDescriber:
         try:
             await self._context.backend.describe_owner(self.key, {}, [], 0)  # an expiry of 0 deletes the hash
         except Exception:
-            logger.debug("hybridlock: could not remove the description of owner %s", self.key, exc_info=True)
+            logger.debug("could not remove the description of owner %s", self.key, exc_info=True)

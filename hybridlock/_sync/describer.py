@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OwnerDescriber", "lease_description"]
 
-logger = logging.getLogger("hybridlock")
+logger = logging.getLogger("hybridlock.describer")
 
 _MIN_OWNER_TTL_MS = 60_000
 
@@ -73,7 +73,7 @@ class OwnerDescriber:
         try:
             self._write(monotonic())
         except Exception:
-            logger.debug("hybridlock: could not write the description of owner %s", self.key, exc_info=True)
+            logger.debug("could not write the description of owner %s", self.key, exc_info=True)
 
     def _write(self, now: float) -> None:
         leases = self._context.leases.in_server()
@@ -106,4 +106,4 @@ class OwnerDescriber:
         try:
             self._context.backend.describe_owner(self.key, {}, [], 0)  # an expiry of 0 deletes the hash
         except Exception:
-            logger.debug("hybridlock: could not remove the description of owner %s", self.key, exc_info=True)
+            logger.debug("could not remove the description of owner %s", self.key, exc_info=True)
