@@ -297,8 +297,10 @@ def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_re
             _until(lambda n=expected: len(_inspect(server, "q")[0]["waiting"]) == n, what="the waiter to queue")
 
         def described() -> dict[str, Any] | None:
+            # The holder by its renewer, the waiters by their wait keepers (after a second of waiting).
             (state,) = _inspect(server, "q")
-            return state if state["holder"]["thread"] else None
+            everyone = [state["holder"], *state["waiting"]]
+            return state if state["holder"]["thread"] and all(o["pid"] for o in everyone) else None
 
         state = _until(described, what="the holder's description")
         assert state["held"] is True
@@ -310,7 +312,7 @@ def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_re
         assert state["fencing_counter"] == lock.statistics().fencing_token
         assert 0 < state["lease_remaining_ms"] <= 3000
         assert [w["owner"] for w in state["waiting"]] == [w.client_id for w in waiters]
-        assert all(w["pid"] is None or w["pid"] == os.getpid() for w in state["waiting"])
+        assert [w["pid"] for w in state["waiting"]] == [os.getpid()] * 2
 
         text = _cli(server, "inspect", "q")
         assert text.returncode == 0
