@@ -31,8 +31,14 @@ def _env(server: Any, **extra: str) -> dict[str, str]:
 
 
 def _cli(server: Any, *args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
+    # No terminal for stdin (even when the suite runs in one): the CLI would take a SIGINT for a typed Ctrl-C.
     return subprocess.run(
-        [_PY, "-m", "hybridlock", *args], env=_env(server, **env), capture_output=True, text=True, timeout=timeout
+        [_PY, "-m", "hybridlock", *args],
+        env=_env(server, **env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -40,6 +46,7 @@ def _start(server: Any, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [_PY, "-m", "hybridlock", *args],
         env=_env(server, **env),
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
