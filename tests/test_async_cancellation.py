@@ -30,11 +30,10 @@ WAITING_STEPS = 120  # how far the sweep goes into a wait that cannot end
 
 def server_state(client: redis.Redis) -> dict[bytes, Any]:
     """The server's lock state: every key but the fencing counters (which outlive every tenancy, by design) and the
-    owners' descriptions (written for operators by background workers whenever a hold or a wait passes a second,
-    removed at close; no lock reads them)."""
+    owners' descriptions for operators (``<registry_key>:owner:<client_id>``, written by the renewer when it will)."""
     state: dict[bytes, Any] = {}
     for key in sorted(client.keys()):
-        if key.endswith(b":fence") or key.startswith(b"hybridlock:owner:"):
+        if key.endswith(b":fence") or b":owner:" in key:
             continue
         kind = client.type(key)
         if kind == b"string":
