@@ -121,6 +121,18 @@ class FakeContext:
         self.backend = FakeBackend()
         self.client_id = "me"
         self.server = "fake"
+        self.observer = None  # (LockContext's instrumentation hook: none here)
+        self.describer = FakeDescriber()
+
+
+class FakeDescriber:
+    """The owner description the renewer's worker writes after its rounds (``OwnerDescriber``): counted, not sent."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def describe(self) -> None:
+        self.calls += 1
 
 
 class FakeRetainedLock:

@@ -75,15 +75,15 @@ class OwnerDescriber:
         self._guard = new_guard()
         self._busy = False
 
-    async def describe(self, *, waiting: bool = False) -> None:
-        """Write what changed since the last description (see the module docstring for when); ``waiting``: the
-        owner waits in a server queue, so describe it even if it holds nothing. Never raises."""
+    async def describe(self) -> None:
+        """Write what changed since the last description (see the module docstring for when); an owner waiting in
+        a server queue is described even if it holds nothing. Never raises."""
         with self._guard:
             if self._busy:
                 return  # the other worker is writing it right now
             self._busy = True
         try:
-            await self._write(monotonic(), waiting)
+            await self._write(monotonic(), self._context.wait_keeper.running)
         except Exception:
             logger.debug("hybridlock: could not write the description of owner %s", self.key, exc_info=True)
         finally:

@@ -76,15 +76,15 @@ class OwnerDescriber:
         self._guard = new_guard()
         self._busy = False
 
-    def describe(self, *, waiting: bool = False) -> None:
-        """Write what changed since the last description (see the module docstring for when); ``waiting``: the
-        owner waits in a server queue, so describe it even if it holds nothing. Never raises."""
+    def describe(self) -> None:
+        """Write what changed since the last description (see the module docstring for when); an owner waiting in
+        a server queue is described even if it holds nothing. Never raises."""
         with self._guard:
             if self._busy:
                 return  # the other worker is writing it right now
             self._busy = True
         try:
-            self._write(monotonic(), waiting)
+            self._write(monotonic(), self._context.wait_keeper.running)
         except Exception:
             logger.debug("hybridlock: could not write the description of owner %s", self.key, exc_info=True)
         finally:
