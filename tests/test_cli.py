@@ -31,8 +31,14 @@ def _env(server: Any, **extra: str) -> dict[str, str]:
 
 
 def _cli(server: Any, *args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
+    # No terminal for stdin (even when the suite runs in one): the CLI would take a SIGINT for a typed Ctrl-C.
     return subprocess.run(
-        [_PY, "-m", "hybridlock", *args], env=_env(server, **env), capture_output=True, text=True, timeout=timeout
+        [_PY, "-m", "hybridlock", *args],
+        env=_env(server, **env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -40,6 +46,7 @@ def _start(server: Any, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [_PY, "-m", "hybridlock", *args],
         env=_env(server, **env),
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -297,8 +304,10 @@ def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_re
             _until(lambda n=expected: len(_inspect(server, "q")[0]["waiting"]) == n, what="the waiter to queue")
 
         def described() -> dict[str, Any] | None:
+            # The holder by its renewer, the waiters by their wait keepers (after a second of waiting).
             (state,) = _inspect(server, "q")
-            return state if state["holder"]["thread"] else None
+            everyone = [state["holder"], *state["waiting"]]
+            return state if state["holder"]["thread"] and all(o["pid"] for o in everyone) else None
 
         state = _until(described, what="the holder's description")
         assert state["held"] is True
@@ -310,7 +319,7 @@ def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_re
         assert state["fencing_counter"] == lock.statistics().fencing_token
         assert 0 < state["lease_remaining_ms"] <= 3000
         assert [w["owner"] for w in state["waiting"]] == [w.client_id for w in waiters]
-        assert all(w["pid"] is None or w["pid"] == os.getpid() for w in state["waiting"])
+        assert [w["pid"] for w in state["waiting"]] == [os.getpid()] * 2
 
         text = _cli(server, "inspect", "q")
         assert text.returncode == 0

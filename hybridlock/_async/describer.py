@@ -9,15 +9,19 @@ the registry's renewer writes it from its own worker,
   longer than that is described soon after it was taken;
 * at each renewal round, for the leases taken since the last one, dropping the fields of leases given back since;
   the whole hash is rewritten, with its expiry, at the first round after half its life (``ttl_ms``: a minute, or
-  three leases if longer), so it outlives every lease of a live owner.
+  three leases if longer), so it outlives every lease of a live owner;
+* by the wait keeper, at its refreshes (every second while some thread waits in a server queue): an owner that
+  waits more than a second is described too (host, pid), so ``inspect`` can say who waits.
 
 So an uncontended acquire/release cycle costs the server exactly what it did, and a busy registry one small
-pipelined write (``HSET``, ``HDEL``, ``PEXPIRE``) per renewal period at most. What it does not promise: a hold
-shorter than a second, or than a renewal period once the worker runs, may never be described (it is over before
-anyone could look), and a field may outlive its lease until the next round (readers check the fencing token).
+pipelined write (``HSET``, ``HDEL``, ``PEXPIRE``) per renewal period at most (a waiting one, per half ``ttl_ms``).
+What it does not promise: a hold shorter than a second, or than a renewal period once the worker runs, may never
+be described (it is over before anyone could look), and a field may outlive its lease until the next round
+(readers check the fencing token).
 
 Failure modes: a description that cannot be written is logged at debug level and tried again at the next
-occasion; it never affects a lock. With ``auto_renew=False`` there is no renewer and no description.
+occasion; it never affects a lock. With ``auto_renew=False`` there is no renewer: an owner is described only
+while it waits in a server queue.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .._core.names import owner_key
-from ._compat import monotonic, owner_name
+from ._compat import monotonic, new_guard, owner_name
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -66,18 +70,29 @@ class OwnerDescriber:
         self._refresh_at = -1.0  # monotonic: when the hash must be written again (it lapses at ttl_ms)
         self._described: dict[str, int] = {}  # server key of a lease -> the tenancy its field describes
         self._written = False  # the hash may exist in the server
+        # The renewer and the wait keeper both describe; one write at a time (the other skips: nothing is lost, the
+        # next occasion writes what it would have).
+        self._guard = new_guard()
+        self._busy = False
 
     async def describe(self) -> None:
-        """Write what changed since the last description (see the module docstring for when). Never raises."""
+        """Write what changed since the last description (see the module docstring for when); an owner waiting in
+        a server queue is described even if it holds nothing. Never raises."""
+        with self._guard:
+            if self._busy:
+                return  # the other worker is writing it right now
+            self._busy = True
         try:
-            await self._write(monotonic())
+            await self._write(monotonic(), self._context.wait_keeper.running)
         except Exception:
             logger.debug("could not write the description of owner %s", self.key, exc_info=True)
+        finally:
+            self._busy = False
 
-    async def _write(self, now: float) -> None:
+    async def _write(self, now: float, waiting: bool) -> None:
         leases = self._context.leases.in_server()
-        if not leases and not self._described:
-            return  # an owner that holds nothing has nothing to tell
+        if not leases and not self._described and not (waiting and now >= self._refresh_at):
+            return  # an owner that holds nothing and waits for nothing has nothing to tell
         current = {lease._names.lock: lease for lease in leases}
         fields: dict[str, str] = {}
         refresh = now >= self._refresh_at

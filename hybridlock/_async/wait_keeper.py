@@ -103,7 +103,7 @@ class WaitKeeper:
 
     @property
     def running(self) -> bool:
-        """Whether the keeper's worker runs (for tests)."""
+        """Whether the keeper's worker runs: some wait of this registry holds a place in a server queue."""
         with self._guard:
             return self._live
 
@@ -124,6 +124,8 @@ class WaitKeeper:
             logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
         except Exception:  # a bug must not end the worker while waits still count on it
             logger.exception("hybridlock: keeping waiting places on %s failed", context.server)
+        # Off the hot path: say who waits, for operators (describer.py; nothing is sent unless it is due).
+        await context.describer.describe()
         with self._guard:
             self._next_refresh = monotonic() + REFRESH_INTERVAL
         return REFRESH_INTERVAL
