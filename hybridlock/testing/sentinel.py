@@ -6,7 +6,7 @@ keeps its files in a temporary directory, persists nothing, and is stopped by pi
 dead master quickly (``down_after_ms``, 500 ms by default), so a failover takes a few seconds.
 
     with SentinelService() as service:
-        registry = hybridlock.LockRegistry(service.url)       # redis+sentinel://127.0.0.1:p1,.../hybridlock-test
+        registry = hybridlock.LockRegistry(service.url())     # redis+sentinel://127.0.0.1:p1,.../hybridlock-test/0
         ...
         service.failover()                                     # SENTINEL FAILOVER, then wait for the new master
         service.kill_master()                                  # SIGKILL, then wait for the sentinels to promote one
