@@ -50,9 +50,11 @@ T = TypeVar("T")
 class AsyncLockRegistry:
     """Hands out one :class:`AsyncHybridLock` per key, all sharing this registry's server connection and identity.
 
-    ``connection`` is a ``redis.Redis`` or ``valkey.Valkey`` client, a ``redis://`` / ``rediss://`` / ``unix://``
-    URL, or a :class:`~hybridlock.backends.LockBackend`. Asyncio clients and cluster clients are refused
-    (``InvalidArgumentError``): an asyncio API is planned, and so is cluster support. ``registry_key`` prefixes
+    ``connection`` is a ``redis.asyncio.Redis`` client, a cluster client (``redis.asyncio.RedisCluster``), either
+    one's valkey-py twin, a ``redis://`` / ``rediss://`` / ``unix://`` URL, a cluster URL
+    (``redis+cluster://host:port[,host:port...]``; ``rediss+cluster://`` over TLS) or a
+    :class:`~hybridlock.backends.AsyncLockBackend`; a client of the other API (asyncio or blocking) is refused
+    (``InvalidArgumentError``). ``registry_key`` prefixes
     every server key (it must not contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond
     precision), at least ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost
     whenever a renewal is a little late).
@@ -305,18 +307,24 @@ def _make_backend(connection: Any) -> AsyncLockBackend:
         return connection
     from ..backends import clients
     from ..backends.clients import check_client_settings, redacted, redacted_url
+    from .backends.cluster import AsyncRedisClusterBackend, is_cluster_url, redis_cluster_client_from_url
     from .backends.redis import AsyncRedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
         if not connection:
             raise InvalidArgumentError("the server URL must not be empty")
+        cluster = is_cluster_url(connection)
         try:
-            client = redis_client_from_url(connection)
+            client = (redis_cluster_client_from_url if cluster else redis_client_from_url)(connection)
         except ValueError as exc:
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
+        if cluster:
+            return AsyncRedisClusterBackend(client, owns_client=True, address=redacted_url(connection))
         return AsyncRedisBackend(client, owns_client=True)
-    clients.asyncio_client_family(connection)  # a client of the other kind, or a cluster client, is refused here
+    clients.asyncio_client_family(connection)  # a client of the other kind is refused here
+    if clients.is_cluster_client(connection):
+        return AsyncRedisClusterBackend(connection)
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         backend = AsyncRedisBackend(connection)
         check_client_settings(connection, backend.address)
