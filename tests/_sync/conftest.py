@@ -13,4 +13,6 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "redis":
         request.getfixturevalue("redis_client")  # flushes the session's server
         return Backend("redis", request.getfixturevalue("server").url)
+    if request.param == "cluster":
+        return Backend("cluster", request.getfixturevalue("cluster_url"))
     return Backend(request.param)

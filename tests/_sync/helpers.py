@@ -22,6 +22,7 @@ BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("local", id="local"),
     pytest.param("redis", id="redis", marks=pytest.mark.server),
+    pytest.param("cluster", id="cluster", marks=[pytest.mark.server, pytest.mark.cluster]),
 ]
 
 

@@ -241,6 +241,9 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         self._in_flight = 0
         self._idle = AsyncCondition()
 
+    async def _disconnect_after_close(self) -> None:
+        await self.client.aclose()  # (a cluster client has a pool per node: closing it closes them all)
+
     async def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
 

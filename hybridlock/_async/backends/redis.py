@@ -185,7 +185,10 @@ class AsyncRedisBackend(AsyncLockBackend):
                 # A call after aclose() (a holder releasing) reconnected the client: close that connection again,
                 # or it stays open until the garbage collector finds it.
                 with contextlib.suppress(Exception):
-                    await self.client.connection_pool.disconnect()
+                    await self._disconnect_after_close()
+
+    async def _disconnect_after_close(self) -> None:
+        await self.client.connection_pool.disconnect()
 
     def _errors_at(self, about: _About, operation: str) -> contextlib.AbstractContextManager[None]:
         """What else translates errors about ``about`` (a cluster names the node); nothing on one server."""

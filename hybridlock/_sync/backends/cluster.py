@@ -242,6 +242,9 @@ class RedisClusterBackend(RedisBackend):
         self._in_flight = 0
         self._idle = Condition()
 
+    def _disconnect_after_close(self) -> None:
+        self.client.close()  # (a cluster client has a pool per node: closing it closes them all)
+
     def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
 

@@ -186,7 +186,10 @@ class RedisBackend(LockBackend):
                 # A call after close() (a holder releasing) reconnected the client: close that connection again,
                 # or it stays open until the garbage collector finds it.
                 with contextlib.suppress(Exception):
-                    self.client.connection_pool.disconnect()
+                    self._disconnect_after_close()
+
+    def _disconnect_after_close(self) -> None:
+        self.client.connection_pool.disconnect()
 
     def _errors_at(self, about: _About, operation: str) -> contextlib.AbstractContextManager[None]:
         """What else translates errors about ``about`` (a cluster names the node); nothing on one server."""
