@@ -215,14 +215,33 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
         thread.start()
         time.sleep(0.5)  # the waiter is queued and subscribed at the source
 
-        def half_moved() -> None:
+        attempts: list[Any] = []
+
+        def try_meanwhile() -> None:
+            # An acquire's script touches keys on both sides now: TRYAGAIN, retried until the migration ends.
+            try:
+                attempts.append(third.obtain(key).acquire(False))
+            except BaseException as exc:  # the test reads it below
+                attempts.append(exc)
+
+        def half_moved() -> threading.Thread:
             # Some of the slot's keys are here, some there: the holder's renewal (lock keys only) still works,
-            # and the waiter's attempts meanwhile are retried, not failed.
+            # and attempts meanwhile are retried, not failed.
+            assert cluster.command(source, "CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+            assert cluster.command(target, "CLUSTER", "COUNTKEYSINSLOT", slot) > 0
             lock.renew()
+            attempt = threading.Thread(target=try_meanwhile)
+            attempt.start()
             time.sleep(0.5)
             lock.renew()
+            assert attempts == []  # still retrying
+            return attempt
 
-        cluster.migrate_slot(slot, target, between=half_moved)
+        with hybridlock.LockRegistry(cluster_url, expire_after=3.0) as third:
+            started: list[threading.Thread] = []
+            cluster.migrate_slot(slot, target, between=lambda: started.append(half_moved()))
+            started[0].join(5)
+        assert attempts == [False]  # refused (the lock is held), not failed
         assert cluster.owner_of(slot) is target
         time.sleep(1.5)  # past a renewal period (1 s): the renewer follows the slot to its new node
         assert not lock.lost
@@ -376,27 +395,26 @@ def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
 
 
 async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
-    if True:  # (one level deeper, as in the rest of the file)
-        async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(
-            cluster_url
-        ) as theirs:
-            keys = keys_on_every_master(cluster, 1, prefix="wake")
-            for key in keys:
-                lock = mine.obtain(key)
-                await lock.acquire()
-                woken: list[float] = []
+    async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(
+        cluster_url
+    ) as theirs:
+        keys = keys_on_every_master(cluster, 1, prefix="wake")
+        for key in keys:
+            lock = mine.obtain(key)
+            await lock.acquire()
+            woken: list[float] = []
 
-                async def wait(key: str = key, woken: list[float] = woken) -> None:
-                    other = theirs.obtain(key)
-                    assert await other.acquire(timeout=10)
-                    woken.append(time.monotonic())
-                    await other.release()
+            async def wait(key: str = key, woken: list[float] = woken) -> None:
+                other = theirs.obtain(key)
+                assert await other.acquire(timeout=10)
+                woken.append(time.monotonic())
+                await other.release()
 
-                task = asyncio.create_task(wait())
-                await asyncio.sleep(0.3)
-                released = time.monotonic()
-                await lock.release()
-                await task
-                assert woken[0] - released < 0.5
-            assert isinstance(theirs.backend, async_cluster.AsyncRedisClusterBackend)
-            assert len(theirs.backend.subscribers) == len(cluster.masters)  # one subscriber per node, no more
+            task = asyncio.create_task(wait())
+            await asyncio.sleep(0.3)
+            released = time.monotonic()
+            await lock.release()
+            await task
+            assert woken[0] - released < 0.5
+        assert isinstance(theirs.backend, async_cluster.AsyncRedisClusterBackend)
+        assert len(theirs.backend.subscribers) == len(cluster.masters)  # one subscriber per node, no more
