@@ -74,14 +74,26 @@ def test_a_cluster_url_with_several_nodes_and_a_password_is_named_without_it(clu
 
 def test_a_cluster_client_passed_in_is_used_and_named_by_its_nodes(cluster, cluster_url):
     import redis.cluster
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.masters[0].port, socket_timeout=5)
+    port = cluster.masters[0].port
+    client = redis.cluster.RedisCluster(
+        host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1)
+    )
     try:
         with hybridlock.LockRegistry(client) as registry, registry.obtain("named"):
             assert registry.server.startswith("redis+cluster://127.0.0.1:")
-            assert str(cluster.masters[0].port) in registry.server
+            assert str(port) in registry.server
     finally:
         client.close()
+    # redis-py's defaults: no socket timeout, and 10 cluster retries with backoff.
+    loose = redis.cluster.RedisCluster(host="127.0.0.1", port=port)
+    try:
+        with pytest.warns(hybridlock.ClientSettingsWarning, match="no socket_timeout"):
+            hybridlock.LockRegistry(loose).close()
+    finally:
+        loose.close()
 
 
 def test_scripts_run_at_each_slots_master_and_announce_with_spublish(cluster, cluster_url):

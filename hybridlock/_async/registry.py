@@ -324,7 +324,9 @@ def _make_backend(connection: Any) -> AsyncLockBackend:
         return AsyncRedisBackend(client, owns_client=True)
     clients.asyncio_client_family(connection)  # a client of the other kind is refused here
     if clients.is_cluster_client(connection):
-        return AsyncRedisClusterBackend(connection)
+        cluster_backend = AsyncRedisClusterBackend(connection)
+        check_client_settings(connection, cluster_backend.address)
+        return cluster_backend
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         backend = AsyncRedisBackend(connection)
         check_client_settings(connection, backend.address)

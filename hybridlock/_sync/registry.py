@@ -325,7 +325,9 @@ def _make_backend(connection: Any) -> LockBackend:
         return RedisBackend(client, owns_client=True)
     clients.client_family(connection)  # a client of the other kind is refused here
     if clients.is_cluster_client(connection):
-        return RedisClusterBackend(connection)
+        cluster_backend = RedisClusterBackend(connection)
+        check_client_settings(connection, cluster_backend.address)
+        return cluster_backend
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         backend = RedisBackend(connection)
         check_client_settings(connection, backend.address)

@@ -250,7 +250,19 @@ def check_client_settings(client: Any, server: str) -> None:
     command to a server that does not answer must fail within one socket timeout, so the client needs a
     ``socket_timeout`` and a ``socket_connect_timeout``, and at most one retry. Settings it cannot read (a
     stand-in client) draw no warning."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    kwargs: Any
+    if is_cluster_client(client):
+        # A cluster client keeps its nodes' connection settings, and its own retry policy, on itself. A setting it
+        # was not given is the connection's default: none, for the blocking client's timeouts.
+        try:
+            kwargs = dict(client.get_connection_kwargs())
+        except Exception:  # a stub without any
+            return
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            kwargs.setdefault(name, None)
+        kwargs["retry"] = getattr(client, "retry", None)
+    else:
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
     if not isinstance(kwargs, dict):
         return
     untimed = [name for name in ("socket_timeout", "socket_connect_timeout") if kwargs.get(name, 0) is None]
