@@ -430,3 +430,69 @@ async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
             assert woken[0] - released < 0.5
         assert isinstance(theirs.backend, async_cluster.AsyncRedisClusterBackend)
         assert len(theirs.backend.subscribers) == len(cluster.masters)  # one subscriber per node, no more
+
+
+# -- the ACL ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_documented_cluster_acl_runs_every_lock_kind():
+    from tests.test_acl import LOCK_USER_COMMANDS
+
+    # The README: the one-server list, with sharded pub/sub instead of the classic one, and what the cluster client
+    # sends to learn the layout.
+    swapped = {"publish": "spublish", "subscribe": "ssubscribe", "unsubscribe": "sunsubscribe"}
+    commands = [swapped.get(command, command) for command in LOCK_USER_COMMANDS] + ["cluster|slots", "command"]
+    with EmbeddedCluster(masters=3, replicas=0) as cluster:
+        for node in cluster.nodes:
+            cluster.command(
+                node, "ACL", "SETUSER", "locker", "reset", "on", ">locker-pw", "~hybridlock:*", "&hybridlock:*",
+                "-@all", *(f"+{command}" for command in commands),
+            )  # fmt: skip
+            cluster.command(node, "ACL", "LOG", "RESET")
+        url = cluster.url.replace("redis+cluster://", "redis+cluster://locker:locker-pw@")
+        keys = keys_on_every_master(cluster, 1, prefix="acl")
+
+        def contended(mine: Any, theirs: Any) -> None:
+            assert mine.acquire(timeout=5)
+            done = threading.Event()
+
+            def wait() -> None:
+                if theirs.acquire(timeout=10):
+                    theirs.release()
+                    done.set()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)  # past renewals of the 0.3 s lease, with the waiter subscribed
+            assert not getattr(mine, "lost", False)
+            mine.release()
+            thread.join(15)
+            assert done.is_set()
+
+        with hybridlock.LockRegistry(url, expire_after=0.3) as mine, hybridlock.LockRegistry(
+            url, expire_after=0.3
+        ) as theirs:
+            for key in keys:
+                contended(mine.obtain(key), theirs.obtain(key))
+                assert not theirs.obtain(key).locked()
+            rw_mine, rw_theirs = mine.obtain_read_write("rw"), theirs.obtain_read_write("rw")
+            contended(rw_mine.write_lock(), rw_theirs.read_lock())
+            contended(rw_mine.read_lock(), rw_theirs.write_lock())
+            with mine.obtain_many(keys), mine.obtain_many(["acl}1", "acl}2"]):
+                pass
+            assert theirs.backend.subscribers  # it waited on sharded pub/sub, not by polling
+
+        async def asyncio_side() -> None:
+            async with hybridlock.AsyncLockRegistry(url, expire_after=0.3) as registry:
+                lock = registry.obtain(keys[0])
+                async with lock:
+                    await asyncio.sleep(0.2)
+
+        asyncio.run(asyncio_side())
+        for node in cluster.nodes:
+            client = cluster.client(node)
+            try:
+                refused = {entry["object"] for entry in client.acl_log()} - {"client|setinfo"}
+            finally:
+                client.close()
+            assert refused == set(), (node.port, refused)
