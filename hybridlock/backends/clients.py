@@ -159,7 +159,7 @@ def is_cluster_client(client: Any) -> bool:
 
 def cluster_server_name(client: Any, family: ClientFamily) -> str:
     """A cluster as its user knows it, for messages: ``redis+cluster://host:port,host:port`` (the nodes it was
-    given to start from; ``rediss+cluster://`` over TLS). Never a password."""
+    given to start from, or the first three it knows; ``rediss+cluster://`` over TLS). Never a password."""
     manager = getattr(client, "nodes_manager", None)
     startup = getattr(manager, "startup_nodes", None)
     nodes = list(startup) if isinstance(startup, dict) and startup else []
@@ -170,7 +170,9 @@ def cluster_server_name(client: Any, family: ClientFamily) -> str:
     tls = (isinstance(connection_class, type) and issubclass(connection_class, family.ssl_connections)) or bool(
         isinstance(kwargs, dict) and kwargs.get("ssl")
     )
-    return f"{'rediss' if tls else 'redis'}+cluster://{','.join(nodes)}"
+    # A client that has met the cluster lists every node it found (replicas too): the first few say which cluster.
+    shown = ",".join(nodes[:3]) + (",..." if len(nodes) > 3 else "")
+    return f"{'rediss' if tls else 'redis'}+cluster://{shown}"
 
 
 def server_name(client: Any, family: ClientFamily) -> str:
