@@ -56,7 +56,7 @@ class AsyncReleaseWatch(abc.ABC):
 
 
 class AsyncLockBackend(abc.ABC):
-    """A lock server: in memory, one Redis/Valkey server, and later quorum and cluster variants."""
+    """A lock server: in memory, one Redis/Valkey server, a Redis/Valkey cluster, and later quorum variants."""
 
     #: Human-readable server address, used in error messages (``redis://127.0.0.1:6379/0``, ``memory``).
     address: str = "unknown"

@@ -119,6 +119,7 @@ class _ClusterScriptRunner(ScriptRunner):
     def __init__(self, backend: RedisClusterBackend) -> None:
         super().__init__(backend.client, backend._family)
         self._backend = backend
+        self._suspects: set[str] = set()  # nodes out of reach in the last batch (see run_many)
         family = backend._family
         # Answers that a call sent down a node's pipeline gets when it must go elsewhere, or again: the client's
         # routed path knows what to do with each (follow the redirection, wait out the migration, EVAL).
@@ -151,19 +152,26 @@ class _ClusterScriptRunner(ScriptRunner):
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         unreached: dict[int, BaseException] = {}
+        tried: set[str] = set()  # nodes found out of reach in this batch
         for attempt in range(2):
             by_node: dict[str, tuple[Any, list[int]]] = {}
             for index in pending:
                 node = node_for_slot(client, key_slot(calls[index][0][0].encode()))
                 by_node.setdefault(node.name, (node, []))[1].append(index)
             pending = []
-            for node, indexes in by_node.values():
+            # Nodes in turn, one round trip each; those out of reach in the last batch go last, so that a hung one
+            # (it costs a whole socket timeout) does not hold back the renewal of the others' leases twice.
+            for name in sorted(by_node, key=lambda name: name in self._suspects):
+                node, indexes = by_node[name]
+                if name in tried:
+                    continue  # still the node that was out of reach a moment ago: no second timeout
                 try:
                     results = self._on_node(node, source, sha, [calls[index] for index in indexes])
                 except unavailable as exc:
                     error = type(exc)(f"cluster node {node.name}: {exc}")
                     unreached.update(dict.fromkeys(indexes, error))
                     pending.extend(indexes)
+                    tried.add(name)
                     continue
                 for index, result in zip(indexes, results, strict=True):
                     unreached.pop(index, None)
@@ -174,6 +182,7 @@ class _ClusterScriptRunner(ScriptRunner):
             # for its calls at whichever node serves their slots now.
             with contextlib.suppress(Exception):
                 client.nodes_manager.initialize()
+        self._suspects = tried
         if unreached and len(unreached) == len(calls):
             raise next(iter(unreached.values()))
         for index, error in unreached.items():
