@@ -434,6 +434,32 @@ def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
                 lock.release()
 
 
+@pytest.mark.slow
+def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
+    # A 12 s lease is renewed every 4 s; a round that meets the hung node waits one socket timeout (5 s) there.
+    with (
+        EmbeddedCluster(masters=3, replicas=0, node_timeout=60_000) as cluster,
+        hybridlock.LockRegistry(cluster.url, expire_after=12.0) as registry,
+    ):
+        keys = keys_on_every_master(cluster, 2, prefix="hung")
+        locks = [registry.obtain(key) for key in keys]
+        for lock in locks:
+            lock.acquire()
+        hung = cluster.owner_of(slot_of(keys[0]))
+        on_hung = [lock for lock in locks if cluster.owner_of(slot_of(lock.key)) is hung]
+        others = [lock for lock in locks if lock not in on_hung]
+        hung.pause()
+        try:
+            wait_until(lambda: all(lock.lost for lock in on_hung), 25, "the hung node's leases to be reported lost")
+            assert not any(lock.lost for lock in others)
+            for lock in others:
+                lock.renew()
+        finally:
+            hung.resume()
+        for lock in others:
+            lock.release()
+
+
 # -- asyncio ---------------------------------------------------------------------------------------------------------
 
 
