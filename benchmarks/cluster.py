@@ -153,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(rounds):
             for size in sizes:
                 run = measure(clusters[size], args.processes, args.threads, keys, seconds, seed=round_no)
-                _log(f"  {size} master(s), round {round_no + 1}: {run['cycles_per_s']:,.0f} cycles/s, "
-                     f"{run['wrong_counters']} wrong")
+                _log(
+                    f"  {size} master(s), round {round_no + 1}: {run['cycles_per_s']:,.0f} cycles/s, "
+                    f"{run['wrong_counters']} wrong"
+                )
                 failed |= bool(run["wrong_counters"] or run["errors"])
                 runs[size].append(run)
     finally:

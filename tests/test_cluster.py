@@ -162,9 +162,10 @@ def test_keys_in_one_slot_are_taken_in_one_step_and_others_key_by_key(cluster_ur
 def test_without_sharded_pubsub_nothing_is_announced_and_waiters_poll(cluster, cluster_url, monkeypatch):
     # As on a Redis 6 cluster, or one whose ACL refuses INFO: the scripts publish nothing, nobody subscribes.
     monkeypatch.setattr(RedisClusterBackend, "_has_sharded_pubsub", lambda self: False)
-    with hybridlock.LockRegistry(cluster_url, expire_after=1.0) as mine, hybridlock.LockRegistry(
-        cluster_url, expire_after=1.0
-    ) as theirs:
+    with (
+        hybridlock.LockRegistry(cluster_url, expire_after=1.0) as mine,
+        hybridlock.LockRegistry(cluster_url, expire_after=1.0) as theirs,
+    ):
         lock = mine.obtain("polled")
         lock.acquire()
         got: list[float] = []
@@ -236,9 +237,10 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
     slot = slot_of(key)
     source = cluster.owner_of(slot)
     target = next(master for master in cluster.masters if cluster.role(master) == "master" and master is not source)
-    with hybridlock.LockRegistry(cluster_url, expire_after=3.0) as holder, hybridlock.LockRegistry(
-        cluster_url, expire_after=3.0
-    ) as waiter:
+    with (
+        hybridlock.LockRegistry(cluster_url, expire_after=3.0) as holder,
+        hybridlock.LockRegistry(cluster_url, expire_after=3.0) as waiter,
+    ):
         lock = holder.obtain(key)
         assert lock.acquire(timeout=5)
         token = lock.fencing_token
@@ -393,9 +395,10 @@ def test_a_master_crash_before_replication_loses_the_lock_and_tells_the_holder(o
 def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
     with EmbeddedCluster(masters=3, replicas=0) as cluster:
         key = "doomed"
-        with hybridlock.LockRegistry(cluster.url, expire_after=2.0) as holder, hybridlock.LockRegistry(
-            cluster.url, expire_after=2.0
-        ) as waiter:
+        with (
+            hybridlock.LockRegistry(cluster.url, expire_after=2.0) as holder,
+            hybridlock.LockRegistry(cluster.url, expire_after=2.0) as waiter,
+        ):
             lock = holder.obtain(key)
             lock.acquire()
             elsewhere = holder.obtain("survivor")
@@ -464,9 +467,7 @@ def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
 
 
 async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
-    async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(
-        cluster_url
-    ) as theirs:
+    async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(cluster_url) as theirs:
         keys = keys_on_every_master(cluster, 1, prefix="wake")
         for key in keys:
             lock = mine.obtain(key)
@@ -526,9 +527,10 @@ def test_the_documented_cluster_acl_runs_every_lock_kind():
             thread.join(15)
             assert done.is_set()
 
-        with hybridlock.LockRegistry(url, expire_after=0.3) as mine, hybridlock.LockRegistry(
-            url, expire_after=0.3
-        ) as theirs:
+        with (
+            hybridlock.LockRegistry(url, expire_after=0.3) as mine,
+            hybridlock.LockRegistry(url, expire_after=0.3) as theirs,
+        ):
             for key in keys:
                 contended(mine.obtain(key), theirs.obtain(key))
                 assert not theirs.obtain(key).locked()

@@ -172,8 +172,9 @@ class RedisBackend(LockBackend):
         with self._idle:
             self._in_flight += 1
         try:
-            with translated_errors(_keys_of(about), self.address, operation, self._family), self._errors_at(
-                about, operation
+            with (
+                translated_errors(_keys_of(about), self.address, operation, self._family),
+                self._errors_at(about, operation),
             ):
                 yield
         finally:
