@@ -51,6 +51,14 @@ def keys_on_every_master(cluster: EmbeddedCluster, per_master: int, prefix: str 
     return [key for keys in found.values() for key in keys]
 
 
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
 # -- accepting a cluster ---------------------------------------------------------------------------------------------
 
 
@@ -238,8 +246,8 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
     source = cluster.owner_of(slot)
     target = next(master for master in cluster.masters if cluster.role(master) == "master" and master is not source)
     with (
-        hybridlock.LockRegistry(cluster_url, expire_after=3.0) as holder,
-        hybridlock.LockRegistry(cluster_url, expire_after=3.0) as waiter,
+        hybridlock.LockRegistry(cluster_url, expire_after=6.0) as holder,
+        hybridlock.LockRegistry(cluster_url, expire_after=6.0) as waiter,
     ):
         lock = holder.obtain(key)
         assert lock.acquire(timeout=5)
@@ -282,14 +290,16 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
             assert attempts == []  # still retrying
             return attempt
 
-        with hybridlock.LockRegistry(cluster_url, expire_after=3.0) as third:
+        with hybridlock.LockRegistry(cluster_url, expire_after=6.0) as third:
             started: list[threading.Thread] = []
             cluster.migrate_slot(slot, target, between=lambda: started.append(half_moved()))
             started[0].join(5)
         assert attempts == [False]  # refused (the lock is held), not failed
         assert cluster.owner_of(slot) is target
-        time.sleep(1.5)  # past a renewal period (1 s): the renewer follows the slot to its new node
-        assert not lock.lost
+        renewer = holder._context.renewer
+        rounds = renewer.rounds
+        wait_until(lambda: renewer.rounds >= rounds + 1, 10, "a renewal round after the move")
+        assert not lock.lost  # the renewer followed the slot to its new node
         lock.renew()
         assert cluster.command(target, "GET", f"hybridlock:{{{key}}}") == holder.client_id.encode()
         released_at = time.monotonic()
@@ -321,18 +331,12 @@ def own_cluster():
         yield started
 
 
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_a_manual_failover_keeps_the_lock(own_cluster):
     cluster = own_cluster
-    with hybridlock.LockRegistry(cluster.url, expire_after=3.0) as registry:
+    # A lease longer than the failover takes on a loaded machine: a lease that cannot be renewed while the slot has
+    # no writable master for longer than itself is reported lost, as it should be.
+    with hybridlock.LockRegistry(cluster.url, expire_after=10.0) as registry:
         lock = registry.obtain("kept")
         lost: list[Any] = []
         lock.on_lost(lost.append)
@@ -342,10 +346,12 @@ def test_a_manual_failover_keeps_the_lock(own_cluster):
         cluster.command(replica, "CLUSTER", "FAILOVER")  # waits for the replica to catch up: nothing is lost
         wait_until(lambda: cluster.role(replica) == "master", 15, "the replica's promotion")
         cluster.wait_healthy()
-        time.sleep(2.5)  # two renewal periods, through MOVED answers from the old master
+        lock.renew()  # through a MOVED answer from the old master
+        renewer = registry._context.renewer
+        rounds = renewer.rounds
+        wait_until(lambda: renewer.rounds >= rounds + 1, 10, "a renewal round after the failover")
         assert not lock.lost
         assert lost == []
-        lock.renew()
         assert cluster.command(replica, "GET", "hybridlock:{kept}") == registry.client_id.encode()
         lock.release()
         with hybridlock.LockRegistry(cluster.url) as other, other.obtain("kept"):
@@ -393,11 +399,13 @@ def test_a_master_crash_before_replication_loses_the_lock_and_tells_the_holder(o
 
 @pytest.mark.slow
 def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
-    with EmbeddedCluster(masters=3, replicas=0) as cluster:
+    # Without full coverage required, the other masters go on serving once the cluster holds the dead one failed
+    # (with it, the default, the whole cluster refuses every command then: see the README's cluster table).
+    with EmbeddedCluster(masters=3, replicas=0, extra_args=("--cluster-require-full-coverage", "no")) as cluster:
         key = "doomed"
         with (
-            hybridlock.LockRegistry(cluster.url, expire_after=2.0) as holder,
-            hybridlock.LockRegistry(cluster.url, expire_after=2.0) as waiter,
+            hybridlock.LockRegistry(cluster.url, expire_after=4.0) as holder,
+            hybridlock.LockRegistry(cluster.url, expire_after=4.0) as waiter,
         ):
             lock = holder.obtain(key)
             lock.acquire()
@@ -481,7 +489,11 @@ async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
                 await other.release()
 
             task = asyncio.create_task(wait())
-            await asyncio.sleep(0.3)
+            channel = theirs.obtain(key)._names.channel
+            deadline = time.monotonic() + 10
+            while not any(channel in sub._subscribed for sub in theirs.backend.subscribers.values()):
+                assert time.monotonic() < deadline, "the waiter never subscribed"
+                await asyncio.sleep(0.01)
             released = time.monotonic()
             await lock.release()
             await task
