@@ -71,6 +71,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncReleaseWatch", "ReleaseWatch"),
     ("AsyncMemoryBackend", "MemoryBackend"),
     ("AsyncRedisBackend", "RedisBackend"),
+    ("AsyncRedisClusterBackend", "RedisClusterBackend"),
     # clients.py is shared and hand-written: each side asks it for its own kind of client.
     ("asyncio_client_family", "client_family"),
 )

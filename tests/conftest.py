@@ -18,6 +18,7 @@ import redis
 
 import hybridlock
 from hybridlock.backends import MemoryBackend
+from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.sentinel import SentinelService
 from hybridlock.testing.server import EmbeddedServer
 
@@ -51,6 +52,22 @@ def own_server() -> Iterator[EmbeddedServer]:
     """A real server for this test alone: for tests that kill, pause or restart it."""
     with EmbeddedServer() as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[EmbeddedCluster]:
+    """One real cluster for the whole session, 3 masters with a replica each; tests flush it before use
+    (``cluster_url``). Tests that fail nodes over or kill them start their own (``EmbeddedCluster``)."""
+    with EmbeddedCluster(masters=3, replicas=1) as started:
+        yield started
+
+
+@pytest.fixture
+def cluster_url(cluster: EmbeddedCluster) -> str:
+    """The session cluster's ``redis+cluster://`` URL, every master flushed."""
+    for master in cluster.masters:
+        cluster.command(master, "FLUSHALL")
+    return cluster.url
 
 
 @pytest.fixture

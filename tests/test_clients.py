@@ -173,17 +173,30 @@ def test_an_asyncio_client_is_refused_at_construction():
         assert "planned" not in message  # the asyncio API exists: the message must not say it is to come
 
 
-def test_a_cluster_client_is_refused_at_construction():
+def test_a_cluster_client_goes_to_the_cluster_backend_of_its_own_side():
     import redis.asyncio.cluster
     import redis.cluster
+    import valkey.asyncio.cluster
     import valkey.cluster
 
-    # A cluster client connects as it is built; a subclass that skips __init__ is one by type, with no server.
-    for cluster_class in (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster, valkey.cluster.ValkeyCluster):
-        stub = type("StubCluster", (cluster_class,), {"__init__": lambda self: None})()
-        with pytest.raises(hybridlock.InvalidArgumentError) as excinfo:
-            hybridlock.LockRegistry(stub)
-        assert "cluster client" in str(excinfo.value)
+    from hybridlock._async.backends.cluster import AsyncRedisClusterBackend
+    from hybridlock._sync.backends.cluster import RedisClusterBackend
+
+    # A blocking cluster client connects as it is built; a subclass that skips __init__ is one by type, with no
+    # server (nothing here sends a command).
+    def stub(cluster_class: type) -> object:
+        return type("StubCluster", (cluster_class,), {"__init__": lambda self: None})()
+
+    for blocking, asyncio_class in (
+        (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster),
+        (valkey.cluster.ValkeyCluster, valkey.asyncio.cluster.ValkeyCluster),
+    ):
+        assert isinstance(hybridlock.LockRegistry(stub(blocking)).backend, RedisClusterBackend)
+        assert isinstance(hybridlock.AsyncLockRegistry(stub(asyncio_class)).backend, AsyncRedisClusterBackend)
+        with pytest.raises(hybridlock.InvalidArgumentError, match="asyncio client"):
+            hybridlock.LockRegistry(stub(asyncio_class))
+        with pytest.raises(hybridlock.InvalidArgumentError, match="blocking client"):
+            hybridlock.AsyncLockRegistry(stub(blocking))
 
 
 def quiet_valkey(url: str) -> valkey.Valkey:

@@ -52,14 +52,15 @@ class AsyncLockRegistry:
     """Hands out one [AsyncHybridLock][hybridlock.AsyncHybridLock] per key, all sharing this registry's server
     connection and identity.
 
-    ``connection`` is a client (``redis.asyncio.Redis``, or valkey's twin; a Sentinel-managed master from
-    ``Sentinel(...).master_for(service)`` too), a ``redis://`` / ``rediss://`` / ``unix://`` URL, a
-    ``redis+sentinel://host:port,.../service[/db]`` URL, or a backend
+    ``connection`` is a client (``redis.asyncio.Redis``, a cluster client ``redis.asyncio.RedisCluster``, or either
+    one's valkey-py twin; a Sentinel-managed master from ``Sentinel(...).master_for(service)`` too), a ``redis://``
+    / ``rediss://`` / ``unix://`` URL, a cluster URL (``redis+cluster://host:port[,host:port...]``;
+    ``rediss+cluster://`` over TLS), a ``redis+sentinel://host:port,.../service[/db]`` URL, or a backend
     ([AsyncLockBackend][hybridlock.backends.AsyncLockBackend]). A client of the other API's kind is refused with the
-    class to use instead, and so is a cluster client (cluster support is planned), both with
-    ``InvalidArgumentError``. ``registry_key`` prefixes every server key (it must not contain ``{`` or ``}``).
-    ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE`` (0.1 s: it is renewed
-    every third of itself, so a shorter one is lost whenever a renewal is a little late).
+    class to use instead (``InvalidArgumentError``). ``registry_key`` prefixes every server key (it must not
+    contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least
+    ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost whenever a renewal is a
+    little late).
 
     Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
     is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
@@ -339,6 +340,13 @@ class AsyncLocalLockRegistry(AsyncLockRegistry):
         self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), AsyncMemoryBackend(), observer)
 
 
+def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, server: str) -> None:
+    # Replica confirmation is built for one master (WAIT on the connection that wrote); a cluster backend does not
+    # send it, so accepting the option would promise a safety it does not give.
+    if confirmation is not None:
+        raise InvalidArgumentError("confirm_replicas is not supported on a cluster yet", server=server)
+
+
 def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = None) -> AsyncLockBackend:
     if isinstance(connection, AsyncLockBackend):
         if confirmation is not None:
@@ -351,18 +359,29 @@ def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = No
         return connection
     from ..backends import clients
     from ..backends.clients import check_client_settings, redacted, redacted_url
+    from .backends.cluster import AsyncRedisClusterBackend, is_cluster_url, redis_cluster_client_from_url
     from .backends.redis import AsyncRedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
         if not connection:
             raise InvalidArgumentError("the server URL must not be empty")
+        cluster = is_cluster_url(connection)
+        if cluster:
+            _refuse_confirmation_on_a_cluster(confirmation, redacted_url(connection))
         try:
-            client = redis_client_from_url(connection)
+            client = (redis_cluster_client_from_url if cluster else redis_client_from_url)(connection)
         except ValueError as exc:
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
+        if cluster:
+            return AsyncRedisClusterBackend(client, owns_client=True, address=redacted_url(connection))
         return AsyncRedisBackend(client, owns_client=True, confirmation=confirmation)
-    clients.asyncio_client_family(connection)  # a client of the other kind, or a cluster client, is refused here
+    clients.asyncio_client_family(connection)  # a client of the other kind is refused here
+    if clients.is_cluster_client(connection):
+        cluster_backend = AsyncRedisClusterBackend(connection)
+        _refuse_confirmation_on_a_cluster(confirmation, cluster_backend.address)
+        check_client_settings(connection, cluster_backend.address)
+        return cluster_backend
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         backend = AsyncRedisBackend(connection, confirmation=confirmation)
         check_client_settings(connection, backend.address)

@@ -10,6 +10,8 @@ it runs while there is a lease to renew and ends a moment after the last one is 
 
 Failure modes
 -------------
+* A cluster node is out of reach while the others answer: the leases on the others are renewed, those on that
+  node are treated as in a failed round (next bullet), and the round is retried as one.
 * The server is unreachable, or the round fails in any other way (an error the client does not translate, a
   command a cluster client refuses, a bug): the failure is logged once per streak and the round retried at the
   next period, or just at the earliest ``valid_until`` if that comes first. The leases keep running out
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..errors import BackendUnavailableError
 from ._compat import AsyncWorker, monotonic, new_guard
 
 if TYPE_CHECKING:
@@ -206,14 +209,28 @@ class LeaseRenewer:
             await self._mark_ended_lost(locks)
             raise
         self.rounds += 1
+        unreached: list[tuple[HeldLease, int]] = []
         for (lock, tenancy), renewed in zip(locks, flags, strict=True):
             if renewed:
                 lock._renewed(tenancy, start)
+            elif renewed is None:
+                unreached.append((lock, tenancy))  # its cluster node was out of reach: as for a failed round
             else:
                 await lock._mark_lost(tenancy)
+        error: BackendUnavailableError | None = None
+        if unreached:
+            await self._mark_ended_lost(unreached)
+            error = BackendUnavailableError(
+                f"{len(unreached)} of {len(locks)} leases could not be renewed: their node is out of reach",
+                key=unreached[0][0].key,
+                server=context.server,
+            )
         if context.observer is not None:
-            renewed_count = sum(map(bool, flags))
-            context.observer.renewal(len(locks), renewed_count, len(locks) - renewed_count, monotonic() - start)
+            renewed_count = sum(1 for renewed in flags if renewed)
+            lost_count = sum(1 for renewed in flags if renewed is False)
+            context.observer.renewal(len(locks), renewed_count, lost_count, monotonic() - start, error)
+        if error is not None:
+            raise error
         return True
 
     @staticmethod

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.config import MIN_LEASE, lease_ms, validate_seconds
 from .._core.names import LockNames
-from ..errors import LockLostError, LockNotOwnedError
+from ..errors import BackendUnavailableError, LockLostError, LockNotOwnedError
 from ._compat import monotonic, new_guard
 
 if TYPE_CHECKING:
@@ -120,6 +120,8 @@ class LeaseTable:
             lock._renewed(tenancy, start)
             return
         (renewed,) = context.backend.renew([lock._names], context.client_id, lease_ms(lease))
+        if renewed is None:  # (a backend raises when it could ask about no lock at all; this is a safety net)
+            raise BackendUnavailableError("the lock's server could not be reached", key=lock.key, server=context.server)
         if not renewed:
             lock._mark_lost(tenancy)
             raise LockLostError(

@@ -53,14 +53,15 @@ class LockRegistry:
     """Hands out one [HybridLock][hybridlock.HybridLock] per key, all sharing this registry's server
     connection and identity.
 
-    ``connection`` is a client (``redis.Redis``, or valkey's twin; a Sentinel-managed master from
-    ``Sentinel(...).master_for(service)`` too), a ``redis://`` / ``rediss://`` / ``unix://`` URL, a
-    ``redis+sentinel://host:port,.../service[/db]`` URL, or a backend
+    ``connection`` is a client (``redis.Redis``, a cluster client ``redis.RedisCluster``, or either
+    one's valkey-py twin; a Sentinel-managed master from ``Sentinel(...).master_for(service)`` too), a ``redis://``
+    / ``rediss://`` / ``unix://`` URL, a cluster URL (``redis+cluster://host:port[,host:port...]``;
+    ``rediss+cluster://`` over TLS), a ``redis+sentinel://host:port,.../service[/db]`` URL, or a backend
     ([LockBackend][hybridlock.backends.LockBackend]). A client of the other API's kind is refused with the
-    class to use instead, and so is a cluster client (cluster support is planned), both with
-    ``InvalidArgumentError``. ``registry_key`` prefixes every server key (it must not contain ``{`` or ``}``).
-    ``expire_after`` is the lease in seconds (millisecond precision), at least ``MIN_LEASE`` (0.1 s: it is renewed
-    every third of itself, so a shorter one is lost whenever a renewal is a little late).
+    class to use instead (``InvalidArgumentError``). ``registry_key`` prefixes every server key (it must not
+    contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least
+    ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost whenever a renewal is a
+    little late).
 
     Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
     is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
@@ -340,6 +341,13 @@ class LocalLockRegistry(LockRegistry):
         self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), MemoryBackend(), observer)
 
 
+def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, server: str) -> None:
+    # Replica confirmation is built for one master (WAIT on the connection that wrote); a cluster backend does not
+    # send it, so accepting the option would promise a safety it does not give.
+    if confirmation is not None:
+        raise InvalidArgumentError("confirm_replicas is not supported on a cluster yet", server=server)
+
+
 def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = None) -> LockBackend:
     if isinstance(connection, LockBackend):
         if confirmation is not None:
@@ -352,18 +360,29 @@ def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = No
         return connection
     from ..backends import clients
     from ..backends.clients import check_client_settings, redacted, redacted_url
+    from .backends.cluster import RedisClusterBackend, is_cluster_url, redis_cluster_client_from_url
     from .backends.redis import RedisBackend, redis_client_from_url
 
     if isinstance(connection, str):
         if not connection:
             raise InvalidArgumentError("the server URL must not be empty")
+        cluster = is_cluster_url(connection)
+        if cluster:
+            _refuse_confirmation_on_a_cluster(confirmation, redacted_url(connection))
         try:
-            client = redis_client_from_url(connection)
+            client = (redis_cluster_client_from_url if cluster else redis_client_from_url)(connection)
         except ValueError as exc:
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
+        if cluster:
+            return RedisClusterBackend(client, owns_client=True, address=redacted_url(connection))
         return RedisBackend(client, owns_client=True, confirmation=confirmation)
-    clients.client_family(connection)  # a client of the other kind, or a cluster client, is refused here
+    clients.client_family(connection)  # a client of the other kind is refused here
+    if clients.is_cluster_client(connection):
+        cluster_backend = RedisClusterBackend(connection)
+        _refuse_confirmation_on_a_cluster(confirmation, cluster_backend.address)
+        check_client_settings(connection, cluster_backend.address)
+        return cluster_backend
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
         backend = RedisBackend(connection, confirmation=confirmation)
         check_client_settings(connection, backend.address)

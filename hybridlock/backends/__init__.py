@@ -1,5 +1,5 @@
 """Lock servers behind one narrow interface (``base.LockBackend``, ``AsyncLockBackend`` for asyncio): in memory,
-and Redis/Valkey.
+Redis/Valkey, and a Redis/Valkey cluster.
 
 The lock logic never imports a client library; only the backend modules do. The implementations live in
 ``hybridlock/_async/backends/`` (the source) and ``hybridlock/_sync/backends/`` (generated from it); this package
@@ -17,8 +17,10 @@ from .memory import MemoryBackend
 
 if TYPE_CHECKING:
     from .._async.backends.base import AsyncLockBackend, AsyncReleaseWatch
+    from .._async.backends.cluster import AsyncRedisClusterBackend
     from .._async.backends.memory import AsyncMemoryBackend
     from .._async.backends.redis import AsyncRedisBackend
+    from .._sync.backends.cluster import RedisClusterBackend
     from .redis import RedisBackend
 
 __all__ = [
@@ -26,10 +28,12 @@ __all__ = [
     "LockBackend",
     "MemoryBackend",
     "RedisBackend",
+    "RedisClusterBackend",
     "ReleaseWatch",
     "AsyncLockBackend",
     "AsyncMemoryBackend",
     "AsyncRedisBackend",
+    "AsyncRedisClusterBackend",
     "AsyncReleaseWatch",
 ]
 
@@ -38,6 +42,8 @@ __all__ = [
 # import ``backends.clients``, which runs this file first.)
 _LAZY = {
     "RedisBackend": "hybridlock._sync.backends.redis",
+    "RedisClusterBackend": "hybridlock._sync.backends.cluster",
+    "AsyncRedisClusterBackend": "hybridlock._async.backends.cluster",
     "AsyncLockBackend": "hybridlock._async.backends.base",
     "AsyncReleaseWatch": "hybridlock._async.backends.base",
     "AsyncMemoryBackend": "hybridlock._async.backends.memory",

@@ -3,9 +3,11 @@
 Two client libraries work: redis-py (``redis.Redis``) and valkey-py (``valkey.Valkey``). They have the same API
 but separate exception classes, so each library's family is looked up once per client (:func:`client_family`
 for the blocking backend, :func:`asyncio_client_family` for the asyncio one) and used wherever an exception is
-caught (``translated_errors``, ``ScriptRunner``). Each side refuses the other side's clients, and both refuse
-cluster clients, at construction and with the reason: a blocking call in a coroutine would stall its event loop,
-and an un-awaited coroutine in blocking code would silently do nothing.
+caught (``translated_errors``, ``ScriptRunner``). Each side refuses the other side's clients (cluster clients
+included), at construction and with the reason: a blocking call in a coroutine would stall its event loop, and an
+un-awaited coroutine in blocking code would silently do nothing. Cluster clients (``redis.cluster.RedisCluster``,
+``redis.asyncio.RedisCluster``, valkey-py's ``ValkeyCluster``) are accepted by each family function and served by
+the cluster backend (:func:`is_cluster_client` tells them apart).
 
 Shared by both sides and hand-written (it does no I/O): the generated ``_sync`` backend calls ``client_family``
 where the ``_async`` source says ``asyncio_client_family`` (a rename in ``scripts/unasync.py``).
@@ -33,6 +35,8 @@ __all__ = [
     "asyncio_client_family",
     "check_client_settings",
     "client_family",
+    "cluster_server_name",
+    "is_cluster_client",
     "library_family",
     "redacted",
     "redacted_url",
@@ -55,17 +59,25 @@ class ClientFamily:
     any_error: type[BaseException]  # the library's root exception
     ssl_connections: tuple[type, ...]  # the TLS connection classes, blocking and asyncio
     asyncio_clients: tuple[type, ...]
-    cluster_clients: tuple[type, ...]
+    cluster_clients: tuple[type, ...]  # the blocking cluster client, then the asyncio one
+    # A cluster that cannot serve a slot for now: no master for it (a failover under way), a slot being migrated
+    # (TRYAGAIN), redirections that did not settle, a slot no node serves.
+    cluster_unavailable: tuple[type[BaseException], ...]
+    cluster_try_again: type[BaseException]
+    cluster_redirect: type[BaseException]  # ASK and MOVED (MovedError is an AskError)
 
 
 # Each library's names for what differs between them: its client, its cluster client, its root exception.
-_LIBRARIES = {"redis": ("Redis", "RedisCluster", "RedisError"), "valkey": ("Valkey", "ValkeyCluster", "ValkeyError")}
+_LIBRARIES = {
+    "redis": ("Redis", "RedisCluster", "RedisError", "RedisClusterException"),
+    "valkey": ("Valkey", "ValkeyCluster", "ValkeyError", "ValkeyClusterException"),
+}
 
 
 @functools.cache
 def library_family(library: str) -> ClientFamily:
     """The family of ``library`` ("redis" or "valkey"), imported at first use (valkey-py is optional)."""
-    client_name, cluster_name, root_error = _LIBRARIES[library]
+    client_name, cluster_name, root_error, cluster_root_error = _LIBRARIES[library]
     lib = importlib.import_module(library)
     exceptions = importlib.import_module(f"{library}.exceptions")
     connection = importlib.import_module(f"{library}.connection")
@@ -85,26 +97,33 @@ def library_family(library: str) -> ClientFamily:
         ssl_connections=(connection.SSLConnection, asyncio_connection.SSLConnection),
         asyncio_clients=(getattr(asyncio_lib, client_name),),
         cluster_clients=(getattr(cluster, cluster_name), getattr(asyncio_lib, cluster_name)),
+        cluster_unavailable=(
+            exceptions.ClusterError,  # ClusterDownError, MasterDownError, "TTL exhausted" (endless redirections)
+            exceptions.TryAgainError,
+            exceptions.SlotNotCoveredError,
+            getattr(exceptions, cluster_root_error),  # no node reachable at all, no slot table
+        ),
+        cluster_try_again=exceptions.TryAgainError,
+        cluster_redirect=exceptions.AskError,
     )
 
 
 def client_family(client: Any) -> ClientFamily:
-    """The library ``client`` belongs to; raises ``InvalidArgumentError`` for a client hybridlock cannot use (an
-    asyncio client, a cluster client). A duck-typed stand-in (a proxy, a mock) is taken as redis-py's."""
+    """The library of ``client``, a blocking client (``redis.Redis``, ``redis.cluster.RedisCluster``, valkey-py's
+    twins); raises ``InvalidArgumentError`` for an asyncio client (with the registry to use instead). A duck-typed
+    stand-in (a proxy, a mock) is taken as redis-py's."""
     # A class of one of the libraries, or a subclass of one (fakeredis.FakeRedis is a redis.Redis).
     libraries = {cls.__module__.partition(".")[0] for cls in type(client).__mro__}.intersection(_LIBRARIES)
     for library in sorted(libraries):
         family = library_family(library)
-        if isinstance(client, family.asyncio_clients):
+        if isinstance(client, (*family.asyncio_clients, family.cluster_clients[1])):
             raise InvalidArgumentError(
                 f"{type(client).__module__}.{type(client).__name__} is an asyncio client: pass it to "
-                f"hybridlock.AsyncLockRegistry, or give this registry a {library}.{family.client.__name__}"
+                f"hybridlock.AsyncLockRegistry, or give this registry a {library}.{family.client.__name__} (or a "
+                f"{library}.cluster.{family.cluster_clients[0].__name__})"
             )
-        if isinstance(client, family.cluster_clients):
-            raise InvalidArgumentError(
-                f"{type(client).__module__}.{type(client).__name__} is a cluster client, which hybridlock does not "
-                f"support yet; use a {library}.{family.client.__name__} connected to one server"
-            )
+        if isinstance(client, family.cluster_clients[0]):
+            return family
         if isinstance(client, family.client):
             _refuse_sentinel_replica(client)
             return family
@@ -112,20 +131,23 @@ def client_family(client: Any) -> ClientFamily:
 
 
 def asyncio_client_family(client: Any) -> ClientFamily:
-    """The library of ``client``, an asyncio client (``redis.asyncio.Redis``, ``valkey.asyncio.Valkey``); raises
-    ``InvalidArgumentError`` for a blocking client (with the asyncio class to use instead) or a cluster client. A
-    duck-typed stand-in is taken as redis-py's."""
+    """The library of ``client``, an asyncio client (``redis.asyncio.Redis``, ``redis.asyncio.RedisCluster``,
+    valkey-py's twins); raises ``InvalidArgumentError`` for a blocking client (with the asyncio class to use
+    instead). A duck-typed stand-in is taken as redis-py's."""
     libraries = {cls.__module__.partition(".")[0] for cls in type(client).__mro__}.intersection(_LIBRARIES)
     for library in sorted(libraries):
         family = library_family(library)
-        if isinstance(client, family.cluster_clients):
-            raise InvalidArgumentError(
-                f"{type(client).__module__}.{type(client).__name__} is a cluster client, which hybridlock does not "
-                f"support yet; use a {library}.asyncio.{family.asyncio_client.__name__} connected to one server"
-            )
+        if isinstance(client, family.cluster_clients[1]):
+            return family
         if isinstance(client, family.asyncio_clients):
             _refuse_sentinel_replica(client)
             return family
+        if isinstance(client, family.cluster_clients[0]):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is a blocking client, which would stall the "
+                f"event loop; hybridlock's asyncio API needs a {library}.asyncio.{family.cluster_clients[1].__name__} "
+                "(or use the blocking API, LockRegistry, with this one)"
+            )
         if isinstance(client, family.client):
             raise InvalidArgumentError(
                 f"{type(client).__module__}.{type(client).__name__} is a blocking client, which would stall the "
@@ -144,6 +166,30 @@ def _refuse_sentinel_replica(client: Any) -> None:
             f"the client for sentinel://{service} talks to its replicas (Sentinel.slave_for), which refuse writes; "
             "use Sentinel.master_for(...) or a redis+sentinel:// URL"
         )
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` is a cluster client of either library, blocking or asyncio."""
+    libraries = {cls.__module__.partition(".")[0] for cls in type(client).__mro__}.intersection(_LIBRARIES)
+    return any(isinstance(client, library_family(library).cluster_clients) for library in libraries)
+
+
+def cluster_server_name(client: Any, family: ClientFamily) -> str:
+    """A cluster as its user knows it, for messages: ``redis+cluster://host:port,host:port`` (the nodes it was
+    given to start from, or the first three it knows; ``rediss+cluster://`` over TLS). Never a password."""
+    manager = getattr(client, "nodes_manager", None)
+    startup = getattr(manager, "startup_nodes", None)
+    nodes = list(startup) if isinstance(startup, dict) and startup else []
+    if not nodes:
+        return type(client).__name__
+    kwargs = getattr(client, "connection_kwargs", None) or getattr(manager, "connection_kwargs", None) or {}
+    connection_class = kwargs.get("connection_class") if isinstance(kwargs, dict) else None
+    tls = (isinstance(connection_class, type) and issubclass(connection_class, family.ssl_connections)) or bool(
+        isinstance(kwargs, dict) and kwargs.get("ssl")
+    )
+    # A client that has met the cluster lists every node it found (replicas too): the first few say which cluster.
+    shown = ",".join(nodes[:3]) + (",..." if len(nodes) > 3 else "")
+    return f"{'rediss' if tls else 'redis'}+cluster://{shown}"
 
 
 def server_name(client: Any, family: ClientFamily) -> str:
@@ -223,7 +269,19 @@ def check_client_settings(client: Any, server: str) -> None:
     command to a server that does not answer must fail within one socket timeout, so the client needs a
     ``socket_timeout`` and a ``socket_connect_timeout``, and at most one retry. Settings it cannot read (a
     stand-in client) draw no warning."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    kwargs: Any
+    if is_cluster_client(client):
+        # A cluster client keeps its nodes' connection settings, and its own retry policy, on itself. A setting it
+        # was not given is the connection's default: none, for the blocking client's timeouts.
+        try:
+            kwargs = dict(client.get_connection_kwargs())
+        except Exception:  # a stub without any
+            return
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            kwargs.setdefault(name, None)
+        kwargs["retry"] = getattr(client, "retry", None)
+    else:
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
     if not isinstance(kwargs, dict):
         return
     untimed = [name for name in ("socket_timeout", "socket_connect_timeout") if kwargs.get(name, 0) is None]

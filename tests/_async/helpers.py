@@ -24,6 +24,7 @@ BACKENDS = [
     # The master of a Sentinel-managed service, through a redis+sentinel:// URL, with every acquire and renewal
     # confirmed by both replicas (the plain Sentinel client, without confirmation, is in tests/test_sentinel.py).
     pytest.param("sentinel-confirmed", id="sentinel-confirmed", marks=[pytest.mark.server, pytest.mark.sentinel]),
+    pytest.param("cluster", id="cluster", marks=[pytest.mark.server, pytest.mark.cluster]),
 ]
 
 

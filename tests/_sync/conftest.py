@@ -16,4 +16,6 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "sentinel-confirmed":
         # Every acquire and renewal confirmed by both replicas (WAIT 2).
         return Backend("sentinel-confirmed", request.getfixturevalue("sentinel_url"), confirm_replicas=2)
+    if request.param == "cluster":
+        return Backend("cluster", request.getfixturevalue("cluster_url"))
     return Backend(request.param)

@@ -44,7 +44,14 @@ from .._compat import AsyncCondition, shielded
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
 
-__all__ = ["AsyncRedisBackend", "ScriptRunner", "client_address", "redis_client_from_url", "translated_errors"]
+__all__ = [
+    "AsyncRedisBackend",
+    "ScriptRunner",
+    "Unreached",
+    "client_address",
+    "redis_client_from_url",
+    "translated_errors",
+]
 
 
 def client_address(client: Any) -> str:
@@ -82,6 +89,17 @@ def translated_errors(
         ) from exc
     except family.any_error as exc:
         raise HybridLockError(f"lock server error during {operation}: {exc}", key=key, server=server) from exc
+
+
+class Unreached:
+    """In ``ScriptRunner.run_many``'s replies, in place of a call's reply: the call could not be made, its server
+    (one node of a cluster) being out of reach, while other calls of the batch went through. ``error`` says why."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Unreached({self.error!r})"
 
 
 class ScriptRunner:
@@ -220,12 +238,16 @@ class AsyncRedisBackend(AsyncLockBackend):
         self._idle = AsyncCondition()
 
     @contextlib.asynccontextmanager
-    async def _translated(self, key: str | None, operation: str) -> AsyncIterator[None]:
-        """Around every operation: counts it as under way, and translates its errors (``translated_errors``)."""
+    async def _translated(self, about: _About, operation: str) -> AsyncIterator[None]:
+        """Around every operation on the locks ``about``: counts it as under way, and translates its errors
+        (``translated_errors``)."""
         with self._idle:
             self._in_flight += 1
         try:
-            with translated_errors(key, self.address, operation, self._family):
+            with (
+                translated_errors(_keys_of(about), self.address, operation, self._family),
+                self._errors_at(about, operation),
+            ):
                 yield
         finally:
             with self._idle:
@@ -237,23 +259,34 @@ class AsyncRedisBackend(AsyncLockBackend):
                 # A call after aclose() (a holder releasing) reconnected the client: close that connection again,
                 # or it stays open until the garbage collector finds it.
                 with contextlib.suppress(Exception):
-                    await self.client.connection_pool.disconnect()
+                    await self._disconnect_after_close()
                 # (and a client made from a sentinel URL asked the sentinels where the master is)
                 for sentinel in getattr(self._sentinel_manager(), "sentinels", ()):
                     with contextlib.suppress(Exception):
                         await sentinel.connection_pool.disconnect()
+
+    async def _disconnect_after_close(self) -> None:
+        await self.client.connection_pool.disconnect()
+
+    def _errors_at(self, about: _About, operation: str) -> contextlib.AbstractContextManager[None]:
+        """What else translates errors about ``about`` (a cluster names the node); nothing on one server."""
+        return contextlib.nullcontext()
+
+    async def _announcement(self) -> str:
+        """How the scripts announce on a lock's channel (see ``scripts``): PUBLISH on one server."""
+        return "publish"
 
     def _sentinel_manager(self) -> Any:
         """The ``Sentinel`` that finds the master for a Sentinel-managed client; None for any other client."""
         return getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
 
     async def _run_write(
-        self, key: str | None, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
+        self, about: _About, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
     ) -> tuple[Any, Any]:
         """Run a script that may take or extend a lease; with replica confirmation, ``WAIT`` (or ``WAITAOF``) right
         after it. Returns its reply and the confirmation's reply (None without confirmation; an exception when the
         server refused it)."""
-        async with self._translated(key, operation):
+        async with self._translated(about, operation):
             if self.confirmation is None:
                 return await self._scripts.run(source, keys, args), None
             (reply,), confirmed = await self._scripts.run_confirmed(source, [(keys, args)], self.confirmation)
@@ -297,11 +330,18 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
         reply, acknowledged = await self._run_write(
-            names.key,
+            names,
             "acquire",
             scripts.ACQUIRE,
             (names.lock, names.fence, names.queue, names.queue_until),
-            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(queue)),
+            (
+                owner,
+                lease_ms or 0,
+                scripts.FENCE_COUNTER_TTL_MS,
+                names.channel,
+                await self._announcement(),
+                int(queue),
+            ),
         )
         if reply[0] and not self._confirmed(acknowledged):
             raise await self._given_back(
@@ -322,15 +362,16 @@ class AsyncRedisBackend(AsyncLockBackend):
         keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
         args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
         reply, acknowledged = await self._run_write(
-            _keys_of(names), "acquire of several locks", scripts.ACQUIRE_MANY, keys, args
+            names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args
         )
         if reply[0] and not self._confirmed(acknowledged):
+            announcement = await self._announcement()
 
             async def give_back() -> None:
-                async with self._translated(_keys_of(names), "release of several locks"):
+                async with self._translated(names, "release of several locks"):
                     await self._scripts.run_many(
                         scripts.RELEASE,
-                        [((n.lock, n.queue, n.queue_until), (owner, n.channel, "publish")) for n in names],
+                        [((n.lock, n.queue, n.queue_until), (owner, n.channel, announcement)) for n in names],
                     )
 
             raise await self._given_back(_keys_of(names), "acquire of several locks", acknowledged, give_back)
@@ -341,24 +382,26 @@ class AsyncRedisBackend(AsyncLockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
-        async with self._translated(names.key, "release"):
+        async with self._translated(names, "release"):
             released = await self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until),
-                (owner, names.channel, "publish" if notify else ""),
+                (owner, names.channel, await self._announcement() if notify else ""),
             )
         return bool(released)
 
     async def cancel_wait(self, names: LockNames, owner: str) -> None:
-        async with self._translated(names.key, "cancel of a wait"):
+        async with self._translated(names, "cancel of a wait"):
             await self._scripts.run(
-                scripts.CANCEL_WAIT, (names.lock, names.queue, names.queue_until), (owner, names.channel, "publish")
+                scripts.CANCEL_WAIT,
+                (names.lock, names.queue, names.queue_until),
+                (owner, names.channel, await self._announcement()),
             )
 
     async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
         if not names:
             return []
-        async with self._translated(_keys_of(names), "keep of waiting places"):
+        async with self._translated(names, "keep of waiting places"):
             # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
             groups: dict[int, list[LockNames]] = {}
             for n in names:
@@ -370,14 +413,18 @@ class AsyncRedisBackend(AsyncLockBackend):
                 replies = await self._scripts.run_many(scripts.KEEP_WAITING, calls)
         kept: dict[str, bool] = {}
         for group, flags in zip(groups.values(), replies, strict=True):
-            kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
+            if isinstance(flags, Unreached):
+                # A cluster node out of reach: not known to be lost, and the next attempt queues again anyway.
+                kept.update((n.queue, True) for n in group)
+            else:
+                kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
         return [kept[n.queue] for n in names]
 
-    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
         if not names:
             return []
         acknowledged: Any = None
-        async with self._translated(_keys_of(names), "renewal"):
+        async with self._translated(names, "renewal"):
             # One script per slot and per _RENEW_CHUNK keys, all in one pipelined round trip: a server runs one
             # script at a time, so chunks keep each stall of other clients short even for 10,000 held locks.
             chunks = [
@@ -395,9 +442,12 @@ class AsyncRedisBackend(AsyncLockBackend):
         if not self._confirmed(acknowledged):
             # Not renewed as far as a failover is concerned: the replicas still have the old expiry.
             raise self._not_confirmed(_keys_of(names), "renewal", acknowledged, "the leases count as not renewed")
-        renewed: dict[str, bool] = {}
+        renewed: dict[str, bool | None] = {}
         for chunk, flags in zip(chunks, replies, strict=True):
-            renewed.update(zip(chunk, (bool(flag) for flag in flags), strict=True))
+            if isinstance(flags, Unreached):
+                renewed.update(dict.fromkeys(chunk))  # a cluster node out of reach: neither renewed nor known lost
+            else:
+                renewed.update(zip(chunk, (bool(flag) for flag in flags), strict=True))
         return [renewed[n.lock] for n in names]
 
     async def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
@@ -421,7 +471,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
         lease_ms = self._rw_lease(names, lease_ms)
         reply, acknowledged = await self._run_write(
-            names.key,
+            names,
             "read acquire",
             scripts.ACQUIRE_READ,
             (names.writer, names.readers, names.writers_waiting),
@@ -438,11 +488,11 @@ class AsyncRedisBackend(AsyncLockBackend):
     ) -> AcquireResult:
         lease_ms = self._rw_lease(names, lease_ms)
         reply, acknowledged = await self._run_write(
-            names.key,
+            names,
             "write acquire",
             scripts.ACQUIRE_WRITE,
             (names.writer, names.readers, names.writers_waiting, names.fence),
-            (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, "publish", int(wait)),
+            (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, await self._announcement(), int(wait)),
         )
         if reply[0] and not self._confirmed(acknowledged):
             raise await self._given_back(
@@ -459,36 +509,36 @@ class AsyncRedisBackend(AsyncLockBackend):
         return lease_ms
 
     async def release_write(self, names: ReadWriteNames, owner: str) -> bool:
-        async with self._translated(names.key, "write release"):
+        async with self._translated(names, "write release"):
             released = await self._scripts.run(
-                scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, "publish")
+                scripts.RELEASE_WRITE, (names.writer,), (owner, names.channel, await self._announcement())
             )
         return bool(released)
 
     async def release_read(self, names: ReadWriteNames, owner: str) -> bool:
-        async with self._translated(names.key, "read release"):
+        async with self._translated(names, "read release"):
             released = await self._scripts.run(
                 scripts.RELEASE_READ,
                 (names.writer, names.readers, names.writers_waiting),
-                (owner, names.channel, "publish"),
+                (owner, names.channel, await self._announcement()),
             )
         return bool(released)
 
     async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
-        async with self._translated(names.key, "cancel of a write wait"):
+        async with self._translated(names, "cancel of a write wait"):
             await self._scripts.run(
-                scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, "publish")
+                scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, await self._announcement())
             )
 
     async def is_locked(self, names: LockNames) -> bool:
-        async with self._translated(names.key, "lock query"):
+        async with self._translated(names, "lock query"):
             try:
                 return bool(await self.client.exists(names.lock))
             except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
                 return bool(await self.client.exists(names.lock))
 
     async def is_read_locked(self, names: ReadWriteNames) -> bool:
-        async with self._translated(names.key, "read lock query"):
+        async with self._translated(names, "read lock query"):
             return bool(await self._scripts.run(scripts.READ_HELD, (names.readers,), ()))
 
     async def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
@@ -527,10 +577,16 @@ class AsyncRedisBackend(AsyncLockBackend):
                     await manager.aclose()
 
 
-def _keys_of(names: Sequence[LockNames]) -> str:
-    """The keys an operation on several locks was about, for its error message (the first few of many)."""
-    shown = ", ".join(n.key for n in names[:5])
-    return shown if len(names) <= 5 else f"{shown}, ... ({len(names)} keys)"
+# What an operation is about: one lock, one read-write lock, several locks, or none in particular.
+_About = LockNames | ReadWriteNames | Sequence[LockNames] | None
+
+
+def _keys_of(about: _About) -> str | None:
+    """The keys an operation was about, for its error message (the first few of many)."""
+    if about is None or isinstance(about, (LockNames, ReadWriteNames)):
+        return None if about is None else about.key
+    shown = ", ".join(n.key for n in about[:5])
+    return shown if len(about) <= 5 else f"{shown}, ... ({len(about)} keys)"
 
 
 def _rw_result(reply: Sequence[Any]) -> AcquireResult:

@@ -58,7 +58,7 @@ class ReleaseWatch(abc.ABC):
 
 
 class LockBackend(abc.ABC):
-    """A lock server: in memory, one Redis/Valkey server, and later quorum and cluster variants."""
+    """A lock server: in memory, one Redis/Valkey server, a Redis/Valkey cluster, and later quorum variants."""
 
     #: Human-readable server address, used in error messages (``redis://127.0.0.1:6379/0``, ``memory``).
     address: str = "unknown"
@@ -99,9 +99,11 @@ class LockBackend(abc.ABC):
         False when the key was gone or held by someone else: the caller's lease had ended."""
 
     @abc.abstractmethod
-    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+    def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> Sequence[bool | None]:
         """Reset the lease of every lock in ``names`` still held by ``owner`` to ``lease_ms``, in as few round
-        trips as the server allows (one per cluster slot). Returns one flag per lock: False means it was lost."""
+        trips as the server allows (one per cluster node, one script per slot). Returns one flag per lock: False
+        means it was lost; None (a cluster only) that its node was out of reach while others answered, so it was
+        not renewed and is not known lost. Raises ``BackendUnavailableError`` when no lock could be asked about."""
 
     # -- read-write locks: both kinds of hold are renewed with ``renew`` (``names.read`` / ``names.write``).
 

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from redis.crc import key_slot
+
 from .._compat import Condition, FifoMutex, Worker, cut_connection, monotonic, shielded
 from .base import ReleaseWatch
 
@@ -59,11 +61,20 @@ def _text(value: Any) -> str:
 
 
 class Subscriber:
-    """Owns the pub/sub connection of one Redis backend. Safe to share between the tasks of one loop (between
-    threads, on the sync side)."""
+    """Owns the pub/sub connection of one Redis backend (of one cluster node, with ``sharded``). Safe to share
+    between the tasks of one loop (between threads, on the sync side).
 
-    def __init__(self, client: Any) -> None:
+    ``sharded``: listen with SSUBSCRIBE (Redis 7+ and Valkey sharded pub/sub, for a cluster node whose scripts
+    announce with SPUBLISH) instead of SUBSCRIBE. The server then may end a subscription itself, when the channel's
+    slot leaves the node (a migration, a failover): such a channel is given up here, its watches read as down (they
+    back off and poll) and the next watch of it subscribes at the node that serves it now (``cluster``)."""
+
+    def __init__(self, client: Any, sharded: bool = False) -> None:
         self._client = client
+        self._sharded = sharded
+        # The commands and the message kinds of the flavour of pub/sub in use.
+        prefix = "s" if sharded else ""
+        self._subscribe, self._unsubscribe = f"{prefix}subscribe", f"{prefix}unsubscribe"
         self._cond = Condition()  # guards the state below; notified whenever a watch may see a change
         self._refs: dict[str, int] = {}  # channel -> open watches
         self._released: dict[str, int] = {}  # channel -> releases announced to everyone (watches compare counts)
@@ -75,6 +86,7 @@ class Subscriber:
         self._idle_since: dict[str, float] = {}  # channel with no watch -> since when
         self._subscribed: set[str] = set()  # confirmed by the server
         self._requested: set[str] = set()  # SUBSCRIBE sent (or to be re-sent after reconnecting)
+        self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
         self._epoch = 0  # bumped whenever a connection is (re-)established
         self._up = False  # the connection works and has not failed since it was established
         self._pubsub: Any = None
@@ -106,7 +118,7 @@ class Subscriber:
         if pubsub is not None:
             try:
                 # Shielded: a SUBSCRIBE cut in half would break the connection for every waiter.
-                shielded(partial(self._send, pubsub, "subscribe", channel))
+                shielded(partial(self._send, pubsub, self._subscribe, channel))
             except BaseException:
                 watch.close()  # cancelled: the caller never gets the watch, so it cannot close it
                 raise
@@ -177,6 +189,7 @@ class Subscriber:
             logger.info("hybridlock: pub/sub subscription lost (%s); waiters fall back to backoff", exc)
         self._up = False
         self._subscribed.clear()
+        self._unsubscribing.clear()  # a new connection starts with none of them subscribed
         self._cond.notify_all()  # waiters retry now and back off until we are up again
 
     def _new_pubsub(self) -> Any:
@@ -212,7 +225,7 @@ class Subscriber:
         if old is not None:
             self._close_pubsub(old)
         if wanted:
-            pubsub.subscribe(*wanted)
+            getattr(pubsub, self._subscribe)(*wanted)
         else:
             # Open the connection now, so a failure shows here rather than on the first watch.
             pubsub.ping()
@@ -224,7 +237,7 @@ class Subscriber:
             # Channels asked for while we were connecting.
             missing = sorted(self._requested.difference(wanted))
         if missing:
-            self._send(pubsub, "subscribe", *missing)
+            self._send(pubsub, self._subscribe, *missing)
 
     def _step(self) -> float | None:
         """One turn of the listener: (re)connect if needed, read one message or time out, drop idle channels.
@@ -252,12 +265,22 @@ class Subscriber:
             logger.debug("hybridlock: pub/sub connection failed: %r", exc)
             with self._cond:
                 self._mark_down_locked(exc)
+                self._drop_moved_locked(exc)
             pause, self._pause = self._pause, min(self._pause * 2, _RECONNECT_CAP)
             return pause
         if message is not None:
             self._handle(message)
         self._unsubscribe_idle()
         return 0.0
+
+    def _drop_moved_locked(self, exc: BaseException) -> None:
+        """A cluster node refused a subscription, its channel's slot being served elsewhere now (MOVED): stop asking
+        this node for that slot's channels, or every reconnection would be refused again.
+        Their watches poll until they end; later watches subscribe at the slot's new node (see ``cluster``)."""
+        slot = getattr(exc, "slot_id", None)  # the client's MovedError (and AskError) says which slot
+        if not self._sharded or not isinstance(slot, int):
+            return
+        self._requested.difference_update([ch for ch in self._requested if key_slot(ch.encode()) == slot])
 
     def _listen_timeout_locked(self) -> float:
         if not self._idle_since:
@@ -272,6 +295,7 @@ class Subscriber:
         self._up = False
         self._subscribed.clear()
         self._requested.clear()
+        self._unsubscribing.clear()
         self._idle_since.clear()
         self._released.clear()
         self._addressed.clear()
@@ -280,6 +304,8 @@ class Subscriber:
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind = _text(message.get("type"))
+        if self._sharded:
+            kind = kind[1:] if kind in ("smessage", "ssubscribe", "sunsubscribe") else "other"
         channel = _text(message.get("channel"))
         if kind == "message" and _text(message.get("data")) == "wanted":
             # Another owner failed to acquire: only a holder passing the lock around (or keeping it idle) cares;
@@ -310,7 +336,14 @@ class Subscriber:
                 self._subscribed.add(channel)
             elif kind == "unsubscribe":
                 self._subscribed.discard(channel)
-                if channel in self._refs:
+                ours = channel in self._unsubscribing
+                self._unsubscribing.discard(channel)
+                if self._sharded and not ours and channel in self._refs:
+                    # Not asked for: the server ended it, as the channel's slot left this node. Subscribing again
+                    # here would be refused (MOVED): give the channel up. Its watches see the subscription down and
+                    # poll until they end; later watches subscribe where the slot is served now.
+                    self._requested.discard(channel)
+                elif channel in self._refs:
                     # Wanted again while the UNSUBSCRIBE was in flight.
                     resubscribe = self._pubsub
                 else:
@@ -322,7 +355,7 @@ class Subscriber:
                 return
             self._cond.notify_all()
         if resubscribe is not None:
-            self._send(resubscribe, "subscribe", channel)
+            self._send(resubscribe, self._subscribe, channel)
 
     def _unsubscribe_idle(self) -> None:
         with self._cond:
@@ -336,6 +369,8 @@ class Subscriber:
                 # for the re-subscription (see _handle) before relying on notifications.
                 self._subscribed.discard(ch)
             pubsub = self._pubsub if idle and self._up else None
+            if pubsub is not None:
+                self._unsubscribing.update(idle)
             if idle and not self._up:
                 for ch in idle:
                     self._requested.discard(ch)
@@ -343,7 +378,7 @@ class Subscriber:
                     self._addressed.pop(ch, None)
                     self._wanted.pop(ch, None)
         if pubsub is not None:
-            self._send(pubsub, "unsubscribe", *idle)
+            self._send(pubsub, self._unsubscribe, *idle)
 
     def close(self) -> None:
         with self._cond:
@@ -373,6 +408,7 @@ class Subscriber:
         self._idle_since.clear()
         self._subscribed.clear()
         self._requested.clear()
+        self._unsubscribing.clear()
         self._up = False
         self._pubsub = None
         self._worker = None

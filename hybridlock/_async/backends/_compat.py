@@ -1,0 +1,58 @@
+"""Hand-written, asyncio side: what the cluster backend needs of a cluster client that the asyncio and blocking
+clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backends/_compat.py`` is the twin.
+
+* ``cluster_ready``: the asyncio client learns the cluster's layout at its first command (or ``initialize()``);
+  the blocking one did at construction.
+* ``node_for_slot``: the master serving a slot, from the client's own slot table (no I/O).
+* ``pipeline_on_node``: several commands to one node in one round trip, each reply or error in order. The cluster
+  clients' own pipelines cannot carry EVALSHA (the blocking one refuses it, and both would ask the server for the
+  keys of every command first), so the commands go over the node's own connections.
+* ``node_pubsub_client``: a plain client for a subscriber connection to one node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio
+
+__all__ = ["cluster_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
+
+
+async def cluster_ready(client: Any) -> None:
+    """Make sure ``client`` knows the cluster's slot table (one round trip the first time, none after)."""
+    await client.initialize()
+
+
+def node_for_slot(client: Any, slot: int) -> Any:
+    return client.nodes_manager.get_node_from_slot(slot)
+
+
+class _Command:
+    """One command of a node pipeline, in the shape ``ClusterNode.execute_pipeline`` reads and fills in."""
+
+    __slots__ = ("args", "kwargs", "position", "result")
+
+    def __init__(self, position: int, args: Sequence[Any]) -> None:
+        self.position = position
+        self.args = tuple(args)
+        self.kwargs: dict[str, Any] = {}
+        self.result: Any = None
+
+
+async def pipeline_on_node(client: Any, node: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """Send ``commands`` to ``node`` in one round trip; each reply, or the error the server answered it with, in
+    order. Raises the client's ConnectionError / TimeoutError when the node cannot be reached."""
+    batch = [_Command(position, args) for position, args in enumerate(commands)]
+    await node.execute_pipeline(batch)
+    return [command.result for command in batch]
+
+
+def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:
+    """A plain client that connects to ``node`` with the cluster client's settings, for one subscriber connection;
+    and whether the caller owns it (must close it). The asyncio cluster client keeps bare connections per node, not
+    clients, so this is a new client of our own."""
+    kwargs = dict(node.connection_kwargs)
+    pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, max_connections=2, **kwargs)
+    return redis.asyncio.Redis(connection_pool=pool), True

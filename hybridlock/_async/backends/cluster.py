@@ -1,0 +1,355 @@
+"""The Redis Cluster backend: locks in a Redis (7+) or Valkey cluster, through redis-py's (or valkey-py's) cluster
+client.
+
+Every name one lock uses shares one hash slot (``_core.names``), so each script runs whole on the master serving
+that slot. How calls travel:
+
+* One lock's operation (acquire, release, cancel, read/write) is one EVALSHA sent by the cluster client, which
+  routes it by its keys' slot and follows MOVED (the slot moved: its table is updated) and ASK (the slot is being
+  migrated, these keys already went). NOSCRIPT (a node new to us, a promoted replica) costs one EVAL.
+* Renewal and the keeping of waiting places are grouped by node: one pipelined round trip per node per round,
+  carrying one script per slot (and per ``_RENEW_CHUNK`` keys) of that node. A call the node redirected or found
+  no script for is sent again on its own, routed; a node out of reach gets its calls counted as unreached (not
+  renewed, not known lost), while the other nodes' leases are renewed.
+* Several keys in one slot (``acct}1``, ``acct}2``) are taken in one script; keys over several slots key by key in
+  the global order, with rollback (``multi``).
+* Wake-ups use sharded pub/sub: the scripts announce with SPUBLISH on the lock's channel (same slot), and a waiter
+  listens with SSUBSCRIBE on one subscriber connection per node at most (``pubsub.Subscriber(sharded=True)``).
+  Without sharded pub/sub (a server before Redis 7, or one that refuses ``INFO``) nothing is announced and
+  waiters poll (``lock_type="spin"``'s backoff, bounded by the holder's lease).
+
+Failure modes
+-------------
+* A slot is being migrated: an operation whose keys are partly moved is answered TRYAGAIN, which is retried for up
+  to ``_MIGRATION_PATIENCE`` seconds, then reported as :class:`~hybridlock.BackendUnavailableError`. Renewal reads
+  only lock keys, so held locks keep being renewed throughout a migration; their leases move with their keys.
+* A master fails: until a replica is promoted (the cluster's ``cluster-node-timeout`` and an election) its slots
+  are unavailable: calls about them raise ``BackendUnavailableError`` naming the slot and node, within the client's
+  timeouts; locks on other masters are not affected (their renewals go on). After the promotion, what the replica
+  had received is kept; a lease it had not (asynchronous replication) is gone, and its holder is told at its next
+  renewal (``lost``, ``on_lost``, ``LockLostError``), as on one server. ``CLUSTER FAILOVER`` (a manual failover)
+  waits for the replica to catch up: nothing is lost.
+* Subscriptions: a node that stops serving a channel's slot (migration, failover) ends its subscription; watches of
+  it then poll until they end, and later ones subscribe at the new node. A subscriber connection that breaks falls
+  back to polling and reconnects, as on one server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis.asyncio.cluster
+import redis.exceptions
+from redis.crc import key_slot
+
+from ..._core.names import LockNames, ReadWriteNames
+from ...backends.clients import asyncio_client_family, cluster_server_name, is_cluster_client, redacted, redacted_url
+from ...errors import BackendUnavailableError, InvalidArgumentError
+from .._compat import AsyncCondition, monotonic, new_guard, sleep
+from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
+from .base import AsyncReleaseWatch
+from .pubsub import Subscriber
+from .redis import AsyncRedisBackend, ScriptRunner, Unreached, _About, _keys_of
+
+__all__ = ["CLUSTER_SCHEMES", "AsyncRedisClusterBackend", "is_cluster_url", "redis_cluster_client_from_url"]
+
+#: URL schemes that name a cluster: ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` over TLS).
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+# How long an operation keeps retrying while its slot is being migrated (TRYAGAIN), before it reports the cluster
+# unavailable. Moving one slot's keys takes milliseconds; this covers a slow step of a resharding tool.
+_MIGRATION_PATIENCE = 2.0
+_MIGRATION_PAUSE = 0.02
+# How long aclose() lets operations in progress finish (as the one-server backend does).
+_CLOSE_GRACE = 5.0
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+# scheme://[userinfo@]host:port[,host:port...][/db][?query]; the user info is read as widely as in
+# clients._USERINFO, so that a password with an unescaped "/" or "@" is still all user info.
+_CLUSTER_URL = re.compile(r"^(?P<scheme>[^:]+)://(?P<userinfo>[^?#]*@)?(?P<hosts>[^/?#@]*)(?P<tail>.*)$")
+
+
+def redis_cluster_client_from_url(url: str) -> redis.asyncio.cluster.RedisCluster:
+    """A cluster client for ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` for TLS; user,
+    password and query options as in a ``redis://`` URL), with hybridlock's defaults: 5 s timeouts and one
+    immediate retry, so a dead node costs about one connect timeout, not several. Every host given is a node to
+    start from; the client learns the rest of the cluster from them. The asyncio client does no I/O here; the
+    blocking one connects to learn the cluster's layout (a ``BackendUnavailableError`` when it cannot)."""
+    from redis.asyncio import retry as retries
+    from redis.backoff import NoBackoff
+
+    match = _CLUSTER_URL.match(url)
+    if match is None or match["scheme"].lower() not in CLUSTER_SCHEMES or not match["hosts"]:
+        raise ValueError("a cluster URL looks like redis+cluster://host:port[,host:port...]")
+    nodes = []
+    for host_port in match["hosts"].split(","):
+        host, colon, port = host_port.strip().rpartition(":")
+        if not colon or not port.isdigit() or not host:
+            raise ValueError(f"each node of a cluster URL is host:port, not {host_port!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    plain = f"{CLUSTER_SCHEMES[match['scheme'].lower()]}://{match['userinfo'] or ''}{match['hosts'].split(',')[0]}"
+    retry = retries.Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+    startup = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in nodes[1:]]  # type: ignore[no-untyped-call,unused-ignore]
+    try:
+        return redis.asyncio.cluster.RedisCluster.from_url(
+            plain + match["tail"],
+            startup_nodes=startup or None,
+            socket_timeout=5.0,
+            socket_connect_timeout=5.0,
+            retry=retry,
+        )
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # (Only the blocking client gets here: it connects at once.)
+        raise BackendUnavailableError(
+            f"lock cluster unreachable: {redacted(str(exc), url)}", server=redacted_url(url)
+        ) from exc
+
+
+class _ClusterScriptRunner(ScriptRunner):
+    """Scripts on a cluster: one call routed by the client; a batch as one pipeline per node (see the module)."""
+
+    def __init__(self, backend: AsyncRedisClusterBackend) -> None:
+        super().__init__(backend.client, backend._family)
+        self._backend = backend
+        self._suspects: set[str] = set()  # nodes out of reach in the last batch (see run_many)
+        family = backend._family
+        # Answers that a call sent down a node's pipeline gets when it must go elsewhere, or again: the client's
+        # routed path knows what to do with each (follow the redirection, wait out the migration, EVAL).
+        self._send_again = (family.cluster_redirect, family.cluster_try_again, family.no_script)
+
+    async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        started: float | None = None
+        while True:
+            try:
+                return await super().run(source, keys, args)
+            except self._backend._family.cluster_unavailable as exc:
+                # TRYAGAIN (or redirections that did not settle): the slot is being migrated. Another error of the
+                # kind (the cluster is down) is not going to pass this soon: report it at once.
+                if not _is_migration(exc):
+                    raise
+                now = monotonic()
+                started = now if started is None else started
+                if now - started >= _MIGRATION_PATIENCE:
+                    raise
+                await sleep(_MIGRATION_PAUSE)
+
+    async def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Every call, one pipeline per node (in turn), each call in the node its first key's slot is served by.
+        A call whose node is out of reach gets ``Unreached`` in its place, unless no node answered at all (then
+        the first node's error is raised)."""
+        client = self._backend.client
+        unavailable = self._backend._family.unavailable
+        await cluster_ready(client)
+        sha = self._digest(source)
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        unreached: dict[int, BaseException] = {}
+        tried: set[str] = set()  # nodes found out of reach in this batch
+        for attempt in range(2):
+            by_node: dict[str, tuple[Any, list[int]]] = {}
+            for index in pending:
+                node = node_for_slot(client, key_slot(calls[index][0][0].encode()))
+                by_node.setdefault(node.name, (node, []))[1].append(index)
+            pending = []
+            # Nodes in turn, one round trip each; those out of reach in the last batch go last, so that a hung one
+            # (it costs a whole socket timeout) does not hold back the renewal of the others' leases twice.
+            for name in sorted(by_node, key=lambda name: name in self._suspects):
+                node, indexes = by_node[name]
+                if name in tried:
+                    continue  # still the node that was out of reach a moment ago: no second timeout
+                try:
+                    results = await self._on_node(node, source, sha, [calls[index] for index in indexes])
+                except unavailable as exc:
+                    error = type(exc)(f"cluster node {node.name}: {exc}")
+                    unreached.update(dict.fromkeys(indexes, error))
+                    pending.extend(indexes)
+                    tried.add(name)
+                    continue
+                for index, result in zip(indexes, results, strict=True):
+                    unreached.pop(index, None)
+                    replies[index] = result
+            if not pending or attempt:
+                break
+            # A node out of reach may have been replaced (a failover): learn the layout again, then one more try
+            # for its calls at whichever node serves their slots now.
+            with contextlib.suppress(Exception):
+                await client.nodes_manager.initialize()
+        self._suspects = tried
+        if unreached and len(unreached) == len(calls):
+            raise next(iter(unreached.values()))
+        for index, error in unreached.items():
+            replies[index] = Unreached(error)
+        return replies
+
+    async def _on_node(
+        self, node: Any, source: str, sha: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        client = self._backend.client
+        commands = [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls]
+        results = await pipeline_on_node(client, node, commands)
+        missing = [i for i, result in enumerate(results) if isinstance(result, self._no_script)]
+        if missing:
+            # A node that never ran the script (new to us, a promoted replica): load it and send those again, in
+            # one more round trip.
+            again = await pipeline_on_node(client, node, [("SCRIPT", "LOAD", source), *(commands[i] for i in missing)])
+            for i, result in zip(missing, again[1:], strict=True):
+                results[i] = result
+        for i, result in enumerate(results):
+            if isinstance(result, self._send_again):
+                results[i] = await self.run(source, *calls[i])  # redirected: routed by the client, alone
+            elif isinstance(result, Exception):
+                raise result
+        return results
+
+
+def _is_migration(exc: BaseException) -> bool:
+    text = str(exc)
+    return type(exc).__name__ == "TryAgainError" or "TTL exhausted" in text or "TRYAGAIN" in text
+
+
+class AsyncRedisClusterBackend(AsyncRedisBackend):
+    """Locks in a Redis or Valkey cluster. ``client`` is a ``redis.asyncio.RedisCluster`` (or valkey-py's twin); an
+    asyncio backend and its client serve one event loop. ``address`` names the cluster in messages (default: the
+    nodes the client was given, as ``redis+cluster://host:port,...``)."""
+
+    def __init__(self, client: Any, *, owns_client: bool = False, address: str | None = None) -> None:
+        # Refuses clients of the other side (asyncio vs blocking) with the one to use instead.
+        self._family = asyncio_client_family(client)
+        if not is_cluster_client(client):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is not a cluster client; "
+                "use AsyncRedisBackend for one server"
+            )
+        self.client = client
+        self.address = address or cluster_server_name(client, self._family)
+        self._owns_client = owns_client
+        self._scripts = _ClusterScriptRunner(self)
+        self._cluster_mode = True
+        self._sharded: bool | None = None  # whether the servers have sharded pub/sub (learnt at first use)
+        self._guard = new_guard()
+        # node name -> (its subscriber, the client it listens with, whether we made that client)
+        self._subscribers: dict[str, tuple[Subscriber, Any, bool]] = {}
+        self._wanted_listeners: list[Any] = []
+        self._in_flight = 0
+        self._idle = AsyncCondition()
+        self._closed = False
+
+    def after_fork_in_child(self) -> None:
+        with self._guard:
+            subscribers = list(self._subscribers.values())
+        for subscriber, _, _ in subscribers:
+            subscriber.after_fork_in_child()
+        self._guard = new_guard()
+        self._in_flight = 0
+        self._idle = AsyncCondition()
+
+    async def _disconnect_after_close(self) -> None:
+        await self.client.aclose()  # (a cluster client has a pool per node: closing it closes them all)
+
+    async def _slot_of(self, name: str) -> int:
+        return key_slot(name.encode())
+
+    async def _announcement(self) -> str:
+        if self._sharded is None:
+            self._sharded = await self._has_sharded_pubsub()
+        return "spublish" if self._sharded else ""
+
+    async def _has_sharded_pubsub(self) -> bool:
+        """Whether the cluster's servers have SPUBLISH/SSUBSCRIBE (Redis 7 and later, Valkey, which reports a
+        Redis version of 7.2). A server that will not say (``INFO`` refused) is taken as without: waiters then
+        poll, which is slower but never wrong, whereas a script calling a missing SPUBLISH would fail every call."""
+        await cluster_ready(self.client)
+        try:
+            info = await self.client.info("server", target_nodes=self.client.get_default_node())
+        except self._family.response_error:
+            return False
+        if isinstance(info, dict) and "redis_version" not in info and info:
+            info = next(iter(info.values()))  # one node's answer, keyed by node
+        version = str(info.get("redis_version", "0")) if isinstance(info, dict) else "0"
+        return int(version.split(".")[0] or 0) >= 7
+
+    @contextlib.contextmanager
+    def _errors_at(self, about: _About, operation: str) -> Iterator[None]:
+        """Errors of the cluster (no master for a slot, a migration that did not settle, a node out of reach)
+        become ``BackendUnavailableError``s naming the slot and the node."""
+        family = self._family
+        try:
+            yield
+        except family.cluster_unavailable as exc:
+            raise BackendUnavailableError(
+                f"lock cluster cannot serve {self._where(about)} now, {operation} refused: {exc}",
+                key=_keys_of(about),
+                server=self.address,
+            ) from exc
+        except family.unavailable as exc:
+            raise BackendUnavailableError(
+                f"lock server unreachable during {operation} ({self._where(about)}): {exc}",
+                key=_keys_of(about),
+                server=self.address,
+            ) from exc
+
+    def _where(self, about: _About) -> str:
+        """``slot S at node host:port`` for the locks an operation was about (where the client sends them now)."""
+        if about is None:
+            return "the cluster"
+        names = [about] if isinstance(about, (LockNames, ReadWriteNames)) else list(about)
+        slots = {key_slot((n.lock if isinstance(n, LockNames) else n.writer).encode()) for n in names}
+        if len(slots) != 1:
+            return f"{len(slots)} slots"
+        slot = slots.pop()
+        try:
+            return f"slot {slot} at node {node_for_slot(self.client, slot).name}"
+        except Exception:  # the client has no table yet, or no node for the slot
+            return f"slot {slot}"
+
+    async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
+        async with self._translated(names, "subscription"):
+            if not await self._announcement():
+                return None  # no sharded pub/sub: the caller polls
+            subscriber = self._subscriber_of(key_slot(names.channel.encode()))
+        return await subscriber.watch(names.channel, owner)
+
+    def _subscriber_of(self, slot: int) -> Subscriber:
+        """The subscriber of the node serving ``slot`` now (made at first need: one connection per node)."""
+        node = node_for_slot(self.client, slot)
+        with self._guard:
+            entry = self._subscribers.get(node.name)
+            if entry is None:
+                pubsub_client, owned = node_pubsub_client(self.client, node)
+                subscriber = Subscriber(pubsub_client, sharded=True)
+                subscriber.wanted_listeners = self._wanted_listeners  # one list for every node: see on_wanted
+                entry = self._subscribers[node.name] = (subscriber, pubsub_client, owned)
+            return entry[0]
+
+    def on_wanted(self, callback: Any) -> bool:
+        self._wanted_listeners.append(callback)
+        return True
+
+    @property
+    def subscribers(self) -> dict[str, Subscriber]:
+        """The subscriber of each node listened to so far, by node name (for tests and statistics)."""
+        with self._guard:
+            return {name: entry[0] for name, entry in self._subscribers.items()}
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with self._guard:
+            entries = list(self._subscribers.values())
+        for subscriber, pubsub_client, owned in entries:
+            await subscriber.aclose()
+            if owned:
+                with contextlib.suppress(Exception):
+                    await pubsub_client.aclose()
+        if self._owns_client:
+            # As for one server: let the calls under way finish first (they reconnect if they come later).
+            with self._idle:
+                await self._idle.wait_for(lambda: not self._in_flight, _CLOSE_GRACE)
+            with contextlib.suppress(Exception):
+                await self.client.aclose()

@@ -1,0 +1,34 @@
+"""Hand-written, blocking side: what the cluster backend needs of a cluster client that the asyncio and blocking
+clients of redis-py (and valkey-py) spell differently. ``hybridlock/_async/backends/_compat.py`` is the twin (read
+the why there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["cluster_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
+
+
+def cluster_ready(client: Any) -> None:
+    """The blocking client learnt the cluster's slot table at construction: nothing to do."""
+
+
+def node_for_slot(client: Any, slot: int) -> Any:
+    return client.nodes_manager.get_node_from_slot(slot)
+
+
+def pipeline_on_node(client: Any, node: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """Send ``commands`` to ``node`` in one round trip; each reply, or the error the server answered it with, in
+    order. Raises the client's ConnectionError / TimeoutError when the node cannot be reached."""
+    pipe = client.get_redis_connection(node).pipeline(transaction=False)
+    for args in commands:
+        pipe.execute_command(*args)
+    return list(pipe.execute(raise_on_error=False))
+
+
+def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:
+    """The cluster client's own plain client of ``node`` (its pub/sub takes one connection from the node's pool),
+    and False: the cluster client owns it."""
+    return client.get_redis_connection(node), False

@@ -1,0 +1,569 @@
+"""The cluster backend on a real Redis Cluster the suite starts itself (3 masters, a replica each): routing and
+renewal per node, exclusion across processes over every slot, a slot migrated under held and awaited locks, a
+master failover (manual: the lock is kept; a crash before replication: lost, and the holder told), a node killed
+while a thread waits. The lock contract itself runs over the cluster in ``tests/_async`` / ``tests/_sync``.
+
+Tests that fail nodes over or kill them start a cluster of their own; the others share the session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+import hybridlock
+from hybridlock._async.backends import cluster as async_cluster
+from hybridlock._sync.backends import cluster as sync_cluster
+from hybridlock._sync.backends.cluster import RedisClusterBackend
+from hybridlock.testing.cluster import EmbeddedCluster
+from tests import _cluster_workers
+
+pytestmark = [pytest.mark.server, pytest.mark.cluster]
+
+CTX = multiprocessing.get_context("spawn")
+
+
+def slot_of(key: str, registry_key: str = "hybridlock") -> int:
+    return key_slot(f"{registry_key}:{{{key}}}".encode())
+
+
+def keys_on_every_master(cluster: EmbeddedCluster, per_master: int, prefix: str = "k") -> list[str]:
+    """Keys whose locks lie on every master, ``per_master`` on each."""
+    found: dict[int, list[str]] = {}
+    owners = {}
+    for entry in cluster.command(cluster.masters[0], "CLUSTER", "SLOTS"):
+        owners[(int(entry[0]), int(entry[1]))] = int(entry[2][1])
+    index = 0
+    while len(found) < len(cluster.masters) or min(len(v) for v in found.values()) < per_master:
+        key = f"{prefix}{index}"
+        index += 1
+        slot = slot_of(key)
+        port = next(port for (low, high), port in owners.items() if low <= slot <= high)
+        if len(found.setdefault(port, [])) < per_master:
+            found[port].append(key)
+    return [key for keys in found.values() for key in keys]
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- accepting a cluster ---------------------------------------------------------------------------------------------
+
+
+def test_a_cluster_url_with_several_nodes_and_a_password_is_named_without_it(cluster_url):
+    hosts = cluster_url.removeprefix("redis+cluster://")
+    url = f"redis+cluster://:s3cret-pw@{hosts}"
+    registry = hybridlock.LockRegistry(f"redis+cluster://{hosts}")
+    try:
+        assert registry.server == f"redis+cluster://{hosts}"
+        assert isinstance(registry.backend, RedisClusterBackend)
+    finally:
+        registry.close()
+    # (The session cluster has no password, and a server without one accepts any: only the naming is checked.)
+    with hybridlock.LockRegistry(url) as registry:
+        assert registry.server == f"redis+cluster://:***@{hosts}"
+        with registry.obtain("passworded"):
+            pass
+    with pytest.raises(hybridlock.InvalidArgumentError, match="host:port"):
+        hybridlock.LockRegistry("redis+cluster://127.0.0.1:notaport")
+
+
+def test_a_cluster_client_passed_in_is_used_and_named_by_its_nodes(cluster, cluster_url):
+    import redis.cluster
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    port = cluster.masters[0].port
+    client = redis.cluster.RedisCluster(
+        host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1)
+    )
+    try:
+        with hybridlock.LockRegistry(client) as registry, registry.obtain("named"):
+            # The nodes it knows (having met the cluster, the blocking client knows them all): the first three.
+            shown = registry.server.removeprefix("redis+cluster://").removesuffix(",...").split(",")
+            assert 1 <= len(shown) <= 3
+            assert {int(node.rpartition(":")[2]) for node in shown} <= {node.port for node in cluster.nodes}
+    finally:
+        client.close()
+    # redis-py's defaults: no socket timeout, and 10 cluster retries with backoff.
+    loose = redis.cluster.RedisCluster(host="127.0.0.1", port=port)
+    try:
+        with pytest.warns(hybridlock.ClientSettingsWarning, match="no socket_timeout"):
+            hybridlock.LockRegistry(loose).close()
+    finally:
+        loose.close()
+
+
+def test_scripts_run_at_each_slots_master_and_announce_with_spublish(cluster, cluster_url):
+    with hybridlock.LockRegistry(cluster_url) as registry:
+        keys = keys_on_every_master(cluster, 2)
+        for key in keys:
+            with registry.obtain(key):
+                owner = cluster.owner_of(slot_of(key))
+                assert cluster.command(owner, "EXISTS", f"hybridlock:{{{key}}}") == 1
+        assert registry.backend._sharded is True
+        for master in cluster.masters:
+            stats = cluster.command(master, "INFO", "commandstats")
+            assert "cmdstat_spublish" in stats, "the release scripts announce with SPUBLISH"
+            assert "cmdstat_publish" not in stats
+
+
+def test_renewal_is_one_round_trip_per_node(cluster, cluster_url, monkeypatch):
+    calls: list[str] = []
+    original = sync_cluster.pipeline_on_node
+
+    def counting(client: Any, node: Any, commands: Any) -> list[Any]:
+        calls.append(node.name)
+        return original(client, node, commands)
+
+    monkeypatch.setattr(sync_cluster, "pipeline_on_node", counting)
+    with hybridlock.LockRegistry(cluster_url, expire_after=30) as registry:
+        locks = [registry.obtain(f"renew{i}") for i in range(300)]
+        for lock in locks:
+            lock.acquire()
+        slots = {slot_of(lock.key) for lock in locks}
+        # (The first round of all may find a node's script cache cold: one more round trip there, once.)
+        registry.backend.renew([lock._names for lock in locks], registry.client_id, 30_000)
+        calls.clear()
+        flags = registry.backend.renew([lock._names for lock in locks], registry.client_id, 30_000)
+        assert flags == [True] * len(locks)
+        owners = {f"127.0.0.1:{cluster.owner_of(slot).port}" for slot in slots}
+        assert len(owners) == len(cluster.masters)
+        assert sorted(calls) == sorted(owners)  # one pipeline per node, each carrying one script per slot
+        for lock in locks:
+            lock.release()
+
+
+def test_keys_in_one_slot_are_taken_in_one_step_and_others_key_by_key(cluster_url):
+    with hybridlock.LockRegistry(cluster_url) as mine, hybridlock.LockRegistry(cluster_url) as theirs:
+        together = mine.obtain_many(["acct}1", "acct}2", "acct}3"])
+        with together:
+            assert together._atomic is True
+        spread = mine.obtain_many(["a", "b", "c", "d"])
+        assert len({slot_of(key) for key in spread.keys}) > 1
+        blocker = theirs.obtain(spread.keys[2])
+        blocker.acquire()
+        try:
+            assert not spread.acquire(timeout=0.3)
+            assert spread._atomic is False
+            # Rolled back: the keys before the busy one are free again.
+            for key in spread.keys[:2]:
+                assert not theirs.obtain(key).locked()
+        finally:
+            blocker.release()
+        with spread:
+            assert all(theirs.obtain(key).locked() for key in spread.keys)
+
+
+def test_without_sharded_pubsub_nothing_is_announced_and_waiters_poll(cluster, cluster_url, monkeypatch):
+    # As on a Redis 6 cluster, or one whose ACL refuses INFO: the scripts publish nothing, nobody subscribes.
+    monkeypatch.setattr(RedisClusterBackend, "_has_sharded_pubsub", lambda self: False)
+    with (
+        hybridlock.LockRegistry(cluster_url, expire_after=1.0) as mine,
+        hybridlock.LockRegistry(cluster_url, expire_after=1.0) as theirs,
+    ):
+        lock = mine.obtain("polled")
+        lock.acquire()
+        got: list[float] = []
+
+        def wait() -> None:
+            other = theirs.obtain("polled")
+            if other.acquire(timeout=10):
+                got.append(time.monotonic())
+                other.release()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(1.5)  # past a renewal: the holder keeps it while the waiter polls
+        assert not lock.lost
+        released = time.monotonic()
+        lock.release()
+        thread.join(15)
+        assert got
+        assert got[0] - released < 1.0  # polling: within its backoff (capped at 100 ms, and at the lease end)
+        assert theirs.backend.subscribers == {}
+        assert mine.backend._sharded is False
+
+
+# -- exclusion -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_exclusion_across_processes_with_keys_on_every_master(cluster, cluster_url, server):
+    counters = redis.Redis.from_url(server.url)
+    counters.flushall()
+    keys = keys_on_every_master(cluster, 2, prefix="excl")
+    processes, threads, iterations = 3, 3, 24
+    workers = [
+        CTX.Process(
+            target=_cluster_workers.count_under_cluster_locks,
+            args=(cluster_url, server.url, keys, threads, iterations, seed),
+            daemon=True,
+        )
+        for seed in range(processes)
+    ]
+    try:
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + 90
+        for worker in workers:
+            worker.join(max(0.1, deadline - time.monotonic()))
+        assert not any(worker.is_alive() for worker in workers), "a worker process hung"
+        assert counters.lrange("violations", 0, -1) == []
+        assert counters.lrange("errors", 0, -1) == []
+        assert [worker.exitcode for worker in workers] == [0] * processes
+        per_thread = iterations + sum(1 for r in range(iterations) if r % 4 == 3)
+        total = sum(int(counters.get(f"counter:{key}") or 0) for key in keys)
+        assert total == processes * threads * per_thread
+        assert int(counters.get("rounds") or 0) == processes * threads * iterations
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+            worker.join(10)
+        counters.close()
+
+
+# -- a slot migrated -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_url):
+    key = "migrating"
+    slot = slot_of(key)
+    source = cluster.owner_of(slot)
+    target = next(master for master in cluster.masters if cluster.role(master) == "master" and master is not source)
+    with (
+        hybridlock.LockRegistry(cluster_url, expire_after=6.0) as holder,
+        hybridlock.LockRegistry(cluster_url, expire_after=6.0) as waiter,
+    ):
+        lock = holder.obtain(key)
+        assert lock.acquire(timeout=5)
+        token = lock.fencing_token
+        outcome: list[Any] = []
+
+        def wait() -> None:
+            mine = waiter.obtain(key)
+            try:
+                got = mine.acquire(timeout=20)
+                outcome.append((got, mine.fencing_token, time.monotonic()))
+                if got:
+                    mine.release()
+            except BaseException as exc:  # the test reads it below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)  # the waiter is queued and subscribed at the source
+
+        attempts: list[Any] = []
+
+        def try_meanwhile() -> None:
+            # An acquire's script touches keys on both sides now: TRYAGAIN, retried until the migration ends.
+            try:
+                attempts.append(third.obtain(key).acquire(False))
+            except BaseException as exc:  # the test reads it below
+                attempts.append(exc)
+
+        def half_moved() -> threading.Thread:
+            # Some of the slot's keys are here, some there: the holder's renewal (lock keys only) still works,
+            # and attempts meanwhile are retried, not failed.
+            assert cluster.command(source, "CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+            assert cluster.command(target, "CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+            lock.renew()
+            attempt = threading.Thread(target=try_meanwhile)
+            attempt.start()
+            time.sleep(0.5)
+            lock.renew()
+            assert attempts == []  # still retrying
+            return attempt
+
+        with hybridlock.LockRegistry(cluster_url, expire_after=6.0) as third:
+            started: list[threading.Thread] = []
+            cluster.migrate_slot(slot, target, between=lambda: started.append(half_moved()))
+            started[0].join(5)
+        assert attempts == [False]  # refused (the lock is held), not failed
+        assert cluster.owner_of(slot) is target
+        renewer = holder._context.renewer
+        rounds = renewer.rounds
+        wait_until(lambda: renewer.rounds >= rounds + 1, 10, "a renewal round after the move")
+        assert not lock.lost  # the renewer followed the slot to its new node
+        lock.renew()
+        assert cluster.command(target, "GET", f"hybridlock:{{{key}}}") == holder.client_id.encode()
+        released_at = time.monotonic()
+        lock.release()
+        thread.join(25)
+        assert not thread.is_alive()
+        assert len(outcome) == 1
+        assert not isinstance(outcome[0], BaseException), outcome
+        got, their_token, got_at = outcome[0]
+        assert got
+        assert their_token > token
+        assert got_at - released_at < 2.0  # woken by the release, or by its polling (the old node let go of it)
+        # A new wait subscribes at the slot's new node.
+        lock.acquire()
+        try:
+            assert not waiter.obtain(key).acquire(timeout=0.3)
+            assert f"127.0.0.1:{target.port}" in waiter.backend.subscribers
+        finally:
+            lock.release()
+
+
+# -- failover and dead nodes -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_cluster():
+    """A cluster of this test alone, for failing over or killing its nodes."""
+    with EmbeddedCluster(masters=3, replicas=1) as started:
+        yield started
+
+
+@pytest.mark.slow
+def test_a_manual_failover_keeps_the_lock(own_cluster):
+    cluster = own_cluster
+    # A lease longer than the failover takes on a loaded machine: a lease that cannot be renewed while the slot has
+    # no writable master for longer than itself is reported lost, as it should be.
+    with hybridlock.LockRegistry(cluster.url, expire_after=10.0) as registry:
+        lock = registry.obtain("kept")
+        lost: list[Any] = []
+        lock.on_lost(lost.append)
+        lock.acquire()
+        master = cluster.owner_of(slot_of("kept"))
+        replica = cluster.replica_of(master)
+        cluster.command(replica, "CLUSTER", "FAILOVER")  # waits for the replica to catch up: nothing is lost
+        wait_until(lambda: cluster.role(replica) == "master", 15, "the replica's promotion")
+        cluster.wait_healthy()
+        lock.renew()  # through a MOVED answer from the old master
+        renewer = registry._context.renewer
+        rounds = renewer.rounds
+        wait_until(lambda: renewer.rounds >= rounds + 1, 10, "a renewal round after the failover")
+        assert not lock.lost
+        assert lost == []
+        assert cluster.command(replica, "GET", "hybridlock:{kept}") == registry.client_id.encode()
+        lock.release()
+        with hybridlock.LockRegistry(cluster.url) as other, other.obtain("kept"):
+            pass
+
+
+@pytest.mark.slow
+def test_a_master_crash_before_replication_loses_the_lock_and_tells_the_holder(own_cluster):
+    cluster = own_cluster
+    key = "unreplicated"
+    with hybridlock.LockRegistry(cluster.url, expire_after=3.0) as registry:
+        kept = registry.obtain("replicated")  # on another master: unaffected throughout
+        master = cluster.owner_of(slot_of(key))
+        while cluster.owner_of(slot_of(kept.key)) is master:
+            kept = registry.obtain(kept.key + "x")
+        kept.acquire()
+        replica = cluster.replica_of(master)
+        lock = registry.obtain(key)
+        lost: list[Any] = []
+        lock.on_lost(lost.append)
+        replica.pause()  # SIGSTOP: the replica receives nothing from here on
+        try:
+            lock.acquire()
+            token = lock.fencing_token
+            master.kill()  # the lease dies with the only server that had it
+        finally:
+            replica.resume()
+        cluster.command(replica, "CLUSTER", "FAILOVER", "TAKEOVER")
+        wait_until(lambda: cluster.role(replica) == "master", 15, "the replica's promotion")
+        cluster.wait_healthy(timeout=30)
+        # Told at its next renewal (every second): lost, on_lost, LockLostError at release.
+        wait_until(lambda: lock.lost, 10, "the holder to be told")
+        assert lost == [lock]
+        with hybridlock.LockRegistry(cluster.url) as other:
+            theirs = other.obtain(key)
+            assert theirs.acquire(timeout=5)
+            assert theirs.fencing_token > token  # the promoted replica's clock term is past the lost token
+            theirs.release()
+        with pytest.raises(hybridlock.LockLostError) as excinfo:
+            lock.release()
+        assert excinfo.value.server == cluster.url
+        assert not kept.lost
+        kept.release()
+
+
+@pytest.mark.slow
+def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
+    # Without full coverage required, the other masters go on serving once the cluster holds the dead one failed
+    # (with it, the default, the whole cluster refuses every command then: see the README's cluster table).
+    with EmbeddedCluster(masters=3, replicas=0, extra_args=("--cluster-require-full-coverage", "no")) as cluster:
+        key = "doomed"
+        with (
+            hybridlock.LockRegistry(cluster.url, expire_after=4.0) as holder,
+            hybridlock.LockRegistry(cluster.url, expire_after=4.0) as waiter,
+        ):
+            lock = holder.obtain(key)
+            lock.acquire()
+            elsewhere = holder.obtain("survivor")
+            master = cluster.owner_of(slot_of(key))
+            while cluster.owner_of(slot_of(elsewhere.key)) is master:
+                elsewhere = holder.obtain(elsewhere.key + "x")
+            elsewhere.acquire()
+            outcome: list[Any] = []
+            timeout = 8.0
+
+            def wait() -> None:
+                started = time.monotonic()
+                try:
+                    outcome.append(waiter.obtain(key).acquire(timeout=timeout))
+                except BaseException as exc:
+                    outcome.append(exc)
+                outcome.append(time.monotonic() - started)
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)
+            master.kill()
+            thread.join(timeout + 2 * 5 + 5)
+            assert not thread.is_alive()
+            error, took = outcome
+            assert isinstance(error, hybridlock.BackendUnavailableError), error
+            assert took < timeout + 2 * 5  # the documented bound: the timeout plus two socket timeouts
+            assert error.key == key
+            assert error.server == cluster.url
+            assert f"127.0.0.1:{master.port}" in str(error)  # the node, beside the cluster
+            # Locks on the other masters go on being renewed; the dead node's lease is reported lost when it ends.
+            wait_until(lambda: lock.lost, 10, "the dead node's lease to be reported lost")
+            assert not elsewhere.lost
+            elsewhere.release()
+            with pytest.raises(hybridlock.HybridLockError):
+                lock.release()
+
+
+@pytest.mark.slow
+def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
+    # A 12 s lease is renewed every 4 s; a round that meets the hung node waits one socket timeout (5 s) there.
+    with (
+        EmbeddedCluster(masters=3, replicas=0, node_timeout=60_000) as cluster,
+        hybridlock.LockRegistry(cluster.url, expire_after=12.0) as registry,
+    ):
+        keys = keys_on_every_master(cluster, 2, prefix="hung")
+        locks = [registry.obtain(key) for key in keys]
+        for lock in locks:
+            lock.acquire()
+        hung = cluster.owner_of(slot_of(keys[0]))
+        on_hung = [lock for lock in locks if cluster.owner_of(slot_of(lock.key)) is hung]
+        others = [lock for lock in locks if lock not in on_hung]
+        hung.pause()
+        try:
+            wait_until(lambda: all(lock.lost for lock in on_hung), 25, "the hung node's leases to be reported lost")
+            assert not any(lock.lost for lock in others)
+            for lock in others:
+                lock.renew()
+        finally:
+            hung.resume()
+        for lock in others:
+            lock.release()
+
+
+# -- asyncio ---------------------------------------------------------------------------------------------------------
+
+
+async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
+    async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(cluster_url) as theirs:
+        keys = keys_on_every_master(cluster, 1, prefix="wake")
+        for key in keys:
+            lock = mine.obtain(key)
+            await lock.acquire()
+            woken: list[float] = []
+
+            async def wait(key: str = key, woken: list[float] = woken) -> None:
+                other = theirs.obtain(key)
+                assert await other.acquire(timeout=10)
+                woken.append(time.monotonic())
+                await other.release()
+
+            task = asyncio.create_task(wait())
+            channel = theirs.obtain(key)._names.channel
+            deadline = time.monotonic() + 10
+            while not any(channel in sub._subscribed for sub in theirs.backend.subscribers.values()):
+                assert time.monotonic() < deadline, "the waiter never subscribed"
+                await asyncio.sleep(0.01)
+            released = time.monotonic()
+            await lock.release()
+            await task
+            assert woken[0] - released < 0.5
+        assert isinstance(theirs.backend, async_cluster.AsyncRedisClusterBackend)
+        assert len(theirs.backend.subscribers) == len(cluster.masters)  # one subscriber per node, no more
+
+
+# -- the ACL ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_documented_cluster_acl_runs_every_lock_kind():
+    from tests.test_acl import LOCK_USER_COMMANDS
+
+    # The README: the one-server list, with sharded pub/sub instead of the classic one, and what the cluster client
+    # sends to learn the layout.
+    swapped = {"publish": "spublish", "subscribe": "ssubscribe", "unsubscribe": "sunsubscribe"}
+    commands = [swapped.get(command, command) for command in LOCK_USER_COMMANDS] + ["cluster|slots", "command"]
+    with EmbeddedCluster(masters=3, replicas=0) as cluster:
+        for node in cluster.nodes:
+            cluster.command(
+                node, "ACL", "SETUSER", "locker", "reset", "on", ">locker-pw", "~hybridlock:*", "&hybridlock:*",
+                "-@all", *(f"+{command}" for command in commands),
+            )  # fmt: skip
+            cluster.command(node, "ACL", "LOG", "RESET")
+        url = cluster.url.replace("redis+cluster://", "redis+cluster://locker:locker-pw@")
+        keys = keys_on_every_master(cluster, 1, prefix="acl")
+
+        def contended(mine: Any, theirs: Any) -> None:
+            assert mine.acquire(timeout=5)
+            done = threading.Event()
+
+            def wait() -> None:
+                if theirs.acquire(timeout=10):
+                    theirs.release()
+                    done.set()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)  # past renewals of the 0.3 s lease, with the waiter subscribed
+            assert not getattr(mine, "lost", False)
+            mine.release()
+            thread.join(15)
+            assert done.is_set()
+
+        with (
+            hybridlock.LockRegistry(url, expire_after=0.3) as mine,
+            hybridlock.LockRegistry(url, expire_after=0.3) as theirs,
+        ):
+            for key in keys:
+                contended(mine.obtain(key), theirs.obtain(key))
+                assert not theirs.obtain(key).locked()
+            rw_mine, rw_theirs = mine.obtain_read_write("rw"), theirs.obtain_read_write("rw")
+            contended(rw_mine.write_lock(), rw_theirs.read_lock())
+            contended(rw_mine.read_lock(), rw_theirs.write_lock())
+            with mine.obtain_many(keys), mine.obtain_many(["acl}1", "acl}2"]):
+                pass
+            assert theirs.backend.subscribers  # it waited on sharded pub/sub, not by polling
+
+        async def asyncio_side() -> None:
+            async with hybridlock.AsyncLockRegistry(url, expire_after=0.3) as registry:
+                lock = registry.obtain(keys[0])
+                async with lock:
+                    await asyncio.sleep(0.2)
+
+        asyncio.run(asyncio_side())
+        for node in cluster.nodes:
+            client = cluster.client(node)
+            try:
+                refused = {entry["object"] for entry in client.acl_log()} - {"client|setinfo"}
+            finally:
+                client.close()
+            assert refused == set(), (node.port, refused)
