@@ -230,6 +230,9 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         self.client = client
         self.address = address or cluster_server_name(client, self._family)
         self._owns_client = owns_client
+        # Replica confirmation (WAIT on the connection that wrote) is built for one master; the registry refuses it
+        # for a cluster.
+        self.confirmation = None
         self._scripts = _ClusterScriptRunner(self)
         self._cluster_mode = True
         self._sharded: bool | None = None  # whether the servers have sharded pub/sub (learnt at first use)

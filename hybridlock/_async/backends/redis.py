@@ -300,7 +300,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         return self.confirmation.outcome(confirmation_reply)[0]
 
     async def _given_back(
-        self, key: str, operation: str, confirmation_reply: Any, give_back: Callable[[], Any]
+        self, key: str | None, operation: str, confirmation_reply: Any, give_back: Callable[[], Any]
     ) -> ReplicationNotConfirmedError:
         """An acquire the replicas did not confirm: give the lease back (shielded, best effort: a lease that could
         not be given back lapses with its lease) and return the error to raise."""

@@ -301,7 +301,7 @@ class RedisBackend(LockBackend):
         return self.confirmation.outcome(confirmation_reply)[0]
 
     def _given_back(
-        self, key: str, operation: str, confirmation_reply: Any, give_back: Callable[[], Any]
+        self, key: str | None, operation: str, confirmation_reply: Any, give_back: Callable[[], Any]
     ) -> ReplicationNotConfirmedError:
         """An acquire the replicas did not confirm: give the lease back (shielded, best effort: a lease that could
         not be given back lapses with its lease) and return the error to raise."""
