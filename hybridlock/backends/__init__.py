@@ -1,10 +1,10 @@
 """Lock servers behind one narrow interface (``base.LockBackend``, ``AsyncLockBackend`` for asyncio): in memory,
-and Redis/Valkey.
+Redis/Valkey, and a quorum of independent Redis/Valkey servers.
 
 The lock logic never imports a client library; only the backend modules do. The implementations live in
 ``hybridlock/_async/backends/`` (the source) and ``hybridlock/_sync/backends/`` (generated from it); this package
-is their public face, and its modules (``base``, ``memory``, ``redis``, ``redis_pubsub``) keep the import paths of
-the blocking classes.
+is their public face, and its modules (``base``, ``memory``, ``redis``, ``redis_pubsub``, ``quorum``) keep the
+import paths of the blocking classes.
 """
 
 from __future__ import annotations
@@ -18,17 +18,21 @@ from .memory import MemoryBackend
 if TYPE_CHECKING:
     from .._async.backends.base import AsyncLockBackend, AsyncReleaseWatch
     from .._async.backends.memory import AsyncMemoryBackend
+    from .._async.backends.quorum import AsyncQuorumBackend
     from .._async.backends.redis import AsyncRedisBackend
+    from .quorum import QuorumBackend
     from .redis import RedisBackend
 
 __all__ = [
     "AcquireResult",
     "LockBackend",
     "MemoryBackend",
+    "QuorumBackend",
     "RedisBackend",
     "ReleaseWatch",
     "AsyncLockBackend",
     "AsyncMemoryBackend",
+    "AsyncQuorumBackend",
     "AsyncRedisBackend",
     "AsyncReleaseWatch",
 ]
@@ -38,6 +42,8 @@ __all__ = [
 # import ``backends.clients``, which runs this file first.)
 _LAZY = {
     "RedisBackend": "hybridlock._sync.backends.redis",
+    "QuorumBackend": "hybridlock._sync.backends.quorum",
+    "AsyncQuorumBackend": "hybridlock._async.backends.quorum",
     "AsyncLockBackend": "hybridlock._async.backends.base",
     "AsyncReleaseWatch": "hybridlock._async.backends.base",
     "AsyncMemoryBackend": "hybridlock._async.backends.memory",

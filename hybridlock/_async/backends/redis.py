@@ -320,6 +320,11 @@ class AsyncRedisBackend(AsyncLockBackend):
         async with self._translated(names.key, "lock query"):
             return bool(await self.client.exists(names.lock))
 
+    async def raise_fence(self, names: LockNames, token: int) -> None:
+        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back)."""
+        async with self._translated(names.key, "fencing write-back"):
+            await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)
 
