@@ -11,8 +11,11 @@ the backend takes.
 
 Asserted at every grant (an acquire that returns True): its token is greater than every token granted before,
 and no other client holds the lock with its validity still running. The variants at the end break one piece
-each (no write-back; the write-back counted on servers that refused us; a restarted server rejoining before the
-longest lease has passed) and check that Hypothesis then finds a counterexample, so the model can fail.
+each (no write-back; a restarted server rejoining before the longest lease has passed) and check that
+Hypothesis then finds a counterexample, so the model can fail. (``WRITE_BACK = "everyone"``, counting the
+write-back on servers that refused us, is wrong too, by the interleaving in ``hybridlock._core.quorum``'s
+``tally_acquire``; it takes about a dozen exact steps, and the search did not reach it in 200 s, so it is not
+part of the suite.)
 """
 
 from __future__ import annotations
