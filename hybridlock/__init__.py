@@ -18,13 +18,13 @@ from typing import Any as _Any
 
 from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
-from ._sync.registry import LocalLockRegistry, LockRegistry
+from ._sync.registry import LocalLockRegistry, LockRegistry, QuorumLockRegistry
 from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
 
 if _TYPE_CHECKING:
     from ._async.lock import AsyncHybridLock
     from ._async.multi import AsyncMultiLock
-    from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry
+    from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry, AsyncQuorumLockRegistry
     from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
 
 from .errors import (
@@ -52,6 +52,7 @@ __all__ = [
     "AsyncLocalLockRegistry",
     "AsyncLockRegistry",
     "AsyncMultiLock",
+    "AsyncQuorumLockRegistry",
     "AsyncReadLock",
     "AsyncReadWriteLock",
     "AsyncWriteLock",
@@ -69,6 +70,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUpgradeError",
     "MultiLock",
+    "QuorumLockRegistry",
     "ReadLock",
     "ReadWriteLock",
     "RegistryClosedError",
@@ -84,6 +86,7 @@ _ASYNC_NAMES = {
     "AsyncLocalLockRegistry": "hybridlock._async.registry",
     "AsyncLockRegistry": "hybridlock._async.registry",
     "AsyncMultiLock": "hybridlock._async.multi",
+    "AsyncQuorumLockRegistry": "hybridlock._async.registry",
     "AsyncReadLock": "hybridlock._async.rwlock",
     "AsyncReadWriteLock": "hybridlock._async.rwlock",
     "AsyncWriteLock": "hybridlock._async.rwlock",

@@ -61,6 +61,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncCondition", "Condition"),
     ("AsyncLockRegistry", "LockRegistry"),
     ("AsyncLocalLockRegistry", "LocalLockRegistry"),
+    ("AsyncQuorumLockRegistry", "QuorumLockRegistry"),
     ("AsyncHybridLock", "HybridLock"),
     ("AsyncJavaStyleLock", "JavaStyleLock"),
     ("AsyncReadWriteLock", "ReadWriteLock"),
@@ -72,6 +73,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncMemoryBackend", "MemoryBackend"),
     ("AsyncRedisBackend", "RedisBackend"),
     ("AsyncRedisClusterBackend", "RedisClusterBackend"),
+    ("AsyncQuorumBackend", "QuorumBackend"),
+    ("AsyncFanOut", "FanOut"),
     # clients.py is shared and hand-written: each side asks it for its own kind of client.
     ("asyncio_client_family", "client_family"),
 )

@@ -144,3 +144,17 @@ def any_registry_factory(request: pytest.FixtureRequest) -> Iterator[RegistryFac
     yield factory
     for registry in made:
         registry.close()
+
+
+@pytest.fixture(params=[3, 5], ids=["N=3", "N=5"])
+def quorum_servers(request: pytest.FixtureRequest) -> Iterator[list[EmbeddedServer]]:
+    """N independent servers of this test's own (3, then 5), for quorum locks; each stopped by pid at the end,
+    so a test may kill, restart or partition any of them."""
+    servers: list[EmbeddedServer] = []
+    try:
+        for _ in range(request.param):
+            servers.append(EmbeddedServer().start())
+        yield servers
+    finally:
+        for srv in servers:
+            srv.stop()

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from typing import Any, TypeAlias, TypeVar, final
 
 __all__ = [
     "AsyncCondition",
     "AsyncEvent",
+    "AsyncFanOut",
     "AsyncFifoMutex",
     "AsyncWorker",
     "IS_ASYNC",
@@ -440,3 +441,35 @@ class AsyncWorker:
             except asyncio.TimeoutError:
                 pass
             wakeup.clear()
+
+
+@final
+class AsyncFanOut:
+    """Runs several calls at once and waits for all of them: one task each here, a small thread pool on the sync
+    side (``FanOut``). For a quorum, which asks N independent servers the same thing.
+
+    ``await run(calls)`` returns one outcome per call, in order: its result, or the ``Exception`` it raised (a
+    ``BaseException`` such as a cancellation is not caught: it cancels the calls still running and propagates).
+    Each call must bound its own time (a socket timeout). ``aclose`` and ``after_fork_in_child`` release and forget
+    what the thread twin owns; here they have nothing to do."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def run(self, calls: Sequence[Thunk[T]]) -> list[T | Exception]:
+        return list(await asyncio.gather(*(_outcome(call) for call in calls)))
+
+    async def aclose(self) -> None:
+        return None
+
+    def after_fork_in_child(self) -> None:
+        return None
+
+
+async def _outcome(call: Thunk[T]) -> T | Exception:
+    try:
+        return await call()
+    except Exception as exc:
+        return exc

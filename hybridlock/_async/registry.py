@@ -40,7 +40,7 @@ from .lock import AsyncHybridLock
 from .multi import AsyncMultiLock
 from .rwlock import AsyncReadWriteLock
 
-__all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry"]
+__all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry", "AsyncQuorumLockRegistry"]
 
 logger = logging.getLogger("hybridlock.registry")
 
@@ -338,6 +338,65 @@ class AsyncLocalLockRegistry(AsyncLockRegistry):
 
     def __init__(self, registry_key: str = "hybridlock", *, observer: Any = None) -> None:
         self._setup(RegistryConfig.checked(registry_key, 30.0, never_expires=True), AsyncMemoryBackend(), observer)
+
+
+class AsyncQuorumLockRegistry(AsyncLockRegistry):
+    """Locks held in a majority of N independent Redis/Valkey servers (Redlock), with fencing tokens that increase
+    across the quorum: ``AsyncQuorumLockRegistry(["redis://a:6379", "redis://b:6379", "redis://c:6379"])``.
+
+    ``servers``: URLs, ``redis.asyncio.Redis`` clients or ``AsyncRedisBackend``s, one per independent server (not
+    replicas of each other); 3 or 5 of them. Every other option is ``AsyncLockRegistry``'s. Each lock is the local
+    lock, then the lease on a majority of the servers, taken in parallel: it survives any minority of the servers
+    failing (down, cut off, restarted empty under the delayed-restart rule), and ``lock.fencing_token`` increases
+    from one tenancy to the next whichever majority grants it. Read-write locks are refused (``obtain_read_write``
+    raises ``InvalidArgumentError``); ``obtain_many`` takes its keys one by one in a global order. Owners waiting
+    in different processes poll with jittered backoff (no server queue, no release notifications): see
+    ``hybridlock._async.backends.quorum`` and, for the argument, ``hybridlock._core.quorum``.
+
+    A restarted server that lost its data must not rejoin before the longest lease has passed since it went down
+    (or run the servers with ``appendfsync always``): see the README's guarantees."""
+
+    def __init__(
+        self,
+        servers: Any,
+        registry_key: str = "hybridlock",
+        expire_after: float = 30.0,
+        *,
+        auto_renew: bool = True,
+        max_hold: float | None = None,
+        handoff_limit: int = 64,
+        handoff_window: float = 0.05,
+        handoff_barge_window: float = 0.002,
+        retain_for: float = 0.0,
+        handoff_contended_window: float = 0.02,
+        observer: Any = None,
+    ) -> None:
+        config = RegistryConfig.checked(
+            registry_key,
+            expire_after,
+            lock_type="spin",  # no release notifications across a quorum: waiters poll
+            auto_renew=auto_renew,
+            max_hold=max_hold,
+            handoff_limit=handoff_limit,
+            handoff_window=handoff_window,
+            handoff_barge_window=handoff_barge_window,
+            retain_for=retain_for,
+            handoff_contended_window=handoff_contended_window,
+        )
+        from .backends.quorum import AsyncQuorumBackend  # imports the client library: only when used
+
+        backend = servers if isinstance(servers, AsyncQuorumBackend) else AsyncQuorumBackend(servers)
+        self._setup(config, backend, observer)
+
+    def obtain_read_write(self, key: str) -> AsyncReadWriteLock:
+        """Refused: read-write locks are not available over a quorum (``InvalidArgumentError``)."""
+        key = validate_key(key)
+        self._check_open(key)
+        raise InvalidArgumentError(
+            "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server",
+            key=key,
+            server=self.server,
+        )
 
 
 def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, server: str) -> None:

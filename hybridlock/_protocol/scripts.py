@@ -584,3 +584,24 @@ else
 end
 return 1
 """
+
+RAISE_FENCE = (
+    """
+-- RAISE_FENCE: raise a lock's fencing counter to a token minted elsewhere (the write-back of a quorum acquire,
+-- see hybridlock._core.quorum); never lowers it.
+-- KEYS[1]  fencing counter key
+-- ARGV[1]  the token             ARGV[2]  counter TTL in ms
+-- returns  1                     the counter is now at least ARGV[1]
+"""
+    + _KEYS_LIB
+    + """
+local stored = tonumber(string_at(KEYS[1]) or '0') or 0
+local token = tonumber(ARGV[1])
+if stored < token then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else
+  outlive(KEYS[1], tonumber(ARGV[2]))
+end
+return 1
+"""
+)

@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from typing import Any, TypeAlias, TypeVar, final
 
@@ -20,6 +21,7 @@ from ..errors import EventLoopBlockedError
 __all__ = [
     "Condition",
     "Event",
+    "FanOut",
     "FifoMutex",
     "IS_ASYNC",
     "Thunk",
@@ -345,3 +347,56 @@ class FifoMutex:
             if not self._grant_next():
                 self._locked = False
                 self._head_passed_over_since = None
+
+
+@final
+class FanOut:
+    """Runs several calls at once and waits for all of them: the first in the calling thread, the others in a
+    small thread pool (started at first use, one thread per extra call at most). The thread twin of
+    ``AsyncFanOut`` (read its docstring): same outcomes, in order, an ``Exception`` in place of a result.
+
+    ``close`` ends the pool's threads once they are idle; ``after_fork_in_child`` forgets the parent's pool (its
+    threads do not exist in the child), and the next ``run`` starts a new one."""
+
+    __slots__ = ("_guard", "_pool", "_width", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._guard = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._width = 0
+
+    def run(self, calls: Sequence[Thunk[T]]) -> list[T | Exception]:
+        if len(calls) <= 1:
+            return [_outcome(call) for call in calls]
+        pool = self._executor(len(calls) - 1)
+        futures = [pool.submit(_outcome, call) for call in calls[1:]]
+        first = _outcome(calls[0])
+        return [first, *(future.result() for future in futures)]
+
+    def _executor(self, width: int) -> ThreadPoolExecutor:
+        with self._guard:
+            pool = self._pool
+            if pool is None or self._width < width:
+                if pool is not None:
+                    pool.shutdown(wait=False)
+                pool = self._pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix=self.name)
+                self._width = width
+            return pool
+
+    def close(self) -> None:
+        with self._guard:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def after_fork_in_child(self) -> None:
+        self._guard = threading.Lock()
+        self._pool = None
+
+
+def _outcome(call: Thunk[T]) -> T | Exception:
+    try:
+        return call()
+    except Exception as exc:
+        return exc

@@ -551,6 +551,11 @@ class AsyncRedisBackend(AsyncLockBackend):
             pipe.pexpire(key, ttl_ms)
             await pipe.execute()
 
+    async def raise_fence(self, names: LockNames, token: int) -> None:
+        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back)."""
+        async with self._translated(names, "fencing write-back"):
+            await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)
 

@@ -552,6 +552,11 @@ class RedisBackend(LockBackend):
             pipe.pexpire(key, ttl_ms)
             pipe.execute()
 
+    def raise_fence(self, names: LockNames, token: int) -> None:
+        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back)."""
+        with self._translated(names, "fencing write-back"):
+            self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         return self._subscriber.watch(names.channel, owner)
 

@@ -1,0 +1,240 @@
+"""The quorum backend: one lock held in a majority of N independent Redis/Valkey servers (Redlock), with fencing
+tokens that increase across the quorum.
+
+Each operation is sent to every server at once (``AsyncFanOut``: tasks here, threads on the sync side), through
+one ``AsyncRedisBackend`` per server running the same scripts as a single server does; the replies are decided by
+``hybridlock._core.quorum``, whose docstring has the validity arithmetic and the argument for the fencing tokens
+(the write-back) and for the delayed-restart rule. In short:
+
+* acquire: ACQUIRE on every server (never queueing: see below); with a majority granted, ``T`` = the largest
+  token minted, then RAISE_FENCE to ``T`` on the granting servers that minted less; the attempt counts only if a
+  majority of servers holds ``T`` and the lease is still valid (lease - elapsed - drift > 0). A failed attempt
+  gives back every grant it got.
+* renew: RENEW on every server; a lease is kept only if a majority renewed it and the replies came back while the
+  renewed lease is valid; otherwise the holder is told it lost the lock.
+* release: RELEASE on every server (also where the attempt never got the key: harmless); True if a majority still
+  held our lease.
+
+Choices
+-------
+* No server queues. Each server's queue is fair on its own, but N queues can disagree on who is first, and each
+  server keeps its free key for its queue's head: three owners heading one queue each would wait for ever. So
+  attempts never queue, and waiting is polling with jittered exponential backoff (``WaitPolicy``: 2 ms doubling
+  to 100 ms, never past the holder's lease end). Owners are not served first come, first served. Threads of one
+  process still queue on the local lock and pass the lease between them (local hand-off) as usual.
+* No release notifications (``watch`` is None): polling as with ``lock_type="spin"``.
+* Plain locks and multi-key locks (taken key by key, in one global order, with rollback) only. Read-write locks
+  are refused (``InvalidArgumentError``): their scripts hold readers in a sorted set per server, and a quorum of
+  reader sets is not built here.
+
+Failure modes
+-------------
+* A minority of servers down, cut off or refusing: every operation goes on with the majority. Their failures are
+  part of any error raised.
+* Fewer than a majority answer: ``BackendUnavailableError`` naming the key and every server (never a password),
+  with each failure; an acquire gives back what it got first.
+* A server that hangs (does not answer, does not reset) costs every operation its client's socket timeout, as all
+  servers are waited for: give each URL a short one (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise).
+* A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
+  ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock held across it lives on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from ..._core.names import LockNames, ReadWriteNames
+from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
+from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
+from .._compat import AsyncFanOut, monotonic, shielded
+from .base import AcquireResult, AsyncLockBackend
+from .redis import AsyncRedisBackend
+
+__all__ = ["AsyncQuorumBackend"]
+
+
+class AsyncQuorumBackend(AsyncLockBackend):
+    """Locks held in a majority of ``servers``: each a ``redis://`` URL, a ``redis.asyncio.Redis`` client (or
+    valkey's twin) or an ``AsyncRedisBackend``; independent servers (not replicas of one another), at least one,
+    an odd number of them (3 or 5) being the useful choice. Use it through ``AsyncQuorumLockRegistry``, or pass
+    it to ``AsyncLockRegistry`` as the connection."""
+
+    def __init__(self, servers: Sequence[Any]) -> None:
+        if isinstance(servers, (str, bytes)) or not isinstance(servers, Sequence):
+            raise InvalidArgumentError("a quorum needs a list of servers (URLs, clients or backends)")
+        if not servers:
+            raise InvalidArgumentError("a quorum needs at least one server")
+        self.servers: list[AsyncRedisBackend] = [_server_backend(server) for server in servers]
+        addresses = [server.address for server in self.servers]
+        if len(set(addresses)) != len(addresses):
+            raise InvalidArgumentError(f"a quorum's servers must be distinct, not {', '.join(addresses)}")
+        self.address = f"quorum({', '.join(addresses)})"
+        self.majority = majority(len(self.servers))
+        self._fan_out = AsyncFanOut("hybridlock-quorum")
+
+    def after_fork_in_child(self) -> None:
+        for server in self.servers:
+            server.after_fork_in_child()
+        self._fan_out.after_fork_in_child()
+
+    async def _on_all(self, operation: str, *args: Any) -> list[Any]:
+        """``operation(*args)`` on every server at once: one outcome per server (a result, or its error)."""
+        return await self._fan_out.run([partial(getattr(server, operation), *args) for server in self.servers])
+
+    def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
+        failures = [
+            f"{server.address}: {_reason(outcome)}"
+            for server, outcome in zip(self.servers, outcomes, strict=True)
+            if isinstance(outcome, Exception)
+        ]
+        return BackendUnavailableError(
+            f"fewer than a majority ({self.majority} of {len(self.servers)}) of the quorum's servers answered the "
+            f"{operation}; failed: {'; '.join(failures)}",
+            key=key,
+            server=self.address,
+        )
+
+    # -- plain locks -----------------------------------------------------------------------------------------------
+
+    async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+        if lease_ms is None:
+            raise InvalidArgumentError("quorum locks need a lease (expire_after)", key=names.key, server=self.address)
+        lease = lease_ms / 1000.0
+        start = monotonic()
+        outcomes = await self._on_all("try_acquire", names, owner, lease_ms, False)
+        replies = [outcome if isinstance(outcome, AcquireResult) else None for outcome in outcomes]
+        decision = tally_acquire(replies, lease, monotonic() - start)
+        if not decision.acquired:
+            if decision.granted:
+                await shielded(partial(self._give_back, names, owner, decision.granted))
+            if decision.reachable < self.majority:
+                raise self._unavailable(names.key, "acquire", outcomes)
+            return AcquireResult(False, None, decision.holder_ttl)
+        token = decision.token
+        assert token is not None
+        raised = 0
+        if decision.write_back:
+            written = await self._fan_out.run(
+                [partial(self.servers[i].raise_fence, names, token) for i in decision.write_back]
+            )
+            raised = sum(1 for outcome in written if not isinstance(outcome, Exception))
+            if not write_back_holds(len(self.servers), decision.already_at_token, raised):
+                await shielded(partial(self._give_back, names, owner, decision.granted))
+                failed = dict(zip(decision.write_back, written, strict=True))
+                raise self._unavailable(names.key, "fencing write-back", [failed.get(i) for i in range(len(outcomes))])
+        if validity_left(lease, monotonic() - start) <= 0:
+            # The replies came back too late to leave any of the lease: as if refused (the caller retries).
+            await shielded(partial(self._give_back, names, owner, decision.granted))
+            return AcquireResult(False, None, None)
+        return AcquireResult(True, token, None, decision.contended)
+
+    async def _give_back(self, names: LockNames, owner: str, indexes: Sequence[int]) -> None:
+        """Release the grants of a failed attempt (best effort: a grant we cannot reach ends with its lease)."""
+        await self._fan_out.run([partial(self.servers[i].release, names, owner, True) for i in indexes])
+
+    async def cancel_wait(self, names: LockNames, owner: str) -> None:
+        return None  # attempts never queue (see the module docstring)
+
+    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+        return [False] * len(names)  # no places to keep: attempts never queue
+
+    async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        outcomes = await self._on_all("release", names, owner, notify)
+        verdict = tally_flags([None if isinstance(outcome, Exception) else bool(outcome) for outcome in outcomes])
+        if not verdict.decided:
+            raise self._unavailable(names.key, "release", outcomes)
+        return verdict.held
+
+    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+        if not names:
+            return []
+        start = monotonic()
+        outcomes = await self._on_all("renew", names, owner, lease_ms)
+        in_time = validity_left(lease_ms / 1000.0, monotonic() - start) > 0
+        kept = []
+        for index, lock in enumerate(names):
+            verdict = tally_flags([None if isinstance(flags, Exception) else flags[index] for flags in outcomes])
+            if not verdict.decided:
+                raise self._unavailable(lock.key if len(names) == 1 else None, "renewal", outcomes)
+            kept.append(verdict.held and in_time)
+        return kept
+
+    async def is_locked(self, names: LockNames) -> bool:
+        outcomes = await self._on_all("is_locked", names)
+        answered = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
+        if len(answered) < self.majority:
+            raise self._unavailable(names.key, "lock query", outcomes)
+        holding = sum(1 for outcome in answered if outcome)
+        # Held by someone if the servers that say so, with those that did not answer, could be a majority.
+        return holding > 0 and holding + len(outcomes) - len(answered) >= self.majority
+
+    # -- read-write locks: refused ---------------------------------------------------------------------------------
+
+    def _no_read_write(self, names: ReadWriteNames) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server",
+            key=names.key,
+            server=self.address,
+        )
+
+    async def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
+        raise self._no_read_write(names)
+
+    async def try_acquire_write(
+        self, names: ReadWriteNames, owner: str, lease_ms: int | None, wait: bool
+    ) -> AcquireResult:
+        raise self._no_read_write(names)
+
+    async def release_write(self, names: ReadWriteNames, owner: str) -> bool:
+        raise self._no_read_write(names)
+
+    async def release_read(self, names: ReadWriteNames, owner: str) -> bool:
+        raise self._no_read_write(names)
+
+    async def is_read_locked(self, names: ReadWriteNames) -> bool:
+        raise self._no_read_write(names)
+
+    async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
+        raise self._no_read_write(names)
+
+    async def aclose(self) -> None:
+        for server in self.servers:
+            try:
+                await server.aclose()
+            except HybridLockError:
+                pass  # closing one server must not keep the others open
+        await self._fan_out.aclose()
+
+
+def _server_backend(server: Any) -> AsyncRedisBackend:
+    if isinstance(server, AsyncRedisBackend):
+        return server
+    from ...backends.clients import check_client_settings, redacted, redacted_url
+    from .redis import redis_client_from_url
+
+    if isinstance(server, str):
+        if not server:
+            raise InvalidArgumentError("a quorum server's URL must not be empty")
+        try:
+            client = redis_client_from_url(server)
+        except ValueError as exc:
+            shown, detail = redacted_url(server), redacted(str(exc), server)
+            raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
+        return AsyncRedisBackend(client, owns_client=True)
+    if hasattr(server, "evalsha") and hasattr(server, "connection_pool"):
+        backend = AsyncRedisBackend(server)  # refuses a client of the other side, or a cluster client
+        check_client_settings(server, backend.address)
+        return backend
+    raise InvalidArgumentError(
+        "each quorum server must be a redis:// URL, a redis.asyncio.Redis client (or valkey's twin) or an "
+        f"AsyncRedisBackend, not {type(server).__name__}"
+    )
+
+
+def _reason(error: Exception) -> str:
+    """One failure, for a message: the hybridlock error's own text, or the exception's type and text."""
+    if isinstance(error, HybridLockError):
+        return error.message
+    return f"{type(error).__name__}: {error}"

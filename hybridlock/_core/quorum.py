@@ -1,0 +1,169 @@
+"""Quorum locks over independent servers: the arithmetic and every decision, pure (no I/O, no clock reads).
+
+A quorum lock is held in N independent Redis/Valkey servers (no replication between them). An owner holds it
+while a *majority* (``N // 2 + 1``) of them hold its lease: two majorities of one N always share a server, and a
+server gives a key to one owner at a time, so two owners never both hold a majority while their leases run. The
+backend (``hybridlock._async.backends.quorum``) does the I/O, in parallel on every server; this module decides
+what the replies mean, so that the decisions the backend takes are the ones the model in
+``tests/test_quorum_model.py`` checks.
+
+Validity
+--------
+A lease of ``L`` seconds is sent to every server at once, at ``start``. When the replies are in, ``elapsed``
+seconds later, it is still certainly held for ``L - elapsed - drift`` seconds (``validity_left``), where
+``drift = 1 % of L + 2 ms`` (``config.lease_drift``: the servers' clocks may run a little faster than ours, and
+a server counts the lease from when it ran the script, not from ``start``). If that is not positive the attempt
+failed even with a majority, and what it took is given back. The lock's ``valid_until`` is ``start + L - drift``,
+the same deadline counted from before the requests left. A renewal is the same computation: a lease is kept only
+if a majority renews it and the replies come back while the renewed lease is still valid; otherwise the holder is
+told it lost the lock.
+
+Fencing tokens across the quorum
+--------------------------------
+Each server mints ``max(counter + 1, its clock in µs)`` for a key when it grants it, and stores that in the key's
+counter (``scripts.mint``). That alone is not enough across a quorum: two majorities share a server, but the
+shared one may not be the server that minted the largest token, so a later majority can mint below an earlier
+token (one server's clock running ahead is all it takes). So an acquire does two things before it returns:
+
+1. it takes ``T = max`` of the tokens its granting majority ``G`` minted (``tally_acquire``);
+2. it raises the key's counter to ``T`` on the servers of ``G`` that minted less (``RAISE_FENCE``: the
+   *write-back*), and succeeds only if the servers of ``G`` now holding ``T`` (those that minted it plus those
+   that confirmed the write-back) are a majority ``W``, and the lease is still valid after the write-back
+   (``validity_left`` over the whole attempt). Otherwise the attempt fails and what it took is given back.
+
+Claim: the token of every later acquisition (one that returns after this one) is greater than ``T``. Its granting
+majority ``M'`` shares a server ``s`` with ``W`` (two majorities). ``s`` is in ``G``: it holds our lease from its
+grant until we release it (after acquire returned) or the lease ends (after acquire returned too, since the
+validity check covered the write-back), and grants nobody else meanwhile. So ``s`` grants the later acquisition
+only after our write-back reached it, when its counter is at least ``T``, and mints at least ``T + 1``; the later
+acquisition takes the maximum over ``M'``, which is at least that. Tokens therefore strictly increase in the
+order acquisitions return, whichever majorities grant them, with any clock skew between the servers and with a
+minority of servers down or cut off at any moment. (Only ``G`` may count: a server that refused us could grant
+someone else just before a write-back lands there.) A counter that expired after a week unused is the
+one-server case of the scripts' docstring.
+
+Restarts without persistence
+----------------------------
+A server that restarts empty has lost its counters and its leases; the claim above used ``s``'s counter, and
+exclusion used its lease. Both are restored by the **delayed-restart rule**: *a restarted server must not rejoin
+(accept connections from lock clients) until the longest lease in use has passed since it went down.*
+
+* Exclusion: every lease it held had ended by then, so counting it again gives nobody a second majority.
+* Tokens (the clock floor): a restarted server mints ``max(1, its clock)``. Every token minted up to a time
+  ``t`` is at most ``t + skew + 1`` µs, where ``skew`` bounds how far any server's clock is ahead of real time:
+  a mint is ``max(counter + 1, clock)``, every counter came from an earlier mint or write-back, and acquisitions
+  on one server are more than a microsecond apart (each is a script run plus a round trip). A server that went
+  down at ``t_down`` and rejoins at ``t_down + D`` reads a clock of at least ``t_down + D - skew``, which is above
+  every token minted before it went down when ``D > 2 * skew + 1 µs``. With ``D`` at least the longest lease
+  (0.1 s or more) and clocks kept within milliseconds by NTP this holds with a wide margin. Tokens minted while
+  it was down came from majorities without it, whose write-backs the claim above covers.
+
+What the rule asks of operators: restart a server that lost its data no sooner than the longest lease
+(``expire_after``, or ``max_hold`` if shorter) after it stopped, or run the servers with persistence
+(``appendfsync always``). ``tests/test_quorum_model.py`` checks both properties over crashes, restarts,
+partitions, clock skew and expiring leases, and that dropping the write-back or the rule breaks them.
+
+What is not claimed: safety when more than a minority of servers lose their data at once *and* rejoin early, or
+when a holder is paused past its lease (no lock can prevent that; fencing tokens let the resource refuse it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config import lease_drift
+from .results import AcquireResult
+
+__all__ = [
+    "QuorumAcquire",
+    "QuorumVerdict",
+    "majority",
+    "tally_acquire",
+    "tally_flags",
+    "validity_left",
+    "write_back_holds",
+]
+
+
+def majority(servers: int) -> int:
+    """How many of ``servers`` servers make a majority: ``servers // 2 + 1``."""
+    return servers // 2 + 1
+
+
+def validity_left(lease: float, elapsed: float) -> float:
+    """Seconds a lease of ``lease`` seconds, sent ``elapsed`` seconds ago, is still certainly held: lease minus
+    elapsed minus the clock drift margin (``lease_drift``: 1 % of the lease plus 2 ms)."""
+    return lease - elapsed - lease_drift(lease)
+
+
+@dataclass(frozen=True)
+class QuorumAcquire:
+    """What one round of acquire replies (one per server; None for a server that failed) means.
+
+    ``acquired``: a majority granted and the lease is still valid; ``token`` is then ``T`` (the largest token the
+    granting servers minted), ``write_back`` the servers whose counter must be raised to ``T`` and
+    ``already_at_token`` how many granting servers hold ``T`` already. ``granted``: every server that granted
+    (given back when the attempt fails). ``reachable``: how many servers answered at all; below a majority the
+    attempt could not have succeeded and the caller reports the servers unreachable. ``holder_ttl``: when refused,
+    the soonest end of another owner's lease among the refusals (None: unknown)."""
+
+    acquired: bool
+    reachable: int
+    granted: tuple[int, ...] = ()
+    token: int | None = None
+    write_back: tuple[int, ...] = ()
+    already_at_token: int = 0
+    holder_ttl: float | None = None
+    contended: bool = False
+
+
+def tally_acquire(replies: Sequence[AcquireResult | None], lease: float, elapsed: float) -> QuorumAcquire:
+    """Decide an acquire round: ``replies[i]`` is server ``i``'s answer (None when it failed), the lease was
+    ``lease`` seconds and the replies were all in ``elapsed`` seconds after the requests left."""
+    need = majority(len(replies))
+    answered = [i for i, reply in enumerate(replies) if reply is not None]
+    granted = tuple(i for i in answered if replies[i].acquired)  # type: ignore[union-attr]
+    if len(granted) < need or validity_left(lease, elapsed) <= 0:
+        ttls = [
+            reply.holder_ttl
+            for reply in replies
+            if reply is not None and not reply.acquired and reply.holder_ttl is not None
+        ]
+        return QuorumAcquire(False, len(answered), granted, holder_ttl=min(ttls) if ttls else None)
+    tokens = {i: replies[i].fencing_token for i in granted}  # type: ignore[union-attr]
+    token = max(t for t in tokens.values() if t is not None)
+    already = sum(1 for t in tokens.values() if t == token)
+    # NOTE: only granting servers count for the write-back. Each keeps our lease until we release it or it ends,
+    # both after this acquire returns, so no other owner can be granted there before the raised counter is in
+    # place. A refusing server could grant someone else just before our write-back lands there (the model in
+    # tests/test_quorum_model.py finds that interleaving when refusers are counted).
+    write_back = tuple(i for i in granted if tokens[i] != token)
+    contended = any(replies[i].contended for i in granted)  # type: ignore[union-attr]
+    return QuorumAcquire(True, len(answered), granted, token, write_back, already, None, contended)
+
+
+def write_back_holds(servers: int, already_at_token: int, raised: int) -> bool:
+    """Whether a majority of ``servers`` now holds the token in its counter: those that minted it plus those whose
+    counter the write-back raised."""
+    return already_at_token + raised >= majority(servers)
+
+
+@dataclass(frozen=True)
+class QuorumVerdict:
+    """What one round of yes/no replies (renewal, release) means for one lock: ``reachable`` below a majority
+    means the round decides nothing (the caller reports the servers unreachable); else ``held`` is whether a
+    majority said yes."""
+
+    held: bool
+    reachable: int
+    decided: bool
+
+
+def tally_flags(flags: Sequence[bool | None]) -> QuorumVerdict:
+    """Decide one lock's renewal or release from ``flags[i]``: server ``i`` said yes (True), no (False) or failed
+    (None). A lease is kept (or was still ours at release) only when a majority says so; when fewer than a majority
+    answered the round decides nothing, because the silent servers may hold the lease."""
+    answered = [flag for flag in flags if flag is not None]
+    need = majority(len(flags))
+    return QuorumVerdict(sum(answered) >= need, len(answered), len(answered) >= need)

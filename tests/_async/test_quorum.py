@@ -1,0 +1,212 @@
+"""Quorum locks on N = 3 and N = 5 real servers started by the test: exclusion with an overlap marker and an exact
+counter, a server killed, a minority partitioned, a restart without persistence under the delayed-restart rule,
+fencing tokens that increase throughout, and a clear error when fewer than a majority answer.
+
+Written for asyncio (owners are tasks); ``tests/_sync/test_quorum.py`` is generated from it (owners are threads).
+``tests/test_quorum_processes.py`` adds processes; ``tests/test_quorum_model.py`` checks the argument by model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import hybridlock
+from hybridlock.testing import EmbeddedServer
+
+from .._proxy import FaultProxy
+from ._compat import run_concurrently, sleep
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
+
+# A short socket timeout, so that a server cut off by the proxy (a black hole, not a reset) costs little.
+FAST = "?socket_timeout=0.3&socket_connect_timeout=0.3"
+
+
+def urls(servers: list[EmbeddedServer]) -> list[str]:
+    return [server.url + FAST for server in servers]
+
+
+class Section:
+    """A critical section that notices two holders at once (an overlap marker) and counts non-atomically."""
+
+    def __init__(self) -> None:
+        self.inside: str | None = None
+        self.counter = 0
+        self.tokens: list[int] = []
+        self.overlaps: list[str] = []
+
+    async def enter(self, who: str, lock: hybridlock.AsyncHybridLock) -> None:
+        if self.inside is not None:
+            self.overlaps.append(f"{who} entered while {self.inside} was inside")
+        self.inside = who
+        token = lock.fencing_token
+        assert token is not None
+        self.tokens.append(token)
+        value = self.counter
+        await sleep(0.0005)  # widen the window between the read and the write
+        self.counter = value + 1
+        if self.inside != who:
+            self.overlaps.append(f"{who} found {self.inside} inside")
+        self.inside = None
+
+    def check(self, expected: int) -> None:
+        assert not self.overlaps, self.overlaps
+        assert self.counter == expected
+        # A hand-off streak shares one tenancy (one token); every new tenancy has a greater one.
+        assert self.tokens == sorted(self.tokens), "fencing tokens went back"
+
+
+async def test_exclusion_across_owners_with_an_exact_count(quorum_servers: list[EmbeddedServer]) -> None:
+    owners = [hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=5) for _ in range(3)]
+    section = Section()
+    rounds = 8
+
+    def worker(registry: hybridlock.AsyncQuorumLockRegistry, name: str) -> Callable[[], Any]:
+        async def run() -> None:
+            lock = registry.obtain("counted")
+            for _ in range(rounds):
+                assert await lock.acquire(timeout=30)
+                try:
+                    await section.enter(name, lock)
+                finally:
+                    await lock.release()
+
+        return run
+
+    try:
+        await run_concurrently(
+            [worker(registry, f"{o}/{t}") for o, registry in enumerate(owners) for t in range(2)], timeout=60
+        )
+        section.check(len(owners) * 2 * rounds)
+        assert len(set(section.tokens)) >= 3  # each owner had at least one tenancy of its own
+    finally:
+        for registry in owners:
+            await registry.aclose()
+
+
+async def test_a_killed_server_leaves_the_lock_working(quorum_servers: list[EmbeddedServer]) -> None:
+    n = len(quorum_servers)
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=2) as first,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=2) as second,
+    ):
+        lock, rival = first.obtain("k"), second.obtain("k")
+        assert await lock.acquire(timeout=5)
+        before = lock.fencing_token
+        assert before is not None
+        for server in quorum_servers[: (n - 1) // 2]:  # a minority: one of 3, two of 5
+            server.kill()
+        await lock.renew()  # the lease is renewed on the majority left
+        assert not await rival.acquire(blocking=False)
+        await lock.release()
+        assert await rival.acquire(timeout=5)
+        assert (rival.fencing_token or 0) > before
+        assert not lock.lost
+        assert not rival.lost
+        await rival.release()
+
+
+async def test_a_partitioned_minority_is_tolerated(quorum_servers: list[EmbeddedServer]) -> None:
+    n = len(quorum_servers)
+    cut = (n - 1) // 2
+    proxies = [FaultProxy(server.port) for server in quorum_servers[:cut]]
+    via_proxy = [p.url + FAST for p in proxies] + urls(quorum_servers[cut:])
+    try:
+        async with (
+            hybridlock.AsyncQuorumLockRegistry(via_proxy, expire_after=2) as partitioned,
+            hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=2) as other,
+        ):
+            lock, rival = partitioned.obtain("k"), other.obtain("k")
+            assert await rival.acquire(timeout=5)
+            first = rival.fencing_token or 0
+            await rival.release()
+            for proxy in proxies:
+                proxy.partition()  # the first owner no longer reaches a minority of the servers
+            started = time.monotonic()
+            assert await lock.acquire(timeout=10)
+            assert time.monotonic() - started < 5  # each cut-off server costs its socket timeout, not more
+            assert (lock.fencing_token or 0) > first
+            assert not await rival.acquire(blocking=False)  # still exclusive: the majority holds it
+            await lock.renew()
+            await lock.release()
+            assert await rival.acquire(timeout=5)
+            assert (rival.fencing_token or 0) > (lock.fencing_token or first)
+            await rival.release()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+
+
+async def test_restart_without_persistence_after_the_longest_lease(quorum_servers: list[EmbeddedServer]) -> None:
+    lease = 1.0
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=lease) as first,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=lease) as second,
+    ):
+        lock, rival = first.obtain("k"), second.obtain("k")
+        tokens = []
+        for restarted in quorum_servers[: len(quorum_servers) // 2 + 1]:  # every server of a majority in turn
+            assert await lock.acquire(timeout=5)
+            tokens.append(lock.fencing_token or 0)
+            port = restarted.port
+            restarted.kill()
+            restarted.stop()
+            down_at = time.monotonic()
+            # The delayed-restart rule: the server stays out until the longest lease has passed since it went
+            # down. Meanwhile the holder keeps its lease on the others.
+            await sleep(lease + 0.2)
+            assert not lock.lost
+            restarted.start(port=port)  # empty: no persistence
+            assert time.monotonic() - down_at >= lease
+            await lock.release()
+            # The restarted server has no counter and no lease: the next owner gets the lock and a greater token.
+            assert await rival.acquire(timeout=5)
+            tokens.append(rival.fencing_token or 0)
+            await rival.release()
+        assert tokens == sorted(tokens), tokens
+        assert len(set(tokens)) == len(tokens), tokens
+
+
+async def test_fewer_than_a_majority_is_a_clear_error(quorum_servers: list[EmbeddedServer]) -> None:
+    n = len(quorum_servers)
+    async with hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=1) as registry:
+        lock = registry.obtain("orders:42")
+        lost: list[object] = []
+        lock.on_lost(lost.append)
+        assert await lock.acquire(timeout=5)
+        down = quorum_servers[: n // 2 + 1]
+        for server in down:
+            server.kill()
+        # The holder cannot renew on a majority: it is told it lost the lock once its validity has passed.
+        deadline = time.monotonic() + 5
+        while not lock.lost and time.monotonic() < deadline:
+            await sleep(0.05)
+        assert lock.lost
+        assert lost == [lock]
+        # Released locally whatever the servers say; the servers being out of reach is what is reported.
+        with pytest.raises((hybridlock.LockLostError, hybridlock.BackendUnavailableError)):
+            await lock.release()
+        assert not lock.is_held_by_current_thread()
+        started = time.monotonic()
+        with pytest.raises(hybridlock.BackendUnavailableError) as caught:
+            await lock.acquire(timeout=2)
+        assert time.monotonic() - started < 5
+        error = caught.value
+        assert error.key == "orders:42"
+        for server in quorum_servers:
+            assert f"127.0.0.1:{server.port}" in str(error.server)
+        for server in down:
+            assert f"127.0.0.1:{server.port}" in str(error)  # each failed server is named with its failure
+        assert not lock.is_held_by_current_thread()
+
+
+async def test_read_write_locks_are_refused(quorum_servers: list[EmbeddedServer]) -> None:
+    async with hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers)) as registry:
+        with pytest.raises(hybridlock.InvalidArgumentError, match="read-write locks are not available"):
+            registry.obtain_read_write("catalog")
+        async with registry.obtain_many(["a", "b"]) as both:  # several keys: one by one, in a global order
+            assert both.is_held_by_current_thread()
