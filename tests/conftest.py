@@ -70,6 +70,27 @@ def cluster_url(cluster: EmbeddedCluster) -> str:
     return cluster.url
 
 
+@pytest.fixture(scope="session")
+def session_quorum_servers() -> Iterator[list[EmbeddedServer]]:
+    """Three independent servers shared by the session's contract tests over a quorum (``quorum_servers`` gives a
+    test servers of its own, to fail)."""
+    servers = [EmbeddedServer().start() for _ in range(3)]
+    try:
+        yield servers
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+@pytest.fixture
+def quorum_urls(session_quorum_servers: list[EmbeddedServer]) -> list[str]:
+    """The session quorum's URLs, every server flushed."""
+    for srv in session_quorum_servers:
+        with redis.Redis.from_url(srv.url) as client:
+            client.flushall()
+    return [srv.url for srv in session_quorum_servers]
+
+
 @pytest.fixture
 def redis_client(server: EmbeddedServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(server.url)

@@ -18,4 +18,9 @@ def backend(request: pytest.FixtureRequest) -> Backend:
         return Backend("sentinel-confirmed", request.getfixturevalue("sentinel_url"), confirm_replicas=2)
     if request.param == "cluster":
         return Backend("cluster", request.getfixturevalue("cluster_url"))
+    if request.param == "quorum":
+        kind = getattr(request.node, "callspec", None) and request.node.callspec.params.get("kind")
+        if getattr(kind, "name", None) in ("read", "write") or "read" in request.node.originalname:
+            pytest.skip("read-write locks are refused over a quorum (test_quorum.py checks the refusal)")
+        return Backend("quorum", request.getfixturevalue("quorum_urls"))
     return Backend(request.param)

@@ -26,6 +26,9 @@ BACKENDS = [
     # confirmed by both replicas (the plain Sentinel client, without confirmation, is in tests/test_sentinel.py).
     pytest.param("sentinel-confirmed", id="sentinel-confirmed", marks=[pytest.mark.server, pytest.mark.sentinel]),
     pytest.param("cluster", id="cluster", marks=[pytest.mark.server, pytest.mark.cluster]),
+    # A majority of 3 independent servers (read-write locks are refused there: those cases are skipped, and
+    # tests/_sync/test_quorum.py checks the refusal).
+    pytest.param("quorum", id="quorum", marks=[pytest.mark.server, pytest.mark.quorum]),
 ]
 
 
@@ -35,7 +38,7 @@ class Backend:
     ``shared``: two registries it makes are two owners of the same keys (as two processes are); an
     ``LocalLockRegistry`` shares nothing, so there the other owner is another task of the same registry."""
 
-    def __init__(self, name: str, url: str | None = None, **options: Any) -> None:
+    def __init__(self, name: str, url: str | list[str] | None = None, **options: Any) -> None:
         self.name = name
         self.url = url
         self.options = options  # given to every registry on ``url``
@@ -51,6 +54,8 @@ class Backend:
             registry = hybridlock.LockRegistry(self._store, **options)
         elif self.name == "local":
             registry = hybridlock.LocalLockRegistry()
+        elif self.name == "quorum":
+            registry = hybridlock.QuorumLockRegistry(self.url, **self.options, **options)
         else:
             registry = hybridlock.LockRegistry(self.url, **self.options, **options)
         self.made.append(registry)
