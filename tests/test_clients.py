@@ -180,7 +180,9 @@ def test_a_cluster_client_goes_to_the_cluster_backend_of_its_own_side():
     import valkey.cluster
 
     from hybridlock._async.backends.cluster import AsyncRedisClusterBackend
+    from hybridlock._async.backends.redis import AsyncRedisBackend
     from hybridlock._sync.backends.cluster import RedisClusterBackend
+    from hybridlock._sync.backends.redis import RedisBackend
 
     # A blocking cluster client connects as it is built; a subclass that skips __init__ is one by type, with no
     # server (nothing here sends a command).
@@ -197,6 +199,11 @@ def test_a_cluster_client_goes_to_the_cluster_backend_of_its_own_side():
             hybridlock.LockRegistry(stub(asyncio_class))
         with pytest.raises(hybridlock.InvalidArgumentError, match="blocking client"):
             hybridlock.AsyncLockRegistry(stub(blocking))
+        # The one-server backends, given a cluster client directly, point to the cluster ones.
+        with pytest.raises(hybridlock.InvalidArgumentError, match="RedisClusterBackend"):
+            RedisBackend(stub(blocking))
+        with pytest.raises(hybridlock.InvalidArgumentError, match="AsyncRedisClusterBackend"):
+            AsyncRedisBackend(stub(asyncio_class))
 
 
 def quiet_valkey(url: str) -> valkey.Valkey:

@@ -38,7 +38,7 @@ from ..._core.config import ReplicaConfirmation
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
-from ...backends.clients import ClientFamily, asyncio_client_family, library_family, server_name
+from ...backends.clients import ClientFamily, asyncio_client_family, is_cluster_client, library_family, server_name
 from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError, ReplicationNotConfirmedError
 from .._compat import AsyncCondition, shielded
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
@@ -218,8 +218,13 @@ class AsyncRedisBackend(AsyncLockBackend):
     def __init__(
         self, client: Any, *, owns_client: bool = False, confirmation: ReplicaConfirmation | None = None
     ) -> None:
-        # Refuses cluster clients, and clients of the other side (asyncio vs blocking) with the one to use instead.
+        # Refuses clients of the other side (asyncio vs blocking) with the one to use instead, and cluster clients.
         self._family = asyncio_client_family(client)
+        if is_cluster_client(client):
+            raise InvalidArgumentError(
+                f"{type(client).__module__}.{type(client).__name__} is a cluster client: use AsyncRedisClusterBackend "
+                "(a registry given the client picks it by itself)"
+            )
         self.client = client
         self.address = server_name(client, self._family)
         self.confirmation = confirmation
