@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio.cluster
@@ -233,7 +233,8 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         # Replica confirmation (WAIT on the connection that wrote) is built for one master; the registry refuses it
         # for a cluster.
         self.confirmation = None
-        self._scripts = _ClusterScriptRunner(self)
+        self._cluster_scripts = _ClusterScriptRunner(self)
+        self._scripts = self._cluster_scripts
         self._cluster_mode = True
         self._sharded: bool | None = None  # whether the servers have sharded pub/sub (learnt at first use)
         self._guard = new_guard()
@@ -311,6 +312,27 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
             return f"slot {slot} at node {node_for_slot(self.client, slot).name}"
         except Exception:  # the client has no table yet, or no node for the slot
             return f"slot {slot}"
+
+    async def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
+        # Sent by the renewal worker after its round, straight to the key's node in one round trip (the cluster
+        # client's own pipeline would first ask a server for the keys of each command). A node that round found out
+        # of reach is not asked again now: a hung one would hold back the next renewal round by a socket timeout.
+        async with self._translated(None, "description of the owner"):
+            await cluster_ready(self.client)
+            node = node_for_slot(self.client, key_slot(key.encode()))
+            if node.name in self._cluster_scripts._suspects:
+                raise BackendUnavailableError(
+                    f"cluster node {node.name} was out of reach a moment ago", key=None, server=self.address
+                )
+            commands: list[tuple[Any, ...]] = []
+            if fields:
+                commands.append(("HSET", key, *(item for pair in fields.items() for item in pair)))
+            if gone:
+                commands.append(("HDEL", key, *gone))
+            commands.append(("PEXPIRE", key, ttl_ms))
+            for reply in await pipeline_on_node(self.client, node, commands):
+                if isinstance(reply, Exception):
+                    raise reply
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         async with self._translated(names, "subscription"):
