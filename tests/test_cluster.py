@@ -120,6 +120,19 @@ def test_scripts_run_at_each_slots_master_and_announce_with_spublish(cluster, cl
             assert "cmdstat_publish" not in stats
 
 
+def test_a_refused_multi_key_attempt_announces_wanted_with_spublish(cluster, cluster_url):
+    # A refused all-or-nothing attempt tells the holder it is wanted (ending a retention, a hand-off batch); on a
+    # cluster only a sharded message reaches the holder's subscriber on the slot's node.
+    owner = cluster.owner_of(slot_of("acct}1"))
+    cluster.command(owner, "CONFIG", "RESETSTAT")
+    with hybridlock.LockRegistry(cluster_url) as mine, hybridlock.LockRegistry(cluster_url) as theirs:
+        with theirs.obtain("acct}2"):
+            assert mine.obtain_many(["acct}1", "acct}2"]).acquire(blocking=False) is False
+        stats = cluster.command(owner, "INFO", "commandstats")
+        assert "cmdstat_spublish" in stats
+        assert "cmdstat_publish" not in stats, "a classic PUBLISH on a cluster reaches no sharded subscriber"
+
+
 def test_renewal_is_one_round_trip_per_node(cluster, cluster_url, monkeypatch):
     calls: list[str] = []
     original = sync_cluster.pipeline_on_node

@@ -251,7 +251,8 @@ ACQUIRE_MANY = (
 -- ACQUIRE_MANY: take several plain locks at once, all or nothing (callers make sure all KEYS share a slot).
 -- KEYS     four per lock i (i = 1..n): lock key, fencing counter, queue, queue expiries (as for ACQUIRE)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
--- ARGV[4]  "1": queue if refused ARGV[4+i]  lock i's channel
+-- ARGV[4]  "1": queue if refused ARGV[5]  "publish" | "spublish" | "" (how to announce)
+-- ARGV[5+i]  lock i's channel
 -- returns  {1, token_1, queued_1, ..., token_n, queued_n}   all taken (as ACQUIRE would return for each)
 --          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; we announce
 --                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it (for
@@ -269,7 +270,7 @@ for i = 1, n do
     if ARGV[4] == '1' then
       enqueue(queue, expiries, ARGV[1], now)
     end
-    announce('publish', ARGV[4 + i], 'wanted')
+    announce(ARGV[5], ARGV[5 + i], 'wanted')
     return {0, wait_ms, i}
   end
 end

@@ -366,7 +366,14 @@ class RedisBackend(LockBackend):
         self, names: Sequence[LockNames], owner: str, lease_ms: int | None, queue: bool
     ) -> AcquireManyResult:
         keys = [name for n in names for name in (n.lock, n.fence, n.queue, n.queue_until)]
-        args = [owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, int(queue), *(n.channel for n in names)]
+        args = [
+            owner,
+            lease_ms or 0,
+            scripts.FENCE_COUNTER_TTL_MS,
+            int(queue),
+            self._announcement(),
+            *(n.channel for n in names),
+        ]
         reply, acknowledged = self._run_write(
             names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args
         )
