@@ -114,7 +114,9 @@ class ReplicationNotConfirmedError(BackendUnavailableError):
     local lock released; from a renewal the lease counts as not renewed (its ``valid_until`` stays where it was,
     and it is reported lost if no renewal is confirmed before then). A ``BackendUnavailableError`` (and so a
     ``ConnectionError``): the lock service cannot give its guarantee right now. ``acknowledged`` is how many
-    replicas did, ``required`` how many were asked for.
+    replicas did, ``required`` how many were asked for. For a renewal, ``renewed`` is the server's own answer per
+    lease asked about (False: the lease had already ended there, so it is lost whatever the replicas say); None
+    otherwise, and after unpickling.
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class ReplicationNotConfirmedError(BackendUnavailableError):
     ) -> None:
         self.acknowledged = acknowledged
         self.required = required
+        self.renewed: list[bool] | None = None
         super().__init__(message, key=key, server=server)
 
     def __reduce__(self) -> tuple[Any, ...]:

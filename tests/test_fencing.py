@@ -177,3 +177,18 @@ def test_a_counter_that_is_not_a_number_is_replaced_by_the_clock_term(make_regis
     assert token >= before - 5_000_000  # the server clock's microseconds, give or take a skew between clocks
     assert int(redis_client.get(fence)) == token
     assert 0 < redis_client.pttl(fence) <= 7 * 24 * 3600 * 1000
+
+
+@pytest.mark.server
+def test_raise_fence_never_lowers_the_counter_and_keeps_its_ttl(redis_client: redis.Redis) -> None:
+    # The quorum's write-back: a token below the stored counter leaves the counter alone (and refreshes its TTL).
+    from hybridlock._protocol import scripts
+
+    fence = "hybridlock:{k}:fence"
+    ttl = str(scripts.FENCE_COUNTER_TTL_MS)
+    assert redis_client.eval(scripts.RAISE_FENCE, 1, fence, 100, ttl) == 1
+    assert int(redis_client.get(fence)) == 100
+    redis_client.pexpire(fence, 5_000)
+    assert redis_client.eval(scripts.RAISE_FENCE, 1, fence, 7, ttl) == 1
+    assert int(redis_client.get(fence)) == 100
+    assert redis_client.pttl(fence) > 60_000

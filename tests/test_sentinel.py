@@ -245,6 +245,33 @@ def test_an_unconfirmed_renewal_does_not_extend_the_lease_and_the_holder_is_told
 
 @pytest.mark.server
 @pytest.mark.sentinel
+def test_a_lease_the_master_reports_gone_is_lost_at_once_even_when_not_confirmed(
+    sentinel_service: SentinelService, sentinel_url: str
+) -> None:
+    # With the replicas frozen no renewal is confirmed, but the master's own answer still counts: a lease it reports
+    # gone is lost at that renewal (by hand or the renewer's), not only once valid_until passes.
+    lost = threading.Event()
+    with hybridlock.LockRegistry(sentinel_url, expire_after=9.0, confirm_replicas=2, confirm_timeout=0.1) as registry:
+        by_hand, by_renewer = registry.obtain("orders:10"), registry.obtain("orders:11")
+        by_renewer.on_lost(lambda _lock: lost.set())
+        assert by_hand.acquire(timeout=5) and by_renewer.acquire(timeout=5)
+        with replicas_stopped(sentinel_service):
+            with sentinel_service.node_client(sentinel_service.master()) as master:
+                master.delete("hybridlock:{orders:10}", "hybridlock:{orders:11}")
+            with pytest.raises(hybridlock.LockLostError):
+                by_hand.renew()
+            assert by_hand.lost
+            lease_end = by_renewer.valid_until
+            assert lease_end is not None
+            assert lost.wait(6), "the renewer did not report the lease the master had lost"
+            assert time.monotonic() < lease_end, "reported only when the lease ran out, not at the renewal"
+        for lock in (by_hand, by_renewer):
+            with pytest.raises(hybridlock.LockLostError):
+                lock.release()
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
 async def test_asyncio_confirmed_acquire_without_replicas(sentinel_service: SentinelService, sentinel_url: str) -> None:
     async with hybridlock.AsyncLockRegistry(sentinel_url, confirm_replicas=2, confirm_timeout=0.2) as registry:
         lock = registry.obtain("orders:10")

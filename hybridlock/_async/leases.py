@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.config import MIN_LEASE, lease_ms, validate_seconds
 from .._core.names import LockNames
-from ..errors import BackendUnavailableError, LockLostError, LockNotOwnedError
+from ..errors import BackendUnavailableError, LockLostError, LockNotOwnedError, ReplicationNotConfirmedError
 from ._compat import monotonic, new_guard
 
 if TYPE_CHECKING:
@@ -118,7 +118,12 @@ class LeaseTable:
             # an end either.
             lock._renewed(tenancy, start)
             return
-        (renewed,) = await context.backend.renew([lock._names], context.client_id, lease_ms(lease))
+        try:
+            (renewed,) = await context.backend.renew([lock._names], context.client_id, lease_ms(lease))
+        except ReplicationNotConfirmedError as exc:
+            if exc.renewed != [False]:
+                raise
+            renewed = False  # the master reported the lease gone: lost, whatever the replicas say
         if renewed is None:  # (a backend raises when it could ask about no lock at all; this is a safety net)
             raise BackendUnavailableError("the lock's server could not be reached", key=lock.key, server=context.server)
         if not renewed:

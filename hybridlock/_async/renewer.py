@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, ReplicationNotConfirmedError
 from ._compat import AsyncWorker, monotonic, new_guard
 
 if TYPE_CHECKING:
@@ -202,8 +202,15 @@ class LeaseRenewer:
         try:
             flags = await context.backend.renew([lock._names for lock, _ in locks], context.client_id, lease_ms)
         except Exception as exc:
+            verdicts = exc.renewed if isinstance(exc, ReplicationNotConfirmedError) else None
             if context.observer is not None:
-                context.observer.renewal(len(locks), 0, 0, monotonic() - start, exc)
+                lost_count = verdicts.count(False) if verdicts is not None else 0
+                context.observer.renewal(len(locks), 0, lost_count, monotonic() - start, exc)
+            if verdicts is not None:
+                # Not confirmed by the replicas, but the master answered: a lease it reported gone is lost now.
+                for (lock, tenancy), alive in zip(locks, verdicts, strict=True):
+                    if not alive:
+                        await lock._mark_lost(tenancy)
             # Whatever the cause (an unreachable server, an untranslated client error): the leases keep running
             # out, and any that certainly ended is lost, because another owner may have taken the key by now.
             await self._mark_ended_lost(locks)

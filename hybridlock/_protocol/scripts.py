@@ -99,12 +99,17 @@ end
 # One command in the common case: SET ... GET stores the clock term and returns the counter it replaced. Only when
 # that counter was not below the clock (the clock stepped back, or two acquisitions fell in one microsecond) does a
 # second SET store counter + 1 instead; the script is atomic, so nobody sees the value in between. SET ... GET
-# refuses a key of another type (pcall returns the error): a plain SET then replaces it.
+# refuses a key of another type (pcall returns a WRONGTYPE error): a plain SET then replaces it. Any other refusal
+# (a server before 6.2 has no SET ... GET) is raised again, never taken for a missing counter: a token minted from
+# the clock alone could repeat or go back.
 _FENCE_LIB = """
 local function mint(fence, ttl, t)
   local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local replaced = redis.pcall('SET', fence, clock, 'PX', ttl, 'GET')
   if type(replaced) == 'table' then
+    if not string.find(tostring(replaced['err']), 'WRONGTYPE', 1, true) then
+      redis.call('SET', fence, clock, 'PX', ttl, 'GET')  -- raises the same error again, as the script's error
+    end
     redis.call('SET', fence, clock, 'PX', ttl)
     return clock
   end
@@ -548,7 +553,7 @@ return 1
 
 READ_HELD = (
     """
--- READ_HELD: whether any owner holds a live read hold (a query: it changes nothing but lapsed holds).
+-- READ_HELD: whether any owner holds a live read hold (a query: it changes nothing).
 -- KEYS[1]  readers (zset)
 -- returns  1 if some read hold has not expired, else 0 (a missing key, or one of another type, holds none)
 """
@@ -601,7 +606,7 @@ local token = tonumber(ARGV[1])
 if stored < token then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 else
-  outlive(KEYS[1], tonumber(ARGV[2]))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])  -- every counter keeps the same TTL from its last use
 end
 return 1
 """

@@ -451,15 +451,18 @@ class AsyncRedisBackend(AsyncLockBackend):
                 replies = [await self._scripts.run(scripts.RENEW, chunks[0], (owner, lease_ms))]
             else:
                 replies = await self._scripts.run_many(scripts.RENEW, calls)
-        if not self._confirmed(acknowledged):
-            # Not renewed as far as a failover is concerned: the replicas still have the old expiry.
-            raise self._not_confirmed(_keys_of(names), "renewal", acknowledged, "the leases count as not renewed")
         renewed: dict[str, bool | None] = {}
         for chunk, flags in zip(chunks, replies, strict=True):
             if isinstance(flags, Unreached):
                 renewed.update(dict.fromkeys(chunk))  # a cluster node out of reach: neither renewed nor known lost
             else:
                 renewed.update(zip(chunk, (bool(flag) for flag in flags), strict=True))
+        if not self._confirmed(acknowledged):
+            # Not renewed as far as a failover is concerned: the replicas still have the old expiry. A lease the
+            # master itself reported gone is lost all the same: the error carries that answer to the caller.
+            error = self._not_confirmed(_keys_of(names), "renewal", acknowledged, "the leases count as not renewed")
+            error.renewed = [renewed[n.lock] is not False for n in names]
+            raise error
         return [renewed[n.lock] for n in names]
 
     async def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
