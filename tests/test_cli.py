@@ -450,3 +450,17 @@ def test_the_registry_key_comes_from_the_environment(server, make_registry):
         assert json.loads(result.stdout)["locks"][0]["holder"]["owner"] == other.client_id
         held = _cli(server, "run", "--no-wait", "--registry-key", "elsewhere", "k", "--", "true")
         assert held.returncode == EXIT_HELD
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis+cluster://127.0.0.1:7000", "redis+sentinel://:hunter2@127.0.0.1:26379/locks"],
+    ids=["cluster", "sentinel"],
+)
+@pytest.mark.parametrize("command", [["inspect", "k"], ["list"], ["release", "--force", "--yes", "k"]])
+def test_one_server_commands_refuse_a_cluster_or_sentinel_url_saying_what_to_give(server, url, command):
+    # These read one server's keys directly; a topology URL is refused at once, naming it without its password.
+    done = _cli(server, *command, "--server", url)
+    assert done.returncode == 2, done
+    assert "give the redis:// URL of the server that holds the lock" in done.stderr
+    assert "hunter2" not in done.stderr + done.stdout

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from .._core.names import validate_registry_key
+from .._core.urls import is_sentinel_url
 from ..backends.clients import redacted, redacted_url
 from ..errors import HybridLockError
 
@@ -72,7 +73,17 @@ def registry_key_of(args: argparse.Namespace, status: int) -> str:
 
 
 def client_for(url: str, status: int) -> redis.Redis:
-    """A client for ``url`` with short timeouts (a command line should not hang on a dead server)."""
+    """A client for ``url`` with short timeouts (a command line should not hang on a dead server).
+
+    ``inspect``, ``list`` and ``release --force`` read and write one server's keys directly: a cluster or Sentinel
+    URL is refused with what to give instead (``run`` takes every URL a registry takes)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme.endswith("+cluster") or is_sentinel_url(url):
+        raise CommandError(
+            f"{redacted_url(url)}: this command reads one server's keys; give the redis:// URL of the server that "
+            "holds the lock (a cluster: the node serving the key's slot; Sentinel: the current master)",
+            status,
+        )
     try:
         return redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, decode_responses=True)
     except ValueError as exc:
