@@ -253,7 +253,9 @@ class AsyncRedisBackend(AsyncLockBackend):
             with self._idle:
                 self._in_flight -= 1
                 idle = not self._in_flight
-                if idle:
+                # Only aclose() ever waits for idleness, and only after setting _closed (it reads _in_flight
+                # under this same guard next): notifying before then would wake nobody, on every operation.
+                if idle and self._closed:
                     self._idle.notify_all()
             if idle and self._closed and self._owns_client:
                 # A call after aclose() (a holder releasing) reconnected the client: close that connection again,
@@ -564,7 +566,8 @@ class AsyncRedisBackend(AsyncLockBackend):
         return True
 
     async def aclose(self) -> None:
-        self._closed = True
+        with self._idle:  # (see _translated: an operation ending from now on notifies)
+            self._closed = True
         await self._subscriber.aclose()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under

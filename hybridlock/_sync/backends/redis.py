@@ -254,7 +254,9 @@ class RedisBackend(LockBackend):
             with self._idle:
                 self._in_flight -= 1
                 idle = not self._in_flight
-                if idle:
+                # Only close() ever waits for idleness, and only after setting _closed (it reads _in_flight
+                # under this same guard next): notifying before then would wake nobody, on every operation.
+                if idle and self._closed:
                     self._idle.notify_all()
             if idle and self._closed and self._owns_client:
                 # A call after close() (a holder releasing) reconnected the client: close that connection again,
@@ -565,7 +567,8 @@ class RedisBackend(LockBackend):
         return True
 
     def close(self) -> None:
-        self._closed = True
+        with self._idle:  # (see _translated: an operation ending from now on notifies)
+            self._closed = True
         self._subscriber.close()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
