@@ -364,7 +364,8 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
             return {name: entry[0] for name, entry in self._subscribers.items()}
 
     async def aclose(self) -> None:
-        self._closed = True
+        with self._idle:  # (see AsyncRedisBackend._translated: an operation ending from now on notifies)
+            self._closed = True
         with self._guard:
             entries = list(self._subscribers.values())
         for subscriber, pubsub_client, owned in entries:

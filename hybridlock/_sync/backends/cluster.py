@@ -365,7 +365,8 @@ class RedisClusterBackend(RedisBackend):
             return {name: entry[0] for name, entry in self._subscribers.items()}
 
     def close(self) -> None:
-        self._closed = True
+        with self._idle:  # (see RedisBackend._translated: an operation ending from now on notifies)
+            self._closed = True
         with self._guard:
             entries = list(self._subscribers.values())
         for subscriber, pubsub_client, owned in entries:

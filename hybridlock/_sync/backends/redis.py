@@ -76,20 +76,29 @@ def translated_errors(
     family = family or library_family("redis")
     try:
         yield
-    except family.unavailable as exc:
-        raise BackendUnavailableError(
-            f"lock server unreachable during {operation}: {exc}", key=key, server=server
-        ) from exc
-    except family.busy_loading as exc:
-        raise BackendUnavailableError(
-            f"lock server is loading, {operation} refused: {exc}", key=key, server=server
-        ) from exc
-    except family.read_only as exc:
-        raise BackendUnavailableError(
+    except BaseException as exc:
+        error = translated_error(exc, key, server, operation, family)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def translated_error(
+    exc: BaseException, key: str | None, server: str, operation: str, family: ClientFamily
+) -> HybridLockError | None:
+    """What ``translated_errors`` raises in place of ``exc`` (chained to it); None for an exception that is not the
+    client library's (a cancellation, a bug), which passes through untouched."""
+    if isinstance(exc, family.unavailable):
+        return BackendUnavailableError(f"lock server unreachable during {operation}: {exc}", key=key, server=server)
+    if isinstance(exc, family.busy_loading):
+        return BackendUnavailableError(f"lock server is loading, {operation} refused: {exc}", key=key, server=server)
+    if isinstance(exc, family.read_only):
+        return BackendUnavailableError(
             f"lock server is a read-only replica, {operation} refused: {exc}", key=key, server=server
-        ) from exc
-    except family.any_error as exc:
-        raise HybridLockError(f"lock server error during {operation}: {exc}", key=key, server=server) from exc
+        )
+    if isinstance(exc, family.any_error):
+        return HybridLockError(f"lock server error during {operation}: {exc}", key=key, server=server)
+    return None
 
 
 class Unreached:
@@ -250,16 +259,22 @@ class RedisBackend(LockBackend):
         with self._idle:
             self._in_flight += 1
         try:
-            with (
-                translated_errors(_keys_of(about), self.address, operation, self._family),
-                self._errors_at(about, operation),
-            ):
+            # translated_errors' work inlined: this runs twice per lock cycle, and a nested generator-based context
+            # manager (and the keys' description, needed only in a message) cost every cycle client CPU.
+            with self._errors_at(about, operation):
                 yield
+        except BaseException as exc:
+            error = translated_error(exc, _keys_of(about), self.address, operation, self._family)
+            if error is None:
+                raise
+            raise error from exc
         finally:
             with self._idle:
                 self._in_flight -= 1
                 idle = not self._in_flight
-                if idle:
+                # Only close() ever waits for idleness, and only after setting _closed (it reads _in_flight
+                # under this same guard next): notifying before then would wake nobody, on every operation.
+                if idle and self._closed:
                     self._idle.notify_all()
             if idle and self._closed and self._owns_client:
                 # A call after close() (a holder releasing) reconnected the client: close that connection again,
@@ -580,7 +595,8 @@ class RedisBackend(LockBackend):
         return True
 
     def close(self) -> None:
-        self._closed = True
+        with self._idle:  # (see _translated: an operation ending from now on notifies)
+            self._closed = True
         self._subscriber.close()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
