@@ -254,7 +254,8 @@ def test_a_lease_the_master_reports_gone_is_lost_at_once_even_when_not_confirmed
     with hybridlock.LockRegistry(sentinel_url, expire_after=9.0, confirm_replicas=2, confirm_timeout=0.1) as registry:
         by_hand, by_renewer = registry.obtain("orders:10"), registry.obtain("orders:11")
         by_renewer.on_lost(lambda _lock: lost.set())
-        assert by_hand.acquire(timeout=5) and by_renewer.acquire(timeout=5)
+        assert by_hand.acquire(timeout=5)
+        assert by_renewer.acquire(timeout=5)
         with replicas_stopped(sentinel_service):
             with sentinel_service.node_client(sentinel_service.master()) as master:
                 master.delete("hybridlock:{orders:10}", "hybridlock:{orders:11}")
