@@ -580,3 +580,28 @@ def test_the_documented_cluster_acl_runs_every_lock_kind():
             finally:
                 client.close()
             assert refused == set(), (node.port, refused)
+
+
+def test_one_nodes_error_fails_only_its_own_leases_in_a_renewal_round(cluster, cluster_url, monkeypatch):
+    # A node that answers with an error (here: refused as by CLUSTERDOWN or OOM) must not cost the leases held on
+    # the other masters their renewal: theirs are renewed, the failing node's are neither renewed nor known lost.
+    with hybridlock.LockRegistry(cluster_url, expire_after=30) as registry:
+        locks = [registry.obtain(key) for key in keys_on_every_master(cluster, 2, prefix="err")]
+        for lock in locks:
+            lock.acquire()
+        failing = f"127.0.0.1:{cluster.owner_of(slot_of(locks[0].key)).port}"
+        original = sync_cluster.pipeline_on_node
+
+        def refusing(client: Any, node: Any, commands: Any) -> list[Any]:
+            if node.name == failing:
+                raise redis.exceptions.ResponseError("CLUSTERDOWN The cluster is down (injected)")
+            return original(client, node, commands)
+
+        monkeypatch.setattr(sync_cluster, "pipeline_on_node", refusing)
+        flags = registry.backend.renew([lock._names for lock in locks], registry.client_id, 30_000)
+        monkeypatch.setattr(sync_cluster, "pipeline_on_node", original)
+        on_failing = [f"127.0.0.1:{cluster.owner_of(slot_of(lock.key)).port}" == failing for lock in locks]
+        assert flags == [None if bad else True for bad in on_failing]
+        assert not any(lock.lost for lock in locks)
+        for lock in locks:
+            lock.release()

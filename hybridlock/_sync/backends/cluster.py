@@ -143,8 +143,8 @@ class _ClusterScriptRunner(ScriptRunner):
 
     def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
         """Every call, one pipeline per node (in turn), each call in the node its first key's slot is served by.
-        A call whose node is out of reach gets ``Unreached`` in its place, unless no node answered at all (then
-        the first node's error is raised)."""
+        A call whose node is out of reach, or failed there, gets ``Unreached`` in its place, unless no node
+        answered at all (then the first node's error is raised)."""
         client = self._backend.client
         unavailable = self._backend._family.unavailable
         cluster_ready(client)
@@ -172,6 +172,11 @@ class _ClusterScriptRunner(ScriptRunner):
                     unreached.update(dict.fromkeys(indexes, error))
                     pending.extend(indexes)
                     tried.add(name)
+                    continue
+                except Exception as exc:
+                    # Any other failure there (CLUSTERDOWN, a migration that outlasted our patience, a refused
+                    # script, OOM) is that node's alone: its calls fail, the other nodes' answers stand.
+                    unreached.update(dict.fromkeys(indexes, exc))
                     continue
                 for index, result in zip(indexes, results, strict=True):
                     unreached.pop(index, None)
