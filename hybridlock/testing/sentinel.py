@@ -15,8 +15,6 @@ dead master quickly (``down_after_ms``, 500 ms by default), so a failover takes 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +23,7 @@ from typing import Any
 
 import redis
 
-from .server import EmbeddedServer, _free_port, find_server_binary
+from .server import EmbeddedServer, _free_port, find_server_binary, stop_process
 
 __all__ = ["SentinelService"]
 
@@ -61,16 +59,7 @@ class _SentinelProcess:
         raise RuntimeError(f"could not start a sentinel: {last}")
 
     def stop(self) -> None:
-        process = self.process
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGCONT)
-                os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=5)
+        stop_process(self.process)
 
 
 def _client(port: int) -> redis.Redis:

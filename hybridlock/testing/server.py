@@ -54,6 +54,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen[bytes] | None) -> None:
+    """Stop a server process we started, by its pid: resumed first (it may be paused), asked to end, killed if it
+    does not within 5 s."""
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGCONT)
+            os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+
+
 class EmbeddedServer:
     """A server process of our own. Use as a context manager, or ``start()`` / ``stop()``.
 
@@ -140,16 +154,7 @@ class EmbeddedServer:
             self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        process = self.process
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGCONT)
-                os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=5)
+        stop_process(self.process)
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
