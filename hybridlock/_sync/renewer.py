@@ -117,8 +117,10 @@ class LeaseRenewer:
         self._round_due = self._describe_due = False
         if at_round:
             self.renew_once()
-        if at_round or at_describe:
+        if (at_round or at_describe) and not self._failing:
             # Off the hot path: describe the holders for operators (describer.py); nothing is sent when nothing changed.
+            # Not after a failed round: the description is best effort, and a call to a server (a cluster node) that
+            # is out of reach would hold back the next renewal by a socket timeout.
             self._context.describer.describe()
         leases = self._context.leases
         with self._guard:
