@@ -97,6 +97,7 @@ class Client:
     raised: int = 0  # write-backs confirmed
     token: int = 0
     valid_until: int = 0
+    holders: tuple[int, ...] = ()  # the servers of the last majority round that granted or renewed the lease
 
 
 class QuorumModel(RuleBasedStateMachine):
@@ -242,6 +243,7 @@ class QuorumModel(RuleBasedStateMachine):
                 self.closest_overlap = max(self.closest_overlap, state.valid_until - self.now)
                 assert state.valid_until <= self.now, f"{name} and {other} both hold the lock at {self.now}"
         client.state, client.unsent, client.valid_until = "holding", set(), client.start + LEASE - DRIFT
+        client.holders = decision.granted
 
     def _give_back(self, name: str, granted: tuple[int, ...]) -> None:
         for index in granted:
@@ -266,13 +268,15 @@ class QuorumModel(RuleBasedStateMachine):
             for i in range(self.SERVERS)
         ]
         self.now += elapsed
-        verdict = tally_flags(flags)
-        if not verdict.decided:
-            return  # a failed round: the lease keeps running out
+        verdict = tally_flags(flags, client.holders)
         if verdict.held and validity_left(LEASE / 1e6, elapsed / 1e6) > 0:
             client.valid_until = start + LEASE - DRIFT
-        else:
+            client.holders = tuple(i for i, flag in enumerate(flags) if flag)
+        elif verdict.covered and self.now < client.valid_until:
+            return  # not extended: still ours until the last holders' deadline, as for a failed round
+        elif verdict.decided:
             self.clients[name] = Client()  # told it lost the lock
+        # else a failed round: the lease keeps running out
 
     @precondition(lambda self: self._in("holding"))
     @rule(data=st.data(), reach=REACH)

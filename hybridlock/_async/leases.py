@@ -125,7 +125,11 @@ class LeaseTable:
                 raise
             renewed = False  # the master reported the lease gone: lost, whatever the replicas say
         if renewed is None:  # (a backend raises when it could ask about no lock at all; this is a safety net)
-            raise BackendUnavailableError("the lock's server could not be reached", key=lock.key, server=context.server)
+            raise BackendUnavailableError(
+                "the lease could not be renewed: its servers were out of reach (it is not known lost)",
+                key=lock.key,
+                server=context.server,
+            )
         if not renewed:
             await lock._mark_lost(tenancy)
             raise LockLostError(

@@ -223,14 +223,14 @@ class LeaseRenewer:
             if renewed:
                 lock._renewed(tenancy, start)
             elif renewed is None:
-                unreached.append((lock, tenancy))  # its cluster node was out of reach: as for a failed round
+                unreached.append((lock, tenancy))  # its node or servers were out of reach: as for a failed round
             else:
                 await lock._mark_lost(tenancy)
         error: BackendUnavailableError | None = None
         if unreached:
             await self._mark_ended_lost(unreached)
             error = BackendUnavailableError(
-                f"{len(unreached)} of {len(locks)} leases could not be renewed: their node is out of reach",
+                f"{len(unreached)} of {len(locks)} leases could not be renewed: their servers are out of reach",
                 key=unreached[0][0].key,
                 server=context.server,
             )

@@ -14,9 +14,17 @@ seconds later, it is still certainly held for ``L - elapsed - drift`` seconds (`
 ``drift = 1 % of L + 2 ms`` (``config.lease_drift``: the servers' clocks may run a little faster than ours, and
 a server counts the lease from when it ran the script, not from ``start``). If that is not positive the attempt
 failed even with a majority, and what it took is given back. The lock's ``valid_until`` is ``start + L - drift``,
-the same deadline counted from before the requests left. A renewal is the same computation: a lease is kept only
-if a majority renews it and the replies come back while the renewed lease is still valid; otherwise the holder is
-told it lost the lock.
+the same deadline counted from before the requests left. A renewal is the same computation: a lease is extended only
+if a majority renews it and the replies come back while the renewed lease is still valid.
+
+A server that fails while we hold the lock (crashed, cut off, hanging) does not take the lock from us at once.
+The servers of the last majority that granted or renewed our lease (the *holders*) keep it until that round's
+deadline, whether they answer or not: a live server's key lasts until then, and a crashed one rejoins only after
+the longest lease (the delayed-restart rule below). So a round in which the yes-sayers and the silent holders
+together are a majority (``tally_flags``: ``covered``) leaves the lease ours until that deadline, not extended;
+a release in that state reports the lease held throughout. Without that, acquiring on a bare majority and losing
+one of its servers would report a lock lost that nobody else could have taken. A holder that answers *no* counts
+for nothing: our key is gone there (evicted, deleted), and the lock is lost unless a majority says yes.
 
 Fencing tokens across the quorum
 --------------------------------
@@ -69,7 +77,7 @@ when a holder is paused past its lease (no lock can prevent that; fencing tokens
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from .config import lease_drift
@@ -151,19 +159,31 @@ def write_back_holds(servers: int, already_at_token: int, raised: int) -> bool:
 
 @dataclass(frozen=True)
 class QuorumVerdict:
-    """What one round of yes/no replies (renewal, release) means for one lock: ``reachable`` below a majority
-    means the round decides nothing (the caller reports the servers unreachable); else ``held`` is whether a
-    majority said yes."""
+    """What one round of yes/no replies (renewal, release) means for one lock.
+
+    ``held``: a majority said yes. ``covered``: the servers that said yes, with the servers of the last majority
+    that granted or renewed the lease (``holders``) that did not answer, are a majority; until that majority's
+    deadline nobody else can hold a majority, so the lease is still ours until then, though not extended.
+    ``decided``: at least a majority answered; a round that is neither covered nor decided says nothing (the caller
+    reports the servers unreachable)."""
 
     held: bool
     reachable: int
     decided: bool
+    covered: bool = False
 
 
-def tally_flags(flags: Sequence[bool | None]) -> QuorumVerdict:
+def tally_flags(flags: Sequence[bool | None], holders: Collection[int] = ()) -> QuorumVerdict:
     """Decide one lock's renewal or release from ``flags[i]``: server ``i`` said yes (True), no (False) or failed
-    (None). A lease is kept (or was still ours at release) only when a majority says so; when fewer than a majority
-    answered the round decides nothing, because the silent servers may hold the lease."""
+    (None); ``holders`` are the servers that granted the lease or renewed it in the last round a majority did.
+
+    A silent server of ``holders`` still counts toward ``covered``: it kept our lease up to that round's deadline
+    (a key is only lost early by eviction or deletion, and a server that went down rejoins, under the
+    delayed-restart rule, only after the longest lease), so it grants nobody else before then. A server that said
+    no never counts, even in ``holders``: our key is gone there, and it may already be someone else's. Servers that
+    never held our lease (they refused the acquire) count only by saying yes."""
     answered = [flag for flag in flags if flag is not None]
     need = majority(len(flags))
-    return QuorumVerdict(sum(answered) >= need, len(answered), len(answered) >= need)
+    yes = sum(answered)
+    silent_holders = sum(1 for index in holders if flags[index] is None)
+    return QuorumVerdict(yes >= need, len(answered), len(answered) >= need, yes + silent_holders >= need)

@@ -110,6 +110,64 @@ async def test_a_killed_server_leaves_the_lock_working(quorum_servers: list[Embe
         await rival.release()
 
 
+async def _hold_on_a_bare_majority(
+    quorum_servers: list[EmbeddedServer], blocker: hybridlock.AsyncQuorumLockRegistry, lock: hybridlock.AsyncHybridLock
+) -> None:
+    """Leave ``lock`` held on exactly a majority of the servers (a blocker held the rest while it was granted)."""
+    held = blocker.obtain("k")
+    assert await held.acquire(timeout=5)
+    assert await lock.acquire(timeout=5)
+    await held.release()
+
+
+async def test_a_bare_majority_that_loses_a_server_keeps_the_lease_until_its_deadline(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """Granted by exactly a majority, then one of those servers is killed: nobody else can assemble a majority
+    before the lease's deadline (the dead server grants nobody), so the lease is still ours, not extended, and a
+    release then reports nothing lost."""
+    cut = (len(quorum_servers) - 1) // 2
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers[:cut]), expire_after=5) as blocker,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=5) as first,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=5) as second,
+    ):
+        lock, rival = first.obtain("k"), second.obtain("k")
+        await _hold_on_a_bare_majority(quorum_servers, blocker, lock)
+        quorum_servers[cut].kill()  # one of the majority that holds our lease
+        assert not await rival.acquire(blocking=False)
+        with pytest.raises(hybridlock.BackendUnavailableError):
+            await lock.renew()  # not renewed by a majority: not extended, but not lost
+        assert not lock.lost
+        await lock.release()  # no LockLostError: the lease was ours throughout
+        assert await rival.acquire(timeout=5)
+        await rival.release()
+
+
+async def test_a_bare_majority_that_loses_a_server_is_lost_at_its_deadline(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """As above, but held on: with no majority left to renew it, the holder is told it lost the lock once the
+    last majority's deadline has passed, and then the others can take it."""
+    cut = (len(quorum_servers) - 1) // 2
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers[:cut]), expire_after=1) as blocker,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=1) as first,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=1) as second,
+    ):
+        lock, rival = first.obtain("k"), second.obtain("k")
+        await _hold_on_a_bare_majority(quorum_servers, blocker, lock)
+        quorum_servers[cut].kill()
+        deadline = time.monotonic() + 10
+        while not lock.lost:
+            assert time.monotonic() < deadline, "the holder was never told"
+            await sleep(0.05)
+        with pytest.raises(hybridlock.LockLostError):
+            await lock.release()
+        assert await rival.acquire(timeout=5)
+        await rival.release()
+
+
 async def test_a_partitioned_minority_is_tolerated(quorum_servers: list[EmbeddedServer]) -> None:
     n = len(quorum_servers)
     cut = (n - 1) // 2

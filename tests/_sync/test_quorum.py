@@ -111,6 +111,64 @@ def test_a_killed_server_leaves_the_lock_working(quorum_servers: list[EmbeddedSe
         rival.release()
 
 
+def _hold_on_a_bare_majority(
+    quorum_servers: list[EmbeddedServer], blocker: hybridlock.QuorumLockRegistry, lock: hybridlock.HybridLock
+) -> None:
+    """Leave ``lock`` held on exactly a majority of the servers (a blocker held the rest while it was granted)."""
+    held = blocker.obtain("k")
+    assert held.acquire(timeout=5)
+    assert lock.acquire(timeout=5)
+    held.release()
+
+
+def test_a_bare_majority_that_loses_a_server_keeps_the_lease_until_its_deadline(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """Granted by exactly a majority, then one of those servers is killed: nobody else can assemble a majority
+    before the lease's deadline (the dead server grants nobody), so the lease is still ours, not extended, and a
+    release then reports nothing lost."""
+    cut = (len(quorum_servers) - 1) // 2
+    with (
+        hybridlock.QuorumLockRegistry(urls(quorum_servers[:cut]), expire_after=5) as blocker,
+        hybridlock.QuorumLockRegistry(urls(quorum_servers), expire_after=5) as first,
+        hybridlock.QuorumLockRegistry(urls(quorum_servers), expire_after=5) as second,
+    ):
+        lock, rival = first.obtain("k"), second.obtain("k")
+        _hold_on_a_bare_majority(quorum_servers, blocker, lock)
+        quorum_servers[cut].kill()  # one of the majority that holds our lease
+        assert not rival.acquire(blocking=False)
+        with pytest.raises(hybridlock.BackendUnavailableError):
+            lock.renew()  # not renewed by a majority: not extended, but not lost
+        assert not lock.lost
+        lock.release()  # no LockLostError: the lease was ours throughout
+        assert rival.acquire(timeout=5)
+        rival.release()
+
+
+def test_a_bare_majority_that_loses_a_server_is_lost_at_its_deadline(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """As above, but held on: with no majority left to renew it, the holder is told it lost the lock once the
+    last majority's deadline has passed, and then the others can take it."""
+    cut = (len(quorum_servers) - 1) // 2
+    with (
+        hybridlock.QuorumLockRegistry(urls(quorum_servers[:cut]), expire_after=1) as blocker,
+        hybridlock.QuorumLockRegistry(urls(quorum_servers), expire_after=1) as first,
+        hybridlock.QuorumLockRegistry(urls(quorum_servers), expire_after=1) as second,
+    ):
+        lock, rival = first.obtain("k"), second.obtain("k")
+        _hold_on_a_bare_majority(quorum_servers, blocker, lock)
+        quorum_servers[cut].kill()
+        deadline = time.monotonic() + 10
+        while not lock.lost:
+            assert time.monotonic() < deadline, "the holder was never told"
+            sleep(0.05)
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
+        assert rival.acquire(timeout=5)
+        rival.release()
+
+
 def test_a_partitioned_minority_is_tolerated(quorum_servers: list[EmbeddedServer]) -> None:
     n = len(quorum_servers)
     cut = (n - 1) // 2

@@ -101,8 +101,9 @@ class AsyncLockBackend(abc.ABC):
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> Sequence[bool | None]:
         """Reset the lease of every lock in ``names`` still held by ``owner`` to ``lease_ms``, in as few round
         trips as the server allows (one per cluster node, one script per slot). Returns one flag per lock: False
-        means it was lost; None (a cluster only) that its node was out of reach while others answered, so it was
-        not renewed and is not known lost. Raises ``BackendUnavailableError`` when no lock could be asked about."""
+        means it was lost; None that it was not renewed and is not known lost: on a cluster, its node was out of
+        reach while others answered; over a quorum, too few servers renewed it but its last holders keep it until
+        their deadline. Raises ``BackendUnavailableError`` when no lock could be asked about."""
 
     # -- read-write locks: both kinds of hold are renewed with ``renew`` (``names.read`` / ``names.write``).
 

@@ -10,10 +10,12 @@ one ``AsyncRedisBackend`` per server running the same scripts as a single server
   token minted, then RAISE_FENCE to ``T`` on the granting servers that minted less; the attempt counts only if a
   majority of servers holds ``T`` and the lease is still valid (lease - elapsed - drift > 0). A failed attempt
   gives back every grant it got.
-* renew: RENEW on every server; a lease is kept only if a majority renewed it and the replies came back while the
-  renewed lease is valid; otherwise the holder is told it lost the lock.
+* renew: RENEW on every server; a lease is extended if a majority renewed it and the replies came back while the
+  renewed lease is valid. If not, but the servers that renewed it and the silent ones among its last holders are a
+  majority, it stays ours, not extended, until the last holders' deadline (the renewal is reported unreachable,
+  as a failed round); otherwise the holder is told it lost the lock.
 * release: RELEASE on every server (also where the attempt never got the key: harmless); True if a majority still
-  held our lease.
+  held our lease, or the same covering as for a renewal holds.
 
 Choices
 -------
@@ -42,9 +44,11 @@ Failure modes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from ..._core.config import lease_drift
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
 from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
@@ -73,8 +77,12 @@ class AsyncQuorumBackend(AsyncLockBackend):
         self.address = f"quorum({', '.join(addresses)})"
         self.majority = majority(len(self.servers))
         self._fan_out = AsyncFanOut("hybridlock-quorum")
+        # Per held lease (server key name, owner): the servers of the last majority round that granted or renewed
+        # it, and that round's deadline (monotonic). Silent holders keep counting until then (tally_flags).
+        self._holders: dict[tuple[str, str], _Holders] = {}
 
     def after_fork_in_child(self) -> None:
+        self._holders.clear()  # the child holds none of its parent's leases
         for server in self.servers:
             server.after_fork_in_child()
         self._fan_out.after_fork_in_child()
@@ -128,6 +136,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
             # The replies came back too late to leave any of the lease: as if refused (the caller retries).
             await shielded(partial(self._give_back, names, owner, decision.granted))
             return AcquireResult(False, None, None)
+        self._holders[names.lock, owner] = _Holders(decision.granted, start + lease - lease_drift(lease))
         return AcquireResult(True, token, None, decision.contended)
 
     async def _give_back(self, names: LockNames, owner: str, indexes: Sequence[int]) -> None:
@@ -141,24 +150,46 @@ class AsyncQuorumBackend(AsyncLockBackend):
         return [False] * len(names)  # no places to keep: attempts never queue
 
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        held = self._holders.pop((names.lock, owner), None)
         outcomes = await self._on_all("release", names, owner, notify)
-        verdict = tally_flags([None if isinstance(outcome, Exception) else bool(outcome) for outcome in outcomes])
+        verdict = tally_flags(
+            [None if isinstance(outcome, Exception) else bool(outcome) for outcome in outcomes],
+            held.servers if held is not None else (),
+        )
+        if verdict.held or (verdict.covered and held is not None and monotonic() < held.until):
+            return True
         if not verdict.decided:
             raise self._unavailable(names.key, "release", outcomes)
-        return verdict.held
+        return False
 
-    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
+    async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
+        """Per lease: True renewed by a majority in time; None not renewed, but still ours until its last
+        holders' deadline (the renewer treats it as out of reach, and reports it lost once that has passed); False
+        lost."""
         if not names:
             return []
+        lease = lease_ms / 1000.0
         start = monotonic()
+        before = [self._holders.get((lock.lock, owner)) for lock in names]
         outcomes = await self._on_all("renew", names, owner, lease_ms)
-        in_time = validity_left(lease_ms / 1000.0, monotonic() - start) > 0
-        kept = []
+        now = monotonic()
+        in_time = validity_left(lease, now - start) > 0
+        kept: list[bool | None] = []
         for index, lock in enumerate(names):
-            verdict = tally_flags([None if isinstance(flags, Exception) else flags[index] for flags in outcomes])
-            if not verdict.decided:
+            flags = [None if isinstance(reply, Exception) else reply[index] for reply in outcomes]
+            held = before[index]
+            verdict = tally_flags(flags, held.servers if held is not None else ())
+            if verdict.held and in_time:
+                renewed = tuple(i for i, flag in enumerate(flags) if flag)
+                if self._holders.get((lock.lock, owner)) is held:  # not released (or taken afresh) meanwhile
+                    self._holders[lock.lock, owner] = _Holders(renewed, start + lease - lease_drift(lease))
+                kept.append(True)
+            elif verdict.covered and held is not None and now < held.until:
+                kept.append(None)
+            elif verdict.decided:
+                kept.append(False)
+            else:
                 raise self._unavailable(lock.key if len(names) == 1 else None, "renewal", outcomes)
-            kept.append(verdict.held and in_time)
         return kept
 
     async def is_locked(self, names: LockNames) -> bool:
@@ -206,6 +237,14 @@ class AsyncQuorumBackend(AsyncLockBackend):
             except HybridLockError:
                 pass  # closing one server must not keep the others open
         await self._fan_out.aclose()
+
+
+@dataclass(frozen=True)
+class _Holders:
+    """The servers of the last majority round that granted or renewed one lease, and that round's deadline."""
+
+    servers: tuple[int, ...]
+    until: float
 
 
 def _server_backend(server: Any) -> AsyncRedisBackend:
