@@ -189,6 +189,34 @@ def test_sigint_is_forwarded_too_when_not_typed_at_a_terminal(server, tmp_path, 
     assert got.read_text().strip() == "INT"
 
 
+@pytest.mark.parametrize("name", ["HUP", "USR1", "USR2"])
+def test_hup_and_usr_signals_reach_the_command(server, tmp_path, stopper, name):
+    command, started, got = _trapping_child(tmp_path, name, 5)
+    process = _start(server, "run", "other-signals", "--", *command)
+    stopper.append(process)
+    _until(started.exists, what="the command to start")
+    process.send_signal(signal.Signals[f"SIG{name}"])
+    process.communicate(timeout=30)
+    assert process.returncode == 5
+    assert got.read_text().strip() == name
+
+
+def test_sighup_while_waiting_ends_the_wait_and_usr1_does_not(server, registry, redis_client, tmp_path, stopper):
+    marker = tmp_path / "ran"
+    with registry.obtain("hup"):
+        process = _start(server, "run", "hup", "--", "touch", str(marker))
+        stopper.append(process)
+        _until(lambda: redis_client.zcard("hybridlock:{hup}:queue"), what="the CLI to queue")
+        process.send_signal(signal.SIGUSR1)  # ignored while waiting: nobody to pass it to yet
+        time.sleep(0.3)
+        assert process.poll() is None
+        process.send_signal(signal.SIGHUP)
+        process.communicate(timeout=30)
+        assert process.returncode == 128 + signal.SIGHUP
+        assert redis_client.zcard("hybridlock:{hup}:queue") == 0, "the queue place was left behind"
+    assert not marker.exists()
+
+
 def test_sigterm_while_waiting_ends_the_wait_and_leaves_the_queue(server, registry, redis_client, tmp_path, stopper):
     marker = tmp_path / "ran"
     with registry.obtain("queued"):

@@ -5,10 +5,13 @@ excludes the command and is excluded by it. While the command runs, the registry
 alive. The command finds the lock's fencing token in ``HYBRIDLOCK_FENCING_TOKEN`` (and the key in
 ``HYBRIDLOCK_KEY``, the registry key in ``HYBRIDLOCK_REGISTRY_KEY``), to pass on to whatever it writes.
 
-Signals: SIGTERM (and SIGINT) sent to ``hybridlock run`` are passed on to the command, which decides when to
-end; ``hybridlock run`` then releases the lock and exits with the command's status. A SIGINT typed at the terminal
-(Ctrl-C) already reaches the command, which shares the terminal's process group, so it is not sent twice. Before
-the command starts, either signal ends the wait for the lock at once (status 128 + the signal's number).
+Signals: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to ``hybridlock run`` are passed on to the command,
+which decides what they mean (a supervisor's SIGHUP is often "reload") and when to end; ``hybridlock run`` then
+releases the lock and exits with the command's status. A SIGINT typed at the terminal (Ctrl-C) already reaches the
+command, which shares the terminal's process group, so it is not sent twice. Before the command starts, SIGTERM,
+SIGINT or SIGHUP ends the wait for the lock at once (status 128 + the signal's number), and SIGUSR1/SIGUSR2 are
+ignored (there is nobody to pass them to yet, and their default would kill the wait without releasing the place
+in the queue).
 
 If the lease is lost while the command runs (a renewal found the key gone or another owner's: the server lost it,
 an operator ran ``hybridlock release --force``, or this process was paused longer than the lease), the command is
@@ -55,7 +58,11 @@ KEY_ENV = "HYBRIDLOCK_KEY"
 REGISTRY_KEY_ENV_FOR_CHILD = "HYBRIDLOCK_REGISTRY_KEY"
 
 _PROG = "hybridlock run"
-_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# Signals that end the wait for the lock (each would end the process by default: here it leaves cleanly).
+_ENDING_THE_WAIT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Signals passed on to the command while it runs.
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_IGNORED_WHILE_WAITING = (signal.SIGUSR1, signal.SIGUSR2)
 
 _EPILOG = f"""exit status:
   the command's own status, or 128+N if it was killed by signal N (as a shell reports it)
@@ -65,7 +72,7 @@ _EPILOG = f"""exit status:
   {EXIT_FAILED:<4} hybridlock failed: no server given, server unreachable or refusing, bad settings
   {EXIT_CANNOT_RUN:<4} the command could not be run
   {EXIT_NOT_FOUND:<4} the command was not found
-  128+N  SIGINT or SIGTERM (N) arrived while waiting for the lock (130 for Ctrl-C, 143 for SIGTERM)
+  128+N  SIGINT, SIGTERM or SIGHUP (N) arrived while waiting for the lock (130 for Ctrl-C, 143 for SIGTERM)
   2    usage error
 
 environment given to the command:
@@ -99,7 +106,8 @@ def add_parser(subparsers: Any) -> None:
         "run",
         help="run a command while holding a lock (a distributed flock)",
         description="Take KEY's lock (waiting for it unless --no-wait), run CMD while the lease is renewed, "
-        "release the lock when CMD ends and exit with CMD's status. SIGINT and SIGTERM are passed on to CMD. If "
+        "release the lock when CMD ends and exit with CMD's status. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 are "
+        "passed on to CMD. If "
         "the lease is lost meanwhile, CMD is sent --lost-signal and hybridlock exits with a status of its own.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -135,7 +143,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 class _Interrupted(BaseException):
-    """SIGTERM (or SIGINT) arrived while waiting for the lock."""
+    """SIGTERM, SIGINT or SIGHUP arrived while waiting for the lock."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -193,7 +201,8 @@ def _acquire(lock: HybridLock, args: argparse.Namespace) -> int | None:
     def interrupted(signum: int, frame: FrameType | None) -> None:
         raise _Interrupted(signum)
 
-    previous = {signum: signal.signal(signum, interrupted) for signum in _FORWARDED}
+    previous = {signum: signal.signal(signum, interrupted) for signum in _ENDING_THE_WAIT}
+    previous.update({signum: signal.signal(signum, signal.SIG_IGN) for signum in _IGNORED_WHILE_WAITING})
     try:
         if args.no_wait:
             got = lock.acquire(blocking=False)
