@@ -492,3 +492,21 @@ def test_one_server_commands_refuse_a_cluster_or_sentinel_url_saying_what_to_giv
     assert done.returncode == 2, done
     assert "give the redis:// URL of the server that holds the lock" in done.stderr
     assert "hunter2" not in done.stderr + done.stdout
+
+
+def test_force_release_of_read_holds_releases_every_reader(server, make_registry, redis_client):
+    readers = [make_registry().obtain_read_write("shared") for _ in range(2)]
+    for rw in readers:
+        assert rw.read_lock().acquire(timeout=5)
+    writer = make_registry().obtain_read_write("shared").write_lock()
+    assert not writer.acquire(blocking=False)
+    assert redis_client.zcard("hybridlock:{shared}:readers") == 2
+    result = _cli(server, "release", "--force", "--yes", "--read-write", "shared")
+    assert result.returncode == 0, result.stderr
+    assert "read holds" in result.stdout
+    assert redis_client.zcard("hybridlock:{shared}:readers") == 0
+    assert writer.acquire(timeout=5)  # no reader left to wait for
+    writer.release()
+    for rw in readers:
+        with pytest.raises(hybridlock.LockLostError):
+            rw.read_lock().release()

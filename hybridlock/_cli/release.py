@@ -50,7 +50,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
     parser.add_argument("--force", action="store_true", required=True, help="required: yes, whoever holds it")
     parser.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    parser.add_argument("--read-write", action="store_true", help="KEY is a read-write lock: release its writer")
+    parser.add_argument(
+        "--read-write",
+        action="store_true",
+        help="KEY is a read-write lock: release its writer, or when none writes, every reader's hold",
+    )
     add_server_arguments(parser)
     parser.set_defaults(func=_command)
 
@@ -70,19 +74,28 @@ def _release(args: argparse.Namespace) -> int:
     try:
         try:
             (state,) = inspect_locks(client, registry_key, [(args.key, kind)])
-            holder = state["writer"] if args.read_write else state["holder"]
-            if holder is None:
+            if not args.read_write:
+                holders, reading = [state["holder"]], False
+            elif state["writer"] is not None:
+                holders, reading = [state["writer"]], False
+            else:
+                holders, reading = state["readers"], True
+            holders = [holder for holder in holders if holder is not None]
+            if not holders:
                 print(f"{_PROG}: {args.key!r} is not held: nothing to release", file=sys.stderr)
                 return NOT_HELD
-            owner = holder["owner"]
-            shown = ", ".join(str(part) for part in (owner, holder.get("host"), holder.get("pid")) if part)
+            shown = "; ".join(_shown(holder) for holder in holders)
+            what = f"the read holds of {args.key!r}" if reading else repr(args.key)
             if not args.yes:
                 if not sys.stdin.isatty():
                     raise CommandError("not a terminal, so cannot ask: give --yes to release without asking", USAGE)
-                if not confirm(f"Release {args.key!r}, held by {shown}, by force?"):
+                if not confirm(f"Release {what}, held by {shown}, by force?"):
                     print(f"{_PROG}: not released", file=sys.stderr)
                     return USAGE
-            released = _run_release(client, registry_key, args.key, owner, args.read_write)
+            released = sum(
+                _run_release(client, registry_key, args.key, holder["owner"], args.read_write, reading)
+                for holder in holders
+            )
         except redis.RedisError as exc:
             raise server_error(exc, url, SERVER_FAILED) from None
         except HybridLockError as exc:
@@ -92,14 +105,22 @@ def _release(args: argparse.Namespace) -> int:
     if not released:
         print(f"{_PROG}: {args.key!r} changed hands meanwhile: nothing released", file=sys.stderr)
         return NOT_HELD
-    print(f"released {args.key!r} (was held by {shown})")
+    print(f"released {what} (was held by {shown})")
     return RELEASED
 
 
-def _run_release(client: redis.Redis, registry_key: str, key: str, owner: str, read_write: bool) -> bool:
+def _shown(holder: dict[str, Any]) -> str:
+    return ", ".join(str(part) for part in (holder["owner"], holder.get("host"), holder.get("pid")) if part)
+
+
+def _run_release(
+    client: redis.Redis, registry_key: str, key: str, owner: str, read_write: bool, reading: bool
+) -> bool:
     # The holder's own release, run on its behalf: it deletes only if the holder is still `owner`, so a lock that
-    # changed hands since we looked is left alone.
+    # changed hands since we looked is left alone (a reader's: only that owner's read hold).
     backend = RedisBackend(client)
+    if reading:
+        return backend.release_read(read_write_names(registry_key, key), owner)
     if read_write:
         return backend.release_write(read_write_names(registry_key, key), owner)
     return backend.release(lock_names(registry_key, key), owner, notify=True)
