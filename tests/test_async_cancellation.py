@@ -238,3 +238,19 @@ async def test_a_forgotten_lease_ends_and_its_holder_is_told(server: EmbeddedSer
         with pytest.raises(hybridlock.LockLostError):
             await lock.release()
         assert not lock.is_held_by_current_thread()
+
+
+async def test_a_wait_cancelled_as_its_event_is_set_is_still_cancelled() -> None:
+    """The event every background wait and poll sleeps on (``AsyncEvent``): a task cancelled in the same loop
+    iteration as the event is set must see its ``CancelledError``. ``asyncio.wait_for`` before Python 3.12 returns
+    True instead, so a task cancelled by its caller's timeout could go on to take a lock the caller gave up on."""
+    from hybridlock._async._compat import AsyncEvent
+
+    event = AsyncEvent()
+    waiting = asyncio.ensure_future(event.wait(10))
+    await asyncio.sleep(0)  # the task now waits on the event
+    event.set()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await event.wait(0)

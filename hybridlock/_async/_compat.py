@@ -155,11 +155,21 @@ class AsyncEvent:
             return True
         if timeout is not None and timeout <= 0:
             return False
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:
-            return self._event.is_set()
-        return True
+        return await _wait_event(self._event, timeout)
+
+
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds pass; returns whether it is set.
+
+    NOTE: not ``asyncio.wait_for``. Before Python 3.12 it returns normally, losing the cancellation, when the event
+    is set in the same loop iteration as the waiting task is cancelled (the task would then go on, say, to take a
+    lock its caller gave up on). ``asyncio.wait`` never swallows a cancellation."""
+    waiting = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiting,), timeout=timeout)
+    finally:
+        waiting.cancel()  # (a no-op once it has finished)
+    return event.is_set()
 
 
 @final
@@ -436,10 +446,7 @@ class AsyncWorker:
                 return
             if delay is None or self._stop_requested:
                 return
-            try:
-                await asyncio.wait_for(wakeup.wait(), max(0.0, delay))
-            except asyncio.TimeoutError:
-                pass
+            await _wait_event(wakeup, max(0.0, delay))
             wakeup.clear()
 
 
