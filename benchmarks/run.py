@@ -30,7 +30,7 @@ import redis
 from benchmarks import report
 from benchmarks.contenders import CONTENDERS, contender_available
 from benchmarks.measure import median_of_rounds
-from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings
+from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings, Workload
 from hybridlock.testing.server import EmbeddedServer, ServerNotFoundError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,6 +124,12 @@ def _selected(text: str | None, known: list[str], what: str) -> list[str]:
     return chosen
 
 
+def _contenders_of(workload: Workload, available: list[str]) -> list[str]:
+    """The contenders that run ``workload``, in table order."""
+    order = workload.contenders or (*MAIN_CONTENDERS[:1], *workload.extra, *MAIN_CONTENDERS[1:])
+    return [c for c in order if c in available and (workload.in_process or CONTENDERS[c].uses_server)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings: Settings = QUICK if args.quick else FULL
@@ -152,6 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             skipped.append(f"{CONTENDERS[cid].title}: {detail}")
             _log(f"note: skipping {CONTENDERS[cid].title}: {detail}")
+    # The header lists the libraries of the contenders that take part in the chosen workloads, not every one
+    # available (an asyncio-only run has no thread contenders); hybridlock's variants report hybridlock's version.
+    taking_part = {c for workload in workloads for c in _contenders_of(workload, available)}
+    versions = {
+        cid: version
+        for cid, version in versions.items()
+        if cid in taking_part
+        or (cid == "hybridlock" and any(CONTENDERS[c].distribution == "hybridlock" for c in taking_part))
+    }
     if "hybridlock" in versions:
         versions["hybridlock"] += f" ({_git_revision()})"
 
@@ -181,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         _log(f"server {results['meta']['server']} on {url}; load average {load_start}")
         for workload in workloads:
-            order = workload.contenders or (*MAIN_CONTENDERS[:1], *workload.extra, *MAIN_CONTENDERS[1:])
-            ids = [c for c in order if c in available and (workload.in_process or CONTENDERS[c].uses_server)]
+            ids = _contenders_of(workload, available)
             params = _params(workload.name, settings)
             entry: dict[str, Any] = {
                 "title": workload.title,
