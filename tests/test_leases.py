@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -410,3 +411,96 @@ def test_background_threads_end_when_idle_and_come_back_on_demand(make_registry)
     with lock:
         time.sleep(2.5)
         assert not lock.lost
+
+
+# -- a lease counts from the attempt that got it, a hold from the grant -------------------------------------------
+# Not from the start of acquire(): a wait longer than the lease would leave a lock just granted looking expired.
+
+
+def _hold_in_thread(acquire, release, seconds: float) -> threading.Thread:  # type: ignore[no-untyped-def]
+    """Take a lock in a thread of its own and hold it ``seconds``; returns once it is held."""
+    held = threading.Event()
+
+    def hold() -> None:
+        assert acquire(timeout=5)
+        held.set()
+        time.sleep(seconds)
+        release()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert held.wait(5)
+    return thread
+
+
+def _blocked_lock(
+    kind: str, waiter: hybridlock.LockRegistry, holder: hybridlock.LockRegistry, hold: float
+) -> tuple[Any, list[Any], threading.Thread]:
+    """A lock of ``waiter``'s of the given kind (with the parts whose leases to look at), which ``holder`` (another
+    owner, or a thread of the same one for "local") keeps busy for ``hold`` seconds from now."""
+    if kind in ("lock", "local"):
+        lock = waiter.obtain("late")
+        blocker = holder.obtain("late")
+        thread = _hold_in_thread(blocker.acquire, blocker.release, hold)
+        return lock, [lock], thread
+    if kind == "multi":
+        lock = waiter.obtain_many(["late", "late-too"])
+        blocker = holder.obtain("late-too")
+        thread = _hold_in_thread(blocker.acquire, blocker.release, hold)
+        return lock, lock.locks, thread
+    rw = waiter.obtain_read_write("late")
+    blocking_writer = holder.obtain_read_write("late").write_lock()
+    thread = _hold_in_thread(blocking_writer.acquire, blocking_writer.release, hold)
+    half = rw.read_lock() if kind == "read" else rw.write_lock()
+    return half, [half], thread
+
+
+@pytest.mark.parametrize("kind", ["lock", "local", "multi", "read", "write"])
+def test_a_lock_granted_after_a_wait_longer_than_its_lease_has_a_whole_lease(make_registry, kind):
+    # Hand-off off, so that the "local" waiter (a thread of the holder's own process) takes a fresh lease too.
+    waiter = make_registry(expire_after=1.0, handoff_limit=0)
+    holder = waiter if kind == "local" else make_registry(expire_after=1.0)
+    fault = _FaultyRenewal(waiter)
+    lock, parts, thread = _blocked_lock(kind, waiter, holder, hold=1.8)
+    if kind != "local":
+        fault.error = ConnectionError("renewal cut off (test)")  # the waiter's registry renews nothing yet
+    started = time.monotonic()
+    assert lock.acquire(timeout=10)
+    granted = time.monotonic()
+    deadlines = [part.valid_until for part in parts]
+    fault.error = ConnectionError("renewal cut off (test)")
+    try:
+        assert granted - started > 1.2, "the wait must outlast the lease for this test to mean anything"
+        # One renewal round fails: a lease granted just now is still valid, so this is no loss.
+        assert _wait_until(lambda: fault.calls >= 1, 3.0)
+        fault.error = None
+        time.sleep(0.1)  # (a failed round marks ended leases lost just after its call raised)
+        assert not lock.lost, "a failed renewal reported a lock granted a moment before as lost"
+        for deadline in deadlines:
+            assert deadline is not None
+            assert granted + 0.5 < deadline <= granted + 1.0, (deadline - granted, "valid_until counts the wait")
+        time.sleep(1.2)  # past the lease as first granted: renewal keeps it
+        assert not lock.lost
+    finally:
+        fault.error = None
+        thread.join(5)
+    lock.release()  # no LockLostError
+
+
+def test_max_hold_counts_the_hold_not_the_wait_for_the_lock(make_registry, redis_client):
+    holder = make_registry(expire_after=1.0)
+    waiter = make_registry(expire_after=1.0, max_hold=1.5)
+    lock, _, thread = _blocked_lock("lock", waiter, holder, hold=1.8)
+    started = time.monotonic()
+    assert lock.acquire(timeout=10)
+    granted = time.monotonic()
+    thread.join(5)
+    assert granted - started > 1.2  # waited longer than max_hold minus the lease: the hold has not begun
+    time.sleep(1.0)  # within max_hold of the grant, past the lease as granted: only renewal kept it
+    assert not lock.lost, "max_hold counted the wait for the lock"
+    assert redis_client.get("hybridlock:{late}") == waiter.client_id.encode()
+    # max_hold still ends the hold: not renewed after 1.5 s, so reported lost once its last lease ran out.
+    assert _wait_until(lambda: lock.lost, 3.0)
+    assert time.monotonic() - granted > 1.5
+    with pytest.raises(hybridlock.LockLostError):
+        lock.release()

@@ -151,11 +151,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
         # kept and the local lock passed along, within a budget (see _may_keep_lease).
         self._contended = False  # another owner is known to want the lock during this tenancy
-        self._passes = 0  # local hand-offs in this tenancy
-        # When the server granted this tenancy: the hand-off window counts from here. (The lease's own start,
-        # ``_acquired_at``, is when the acquire began, earlier by the local wait: right for a lease, which must err
-        # early, but it would spend a window on time the lock was not even held.)
-        self._granted_at: float | None = None
+        self._passes = 0  # local hand-offs in this tenancy (whose windows count from ``_acquired_at``, the grant)
         self._contention_watch: AsyncReleaseWatch | None = None
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
@@ -208,8 +204,9 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
     def valid_until(self) -> float | None:
         """A ``time.monotonic()`` deadline before which the lease is certainly still ours, or None when not held.
 
-        It is the start of the last successful acquire or renewal, plus the lease, minus a drift margin, so it
-        errs early. Check it before a side effect that must not happen after the lease ends.
+        It is when the request of the last successful acquire attempt or renewal was sent, plus the lease, minus a
+        drift margin, so it errs early. (The time spent waiting for the lock is not counted against it.) Check it
+        before a side effect that must not happen after the lease ends.
 
         It covers the lease running out, not the server losing it: a key evicted under memory pressure, removed by
         ``DEL`` or ``FLUSHALL``, lost in a restart without persistence or in a failover to a replica that had not
@@ -277,26 +274,26 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         deadline = None if wait is None else start + wait
         observer = self._context.observer
         if observer is not None and self._owner != me:  # (a reentrant acquire is not reported)
-            acquire = partial(self._acquire, me, blocking, deadline, start)
+            acquire = partial(self._acquire, me, blocking, deadline)
             return await observe_acquire(observer, self, self.key, "lock", me, start, acquire)
-        return await self._acquire(me, blocking, deadline, start)
+        return await self._acquire(me, blocking, deadline)
 
     async def _acquire(
-        self, me: object, blocking: bool, deadline: float | None, start: float, probe: AcquireProbe | None = None
+        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
     ) -> bool:
         entered = await self._enter_locally(me, blocking, deadline)
         if entered != _NEEDS_SERVER:
             return entered == _HELD
         try:
             self._context.check_open(self.key)
-            result = await acquire_remote(self._context, self._names, blocking, deadline, probe=probe)
+            grant = await acquire_remote(self._context, self._names, blocking, deadline, probe=probe)
         except BaseException:
             self._mutex.release()
             raise
-        if result is None:
+        if grant is None:
             self._mutex.release()
             return False
-        self._start_tenancy(me, result.fencing_token, result.contended, start)
+        self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at)
         try:
             await self._listen_for_contention()
         except BaseException:
@@ -354,15 +351,16 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             await shielded(self._give_back_orphaned_lease)
             raise
 
-    def _start_tenancy(self, me: object, token: int | None, contended: bool, start: float) -> None:
+    def _start_tenancy(self, me: object, token: int | None, contended: bool, sent_at: float) -> None:
+        """``me`` holds the lock in a fresh server tenancy, granted to the request sent at ``sent_at`` (the lease
+        counts from there, the hold from now: see ``ServerLease._begin_lease``)."""
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
         self._contended = contended
         self._passes = 0
-        self.last_used = start
-        self._begin_lease(token, start)
-        self._granted_at = monotonic()
+        self.last_used = monotonic()
+        self._begin_lease(token, sent_at)
 
     async def _listen_for_contention(self) -> None:
         if self._context.config.retain_for and self._contention_watch is None:
@@ -439,7 +437,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             in_server=self._in_server,
             contended=self._contended,
             passes=self._passes,
-            acquired_at=self._granted_at,
+            acquired_at=self._acquired_at,
             now=now,
             handoff_limit=config.handoff_limit,
             handoff_window=config.handoff_window,

@@ -92,7 +92,6 @@ class AsyncMultiLock(AsyncJavaStyleLock):
 
     async def _acquire_together(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
         me = current_owner()
-        start = monotonic()
         entered: list[AsyncHybridLock] = []  # done locally: reentrant, or passed on with the server lease
         pending: list[AsyncHybridLock] = []  # local mutex held, server lock still to take
         done = False
@@ -102,7 +101,7 @@ class AsyncMultiLock(AsyncJavaStyleLock):
                 if state == _TIMED_OUT:
                     return False
                 (pending if state == _NEEDS_SERVER else entered).append(lock)
-            if pending and not await self._take_in_server(pending, blocking, deadline, me, start, probe):
+            if pending and not await self._take_in_server(pending, blocking, deadline, me, probe):
                 return False
             done = True
         finally:
@@ -124,10 +123,10 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         blocking: bool,
         deadline: float | None,
         me: object,
-        start: float,
         probe: AcquireProbe | None,
     ) -> bool:
-        """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
+        """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it. Every key's
+        lease counts from when the granting attempt was sent (see ``ServerLease._begin_lease``)."""
         context = self._context
         names = [lock._names for lock in pending]
         outcome: list[AcquireManyResult] = []
@@ -156,13 +155,13 @@ class AsyncMultiLock(AsyncJavaStyleLock):
             for lock_names in names:
                 await context.backend.release(lock_names, context.client_id, notify=True)
 
-        if (
-            await acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo, probe=probe)
-            is None
-        ):
+        grant = await acquire_remote(
+            context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo, probe=probe
+        )
+        if grant is None:
             return False
         for lock, part in zip(pending, outcome[0].parts, strict=True):
-            lock._start_tenancy(me, part.fencing_token, part.contended, start)
+            lock._start_tenancy(me, part.fencing_token, part.contended, grant.sent_at)
         return True
 
     @staticmethod
@@ -176,7 +175,7 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         try:
             for lock in self._locks:
                 # Each key as its own acquire would take it, but unreported: the observer hears of the whole.
-                ok = await lock._acquire(me, blocking, deadline, monotonic(), probe)
+                ok = await lock._acquire(me, blocking, deadline, probe)
                 if not ok:
                     await self._roll_back(taken, me)
                     return False

@@ -69,7 +69,8 @@ class AsyncLockRegistry:
 
     ``lock_type="pubsub"`` (default) wakes waiters on release notifications; ``"spin"`` polls with backoff.
     ``auto_renew`` keeps the leases of held locks alive from one background worker; ``max_hold`` (seconds) stops
-    renewing a lock held longer than that, so a stuck holder cannot keep it forever.
+    renewing a lock held longer than that (counted from the server's grant, not from the start of the wait for
+    it), so a stuck holder cannot keep it forever.
 
     Local hand-off: when a thread (a task, on the asyncio side) releases a lock that others of this registry are
     queued for, the server lease is kept and the lock passed to the next one (in arrival order) with no round

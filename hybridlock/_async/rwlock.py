@@ -39,7 +39,7 @@ from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .waiting import acquire_remote, contention_watch
+from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -99,9 +99,7 @@ class _Half(ServerLease, AsyncJavaStyleLock):
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
 
-    async def _remote(
-        self, blocking: bool, deadline: float | None, probe: AcquireProbe | None
-    ) -> AcquireResult | None:
+    async def _remote(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> Grant | None:
         context = self._context
         return await acquire_remote(
             context,
@@ -176,7 +174,6 @@ class AsyncReadLock(_Half):
         self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
     ) -> bool:
         rw = self._parent
-        start = monotonic()
         with rw._cond:
             if rw._readers.get(me):
                 if self._lost:
@@ -206,25 +203,25 @@ class AsyncReadLock(_Half):
                 rw._readers[me] = 1
                 return True
             rw._read_hold = "busy"
-        result = watch = None
+        grant = watch = None
         try:
             # Listen for other owners' writers before taking the hold, so that nothing is left to do once the hold
             # is ours (an interruption from here on would leave the hold with nobody).
             watch = await contention_watch(self._context, self._names)
-            result = await self._remote(blocking, deadline, probe)
+            grant = await self._remote(blocking, deadline, probe)
         finally:
             with rw._cond:
-                if result is not None:
+                if grant is not None:
                     rw._read_hold = "held"
                     rw._readers[me] = 1
-                    self._begin_lease(result.fencing_token, start)
+                    self._begin_lease(grant.result.fencing_token, grant.sent_at)
                     self._watch = watch
                 else:
                     rw._read_hold = "none"
                     if watch is not None:
                         watch.close()
                 rw._cond.notify_all()
-        return result is not None
+        return grant is not None
 
     async def _release(self, me: object) -> None:
         rw = self._parent
@@ -301,7 +298,6 @@ class AsyncWriteLock(_Half):
         self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
     ) -> bool:
         rw = self._parent
-        start = monotonic()
         with rw._cond:
             if rw._writer == me:
                 if self._lost:
@@ -331,18 +327,18 @@ class AsyncWriteLock(_Half):
                     rw._cond.notify_all()  # readers held back by our wish may go now
                     return False
             rw._writer, rw._write_count = me, 1
-        result = None
+        grant = None
         try:
-            result = await self._remote(blocking, deadline, probe)
+            grant = await self._remote(blocking, deadline, probe)
         finally:
-            if result is None:
+            if grant is None:
                 with rw._cond:
                     rw._writer, rw._write_count = None, 0
                     rw._cond.notify_all()
-        if result is None:
+        if grant is None:
             return False
         with rw._cond:
-            self._begin_lease(result.fencing_token, start)
+            self._begin_lease(grant.result.fencing_token, grant.sent_at)
         return True
 
     async def _release(self, me: object) -> None:

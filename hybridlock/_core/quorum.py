@@ -14,8 +14,12 @@ seconds later, it is still certainly held for ``L - elapsed - drift`` seconds (`
 ``drift = 1 % of L + 2 ms`` (``config.lease_drift``: the servers' clocks may run a little faster than ours, and
 a server counts the lease from when it ran the script, not from ``start``). If that is not positive the attempt
 failed even with a majority, and what it took is given back. The lock's ``valid_until`` is ``start + L - drift``,
-the same deadline counted from before the requests left. A renewal is the same computation: a lease is extended only
-if a majority renews it and the replies come back while the renewed lease is still valid.
+the same deadline counted from before the requests left, ``start`` being that of the *granting* round: the waiting
+loop reads the clock just before it sends each attempt (``waiting.Grant.sent_at``), no later than the round's own
+``start``. Never the start of ``acquire``, which the local wait and refused rounds may precede by more than a lease.
+(The backend's own deadline for the round's holders, below, counts from the round's ``start``: never before the
+lock's.) A renewal is the same computation: a lease is extended only if a majority renews it and the replies come
+back while the renewed lease is still valid.
 
 A server that fails while we hold the lock (crashed, cut off, hanging) does not take the lock from us at once.
 The servers of the last majority that granted or renewed our lease (the *holders*) keep it until that round's

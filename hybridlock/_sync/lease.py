@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
 from ..errors import InvalidArgumentError, LockLostError
+from ._compat import monotonic
 from .leases import LostCallback
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ class ServerLease:
         self._names = names
         self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
         self._in_server = False  # this process holds the lease now
+        # Two clocks per tenancy, deliberately different (see _begin_lease): when the server granted it (the reply
+        # came back; max_hold and the hand-off windows count the hold from here), and the conservative deadline
+        # counted from when the granting request was sent.
         self._acquired_at: float | None = None
         self._valid_until: float | None = None
         self._fencing_token: int | None = None
@@ -63,17 +67,26 @@ class ServerLease:
         """Who holds the lease here (a thread ident, or a task), for holder descriptions; None if nobody does."""
         return None
 
-    def _begin_lease(self, token: int | None, start: float) -> None:
-        """A fresh tenancy in the server began at ``start`` (``time.monotonic()``, taken before the request)."""
+    def _begin_lease(self, token: int | None, sent_at: float) -> None:
+        """The server granted a fresh tenancy, to the request sent at ``sent_at`` (``monotonic()``; see
+        ``waiting.Grant``); call it as the reply is read.
+
+        Each clock is taken where it is safe:
+
+        * the lease (``valid_until``) counts from ``sent_at``: the server started it no earlier, so the deadline
+          errs early. Not from the start of ``acquire``: the local wait and refused attempts before the granting
+          one would make a lock just granted look expired, and a single failed renewal would report it lost;
+        * the hold (``_acquired_at``: ``max_hold``, the hand-off windows; ``_granted_wall`` for people) counts from
+          now, the grant: it is a limit on how long the lock is held, and must not be spent on the wait for it."""
         self._tenancy += 1
         self._in_server = True
         self._giving_back = False
         self._retained_until = None
         self._lost = False
         self._fencing_token = token
-        self._acquired_at = start
+        self._acquired_at = monotonic()
         self._granted_wall = time.time()
-        self._valid_until = self._context.config.valid_until(start)
+        self._valid_until = self._context.config.valid_until(sent_at)
         self._context.leases.track(self)
 
     def _give_back_lease(self) -> bool:

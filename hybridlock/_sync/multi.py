@@ -93,7 +93,6 @@ class MultiLock(JavaStyleLock):
 
     def _acquire_together(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
         me = current_owner()
-        start = monotonic()
         entered: list[HybridLock] = []  # done locally: reentrant, or passed on with the server lease
         pending: list[HybridLock] = []  # local mutex held, server lock still to take
         done = False
@@ -103,7 +102,7 @@ class MultiLock(JavaStyleLock):
                 if state == _TIMED_OUT:
                     return False
                 (pending if state == _NEEDS_SERVER else entered).append(lock)
-            if pending and not self._take_in_server(pending, blocking, deadline, me, start, probe):
+            if pending and not self._take_in_server(pending, blocking, deadline, me, probe):
                 return False
             done = True
         finally:
@@ -125,10 +124,10 @@ class MultiLock(JavaStyleLock):
         blocking: bool,
         deadline: float | None,
         me: object,
-        start: float,
         probe: AcquireProbe | None,
     ) -> bool:
-        """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it."""
+        """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it. Every key's
+        lease counts from when the granting attempt was sent (see ``ServerLease._begin_lease``)."""
         context = self._context
         names = [lock._names for lock in pending]
         outcome: list[AcquireManyResult] = []
@@ -157,13 +156,13 @@ class MultiLock(JavaStyleLock):
             for lock_names in names:
                 context.backend.release(lock_names, context.client_id, notify=True)
 
-        if (
-            acquire_remote(context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo, probe=probe)
-            is None
-        ):
+        grant = acquire_remote(
+            context, names[0], blocking, deadline, attempt, blocked_on, give_up, undo, probe=probe
+        )
+        if grant is None:
             return False
         for lock, part in zip(pending, outcome[0].parts, strict=True):
-            lock._start_tenancy(me, part.fencing_token, part.contended, start)
+            lock._start_tenancy(me, part.fencing_token, part.contended, grant.sent_at)
         return True
 
     @staticmethod
@@ -177,7 +176,7 @@ class MultiLock(JavaStyleLock):
         try:
             for lock in self._locks:
                 # Each key as its own acquire would take it, but unreported: the observer hears of the whole.
-                ok = lock._acquire(me, blocking, deadline, monotonic(), probe)
+                ok = lock._acquire(me, blocking, deadline, probe)
                 if not ok:
                     self._roll_back(taken, me)
                     return False

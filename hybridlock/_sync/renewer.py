@@ -21,7 +21,8 @@ Failure modes
   itself never ends on an error.
 * The process is paused (GC, SIGSTOP) longer than the lease: nothing can renew; on resuming the renewal finds the
   keys gone or taken and reports the loss. Fencing tokens are the defence for the resource.
-* ``max_hold``: locks held longer than that are no longer renewed and end with their lease.
+* ``max_hold``: locks held longer than that (since the server granted them: ``_acquired_at``) are no longer renewed
+  and end with their lease.
 """
 
 from __future__ import annotations

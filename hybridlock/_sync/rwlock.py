@@ -40,7 +40,7 @@ from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .lock import JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .waiting import acquire_remote, contention_watch
+from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -100,9 +100,7 @@ class _Half(ServerLease, JavaStyleLock):
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
 
-    def _remote(
-        self, blocking: bool, deadline: float | None, probe: AcquireProbe | None
-    ) -> AcquireResult | None:
+    def _remote(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> Grant | None:
         context = self._context
         return acquire_remote(
             context,
@@ -177,7 +175,6 @@ class ReadLock(_Half):
         self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
     ) -> bool:
         rw = self._parent
-        start = monotonic()
         with rw._cond:
             if rw._readers.get(me):
                 if self._lost:
@@ -207,25 +204,25 @@ class ReadLock(_Half):
                 rw._readers[me] = 1
                 return True
             rw._read_hold = "busy"
-        result = watch = None
+        grant = watch = None
         try:
             # Listen for other owners' writers before taking the hold, so that nothing is left to do once the hold
             # is ours (an interruption from here on would leave the hold with nobody).
             watch = contention_watch(self._context, self._names)
-            result = self._remote(blocking, deadline, probe)
+            grant = self._remote(blocking, deadline, probe)
         finally:
             with rw._cond:
-                if result is not None:
+                if grant is not None:
                     rw._read_hold = "held"
                     rw._readers[me] = 1
-                    self._begin_lease(result.fencing_token, start)
+                    self._begin_lease(grant.result.fencing_token, grant.sent_at)
                     self._watch = watch
                 else:
                     rw._read_hold = "none"
                     if watch is not None:
                         watch.close()
                 rw._cond.notify_all()
-        return result is not None
+        return grant is not None
 
     def _release(self, me: object) -> None:
         rw = self._parent
@@ -302,7 +299,6 @@ class WriteLock(_Half):
         self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
     ) -> bool:
         rw = self._parent
-        start = monotonic()
         with rw._cond:
             if rw._writer == me:
                 if self._lost:
@@ -332,18 +328,18 @@ class WriteLock(_Half):
                     rw._cond.notify_all()  # readers held back by our wish may go now
                     return False
             rw._writer, rw._write_count = me, 1
-        result = None
+        grant = None
         try:
-            result = self._remote(blocking, deadline, probe)
+            grant = self._remote(blocking, deadline, probe)
         finally:
-            if result is None:
+            if grant is None:
                 with rw._cond:
                     rw._writer, rw._write_count = None, 0
                     rw._cond.notify_all()
-        if result is None:
+        if grant is None:
             return False
         with rw._cond:
-            self._begin_lease(result.fencing_token, start)
+            self._begin_lease(grant.result.fencing_token, grant.sent_at)
         return True
 
     def _release(self, me: object) -> None:

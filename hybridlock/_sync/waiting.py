@@ -15,7 +15,7 @@ a place in the queue is left; both shielded from a second cancellation.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .._core.names import LockNames
 from .._core.results import AcquireResult
@@ -30,7 +30,17 @@ if TYPE_CHECKING:
 
     from .context import LockContext
 
-__all__ = ["acquire_remote", "contention_watch", "release_remote"]
+__all__ = ["Grant", "acquire_remote", "contention_watch", "release_remote"]
+
+
+class Grant(NamedTuple):
+    """A successful remote acquire: the attempt's result and when its request was sent."""
+
+    result: AcquireResult
+    #: ``monotonic()`` just before the granting attempt's request left: the server started the lease no earlier, so
+    #: a lease counted from here errs early (the safe side), by at most that attempt's round trip. Not the start of
+    #: the acquire: the local wait and the refused attempts before it are no part of the lease.
+    sent_at: float
 
 
 def acquire_remote(
@@ -44,7 +54,7 @@ def acquire_remote(
     undo: Thunk[object] | None = None,
     queues: bool = True,
     probe: AcquireProbe | None = None,
-) -> AcquireResult | None:
+) -> Grant | None:
     """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
     ``attempt`` makes one try (default: the plain lock's). After a failed try, ``blocked_on()`` names the lock
@@ -54,8 +64,8 @@ def acquire_remote(
     the plain lock's release). ``queues``: a refused blocking attempt takes a place in the queue of the lock
     ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
     the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). ``probe``
-    (only when the registry has an observer) counts the attempts. Returns the successful result, or None when not
-    blocking or out of time."""
+    (only when the registry has an observer) counts the attempts. Returns the successful result with the time its
+    request was sent (``Grant``), or None when not blocking or out of time."""
     backend = context.backend
     if attempt is None:
 
@@ -75,12 +85,14 @@ def acquire_remote(
     queued = False  # a refused blocking attempt put us in the server's queue
     in_flight = False  # an attempt was sent and its reply not yet read
     place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
+    sent_at = 0.0  # when the latest attempt's request was sent (attempts run one at a time)
 
     def tracked_attempt() -> AcquireResult:
-        nonlocal queued, place, in_flight
+        nonlocal queued, place, in_flight, sent_at
         if probe is not None:
             probe.attempt()
         in_flight = True
+        sent_at = monotonic()
         result = attempt()
         in_flight = False
         if blocking and not result.acquired:
@@ -107,9 +119,11 @@ def acquire_remote(
     finally:
         if place is not None:
             context.wait_keeper.end(place)
-    if result is None and queued:
-        shielded(partial(_quietly, give_up))
-    return result
+    if result is None:
+        if queued:
+            shielded(partial(_quietly, give_up))
+        return None
+    return Grant(result, sent_at)
 
 
 def _quietly(call: Thunk[object]) -> None:

@@ -18,7 +18,7 @@ import hybridlock
 from hybridlock.testing import EmbeddedServer
 
 from .._proxy import FaultProxy
-from ._compat import run_concurrently, sleep
+from ._compat import run_concurrently, sleep, spawn
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
 
@@ -268,3 +268,40 @@ async def test_read_write_locks_are_refused(quorum_servers: list[EmbeddedServer]
             registry.obtain_read_write("catalog")
         async with registry.obtain_many(["a", "b"]) as both:  # several keys: one by one, in a global order
             assert both.is_held_by_current_thread()
+
+
+async def test_a_lock_granted_after_a_wait_longer_than_its_lease_has_a_whole_lease(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """The lease counts from the round that granted it, not from the start of acquire: after waiting longer than the
+    lease, ``valid_until`` is about a lease from the grant and renewal keeps the lock. For a plain lock, and for the
+    last key of a multi-key lock (taken key by key over a quorum, the first one held meanwhile)."""
+    lease = 1.0
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=lease) as holder,
+        hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=lease) as waiter,
+    ):
+        plain, both = waiter.obtain("b"), waiter.obtain_many(["a", "b"])  # "b" is taken last: after the wait
+        for lock, last in ((plain, plain), (both, both.locks[-1])):
+            assert last.key == "b"
+            blocker = holder.obtain("b")
+            assert await blocker.acquire(timeout=5)
+
+            async def take(lock: Any = lock, last: Any = last) -> tuple[float, float, float | None, bool]:
+                started = time.monotonic()
+                assert await lock.acquire(timeout=10)
+                granted = time.monotonic()
+                valid_until = last.valid_until
+                await sleep(lease + 0.2)  # past the lease as first granted: only renewal keeps it
+                lost = lock.lost
+                await lock.release()
+                return started, granted, valid_until, lost
+
+            waiting = spawn(take)
+            await sleep(1.8)
+            await blocker.release()
+            started, granted, valid_until, lost = await waiting.join()
+            assert granted - started > 1.2, "the wait must outlast the lease for this test to mean anything"
+            assert valid_until is not None
+            assert granted + 0.5 < valid_until <= granted + lease, (valid_until - granted, "counts the wait")
+            assert not lost
