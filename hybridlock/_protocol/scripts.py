@@ -197,7 +197,9 @@ ACQUIRE = (
 -- KEYS[3]  queue (zset)          KEYS[4]  queue expiries (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
 -- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": queue if refused
--- returns  {1, token, queued}    acquired; token is the new fencing token; queued = 1 if other owners wait
+-- returns  token                 acquired, and nobody else queues: the new fencing token, a bare integer (the
+--                                common case: no reply table to build, convert and parse)
+--          {1, token, 1}         acquired; other owners wait in the queue
 --          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry),
 --                                or free but promised to the queue's head (wait_ms = until its wish lapses).
 --                                Either way we announce "wanted" on the channel (a holder passing the lock
@@ -222,7 +224,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   end
   if taken then
-    return {1, mint(KEYS[2], ARGV[3], t), 0}
+    return mint(KEYS[2], ARGV[3], t)
   end
 end
 """
@@ -247,7 +249,10 @@ else
 end
 local token = mint(KEYS[2], ARGV[3], t)
 leave(KEYS[3], KEYS[4], ARGV[1])
-return {1, token, (redis.call('ZCARD', KEYS[3]) > 0) and 1 or 0}
+if redis.call('ZCARD', KEYS[3]) > 0 then
+  return {1, token, 1}
+end
+return token
 """
 )
 
@@ -301,21 +306,25 @@ RELEASE = (
 -- KEYS[1]  lock key              KEYS[2]  queue (zset)          KEYS[3]  queue expiries (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  wake-up channel
 -- ARGV[3]  "publish" | "spublish" | "" (how to announce the release; "" = nobody listens)
--- returns  1                     released; announced "released:<head owner>", or "released" with no queue
+-- returns  1                     released; if owners queue, "released:<head owner>" announced (nothing when
+--                                none does: see below)
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
-"""
-    + _ANNOUNCE_LIB
-    + """
+-- Nobody queues (no queue key): nothing is announced and nothing else is done. Every owner that waits for this
+-- lock through pub/sub holds a place in its queue: a refused blocking ACQUIRE queues it in the same script, before
+-- it waits, and the wait keeper keeps the place while it waits. Only a waiter whose place was lost (the queue key
+-- evicted or deleted, or the place lapsed while its process stood still for PLACE_KEEP_MS) misses the release: it
+-- still wakes at the holder's lease end it was told, or after WaitPolicy.notified_cap, and queues afresh. Skipping
+-- the PUBLISH saves the uncontended cycle a server command (and the announce closure).
 -- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then
-  announce(ARGV[3], ARGV[2], 'released')  -- nobody queues: no pruning, no head to look for
   return 1
 end
 """
+    + _ANNOUNCE_LIB
     + _KEYS_LIB
     + _QUEUE_FUNCS
     + """

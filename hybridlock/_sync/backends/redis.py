@@ -364,14 +364,18 @@ class RedisBackend(LockBackend):
                 int(queue),
             ),
         )
-        if reply[0] and not self._confirmed(acknowledged):
+        if isinstance(reply, int):
+            result = AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
+        elif reply[0]:
+            result = AcquireResult(True, int(reply[1]), None, bool(reply[2]))
+        else:
+            pttl = reply[1]
+            return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+        if not self._confirmed(acknowledged):
             raise self._given_back(
                 names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
             )
-        if reply[0]:
-            return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
-        pttl = reply[1]
-        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+        return result
 
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
         with self._translated(None, "check of cluster slots"):
