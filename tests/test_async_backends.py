@@ -227,9 +227,11 @@ def test_cancelling_a_watch_wait_leaves_no_task_behind(make_backend: BackendMake
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        # The watch is still usable after a cancelled wait: a release still wakes it.
+        # The watch is still usable after a cancelled wait: a release still wakes it (B queues first, as every
+        # waiter does: a release with nobody queued announces nothing).
         other = make_backend()
         assert (await other.try_acquire(names, "A", LEASE_MS, queue=False)).acquired
+        assert not (await backend.try_acquire(names, "B", LEASE_MS, queue=True)).acquired
         assert await other.release(names, "A", notify=True)
         assert await watch.wait(10) is True
         watch.close()
@@ -330,6 +332,7 @@ def test_a_valkey_asyncio_client_works(server: EmbeddedServer, redis_client: red
             watch = await backend.watch(names, "B")
             assert watch is not None
             await _subscribed(watch)
+            assert not (await backend.try_acquire(names, "B", LEASE_MS, queue=True)).acquired  # B waits in the queue
             assert await backend.release(names, "A", notify=True)
             assert await watch.wait(10) is True
             watch.close()
