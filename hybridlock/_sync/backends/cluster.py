@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import redis.cluster
@@ -49,7 +50,7 @@ from redis.crc import key_slot
 from ..._core.names import LockNames, ReadWriteNames
 from ...backends.clients import client_family, cluster_server_name, is_cluster_client, redacted, redacted_url
 from ...errors import BackendUnavailableError, InvalidArgumentError
-from .._compat import Condition, monotonic, new_guard, sleep
+from .._compat import Condition, FanOut, monotonic, new_guard, sleep
 from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import ReleaseWatch
 from .pubsub import Subscriber
@@ -119,7 +120,10 @@ class _ClusterScriptRunner(ScriptRunner):
     def __init__(self, backend: RedisClusterBackend) -> None:
         super().__init__(backend.client, backend._family)
         self._backend = backend
-        self._suspects: set[str] = set()  # nodes out of reach in the last batch (see run_many)
+        # One pipeline per node, all at once: a hung node (it costs a whole socket timeout) must not hold back the
+        # renewal of the leases on the others, which would then run out while they wait.
+        self.fan_out = FanOut("hybridlock-cluster")
+        self._suspects: set[str] = set()  # nodes out of reach in the last batch (the describer avoids them)
         family = backend._family
         # Answers that a call sent down a node's pipeline gets when it must go elsewhere, or again: the client's
         # routed path knows what to do with each (follow the redirection, wait out the migration, EVAL).
@@ -142,9 +146,9 @@ class _ClusterScriptRunner(ScriptRunner):
                 sleep(_MIGRATION_PAUSE)
 
     def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Every call, one pipeline per node (in turn), each call in the node its first key's slot is served by.
-        A call whose node is out of reach, or failed there, gets ``Unreached`` in its place, unless no node
-        answered at all (then the first node's error is raised)."""
+        """Every call, one pipeline per node (all nodes at once), each call in the node its first key's slot is
+        served by. A call whose node is out of reach, or failed there, gets ``Unreached`` in its place, unless no
+        node answered at all (then the first node's error is raised)."""
         client = self._backend.client
         unavailable = self._backend._family.unavailable
         cluster_ready(client)
@@ -159,29 +163,31 @@ class _ClusterScriptRunner(ScriptRunner):
                 node = node_for_slot(client, key_slot(calls[index][0][0].encode()))
                 by_node.setdefault(node.name, (node, []))[1].append(index)
             pending = []
-            # Nodes in turn, one round trip each; those out of reach in the last batch go last, so that a hung one
-            # (it costs a whole socket timeout) does not hold back the renewal of the others' leases twice.
-            for name in sorted(by_node, key=lambda name: name in self._suspects):
-                node, indexes = by_node[name]
-                if name in tried:
-                    continue  # still the node that was out of reach a moment ago: no second timeout
-                try:
-                    results = self._on_node(node, source, sha, [calls[index] for index in indexes])
-                except unavailable as exc:
-                    error = type(exc)(f"cluster node {node.name}: {exc}")
-                    unreached.update(dict.fromkeys(indexes, error))
+            timed_out = False
+            # Not to a node out of reach a moment ago (in this batch): no second timeout.
+            groups = [(name, *by_node[name]) for name in by_node if name not in tried]
+            outcomes = self.fan_out.run(
+                [partial(self._on_node, node, source, sha, [calls[i] for i in indexes]) for _, node, indexes in groups]
+            )
+            for (name, node, indexes), outcome in zip(groups, outcomes, strict=True):
+                if isinstance(outcome, unavailable):
+                    failure = type(outcome)(f"cluster node {node.name}: {outcome}")
+                    unreached.update(dict.fromkeys(indexes, failure))
                     pending.extend(indexes)
                     tried.add(name)
-                    continue
-                except Exception as exc:
+                    timed_out = timed_out or "Timeout" in type(outcome).__name__
+                elif isinstance(outcome, Exception):
                     # Any other failure there (CLUSTERDOWN, a migration that outlasted our patience, a refused
                     # script, OOM) is that node's alone: its calls fail, the other nodes' answers stand.
-                    unreached.update(dict.fromkeys(indexes, exc))
-                    continue
-                for index, result in zip(indexes, results, strict=True):
-                    unreached.pop(index, None)
-                    replies[index] = result
-            if not pending or attempt:
+                    unreached.update(dict.fromkeys(indexes, outcome))
+                else:
+                    for index, result in zip(indexes, outcome, strict=True):
+                        unreached.pop(index, None)
+                        replies[index] = result
+            # NOTE: a node that timed out is hung or cut off, not (yet) replaced: learning the layout again would
+            # ask the nodes in turn and cost a second socket timeout when the hung one comes first, making the
+            # round outlast a short lease. A failed-over node refuses connections at once, and that is learnt below.
+            if not pending or attempt or timed_out:
                 break
             # A node out of reach may have been replaced (a failover): learn the layout again, then one more try
             # for its calls at whichever node serves their slots now.
@@ -259,6 +265,7 @@ class RedisClusterBackend(RedisBackend):
         self._guard = new_guard()
         self._in_flight = 0
         self._idle = Condition()
+        self._cluster_scripts.fan_out.after_fork_in_child()
 
     def _disconnect_after_close(self) -> None:
         self.client.close()  # (a cluster client has a pool per node: closing it closes them all)
@@ -385,3 +392,4 @@ class RedisClusterBackend(RedisBackend):
                 self._idle.wait_for(lambda: not self._in_flight, _CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 self.client.close()
+        self._cluster_scripts.fan_out.close()
