@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
+from functools import partial
 from typing import Any, TypeAlias, TypeVar, final
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "AsyncFifoMutex",
     "AsyncWorker",
     "IS_ASYNC",
+    "LateHandler",
     "Thunk",
     "at_exit",
     "current_owner",
@@ -48,6 +50,9 @@ IS_ASYNC = True
 #: A call with no arguments whose result is awaited: ``Thunk[int]`` is ``Callable[[], Awaitable[int]]`` here and
 #: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).
 Thunk: TypeAlias = Callable[[], Awaitable[T]]
+
+#: What a fan-out hands a straggler's outcome to, with its lane's index (``AsyncFanOut.run``'s ``late``).
+LateHandler: TypeAlias = Callable[[int, Any], Awaitable[None]]
 
 monotonic = time.monotonic  # the same clock on both sides, so deadlines computed in shared code compare
 sleep = asyncio.sleep
@@ -452,27 +457,100 @@ class AsyncWorker:
 
 @final
 class AsyncFanOut:
-    """Runs several calls at once and waits for all of them: one task each here, a small thread pool on the sync
-    side (``FanOut``). For a quorum, which asks N independent servers the same thing.
+    """Runs several calls at once, one per *lane* (a server): one task each here, one small thread pool per lane on
+    the sync side (``FanOut``). For a quorum, which asks N independent servers the same thing.
 
     ``await run(calls)`` returns one outcome per call, in order: its result, or the ``Exception`` it raised (a
     ``BaseException`` such as a cancellation is not caught: it cancels the calls still running and propagates).
-    Each call must bound its own time (a socket timeout). ``aclose`` and ``after_fork_in_child`` release and forget
-    what the thread twin owns; here they have nothing to do."""
+    Each call must bound its own time (a socket timeout).
 
-    __slots__ = ("name",)
+    With ``enough``, a hung server costs less than its socket timeout: once ``enough`` calls have finished, the
+    others get as long again as those took, and at least ``patience`` seconds; a call still running then is a
+    *straggler*, reported as a ``TimeoutError`` outcome, and left to finish in its lane. ``late(lane, outcome)``
+    then receives its outcome (a quorum gives back a grant that came too late to count). ``lanes[i]`` is call
+    ``i``'s lane (a server's index; by default ``i``). A lane with ``max_backlog`` calls still unanswered takes no
+    more: the outcome is a ``TimeoutError`` at once, so a hung server does not gather an unbounded backlog.
 
-    def __init__(self, name: str) -> None:
+    ``aclose`` cancels the stragglers still running; ``after_fork_in_child`` forgets them."""
+
+    __slots__ = ("_backlog", "_stragglers", "max_backlog", "name")
+
+    def __init__(self, name: str, max_backlog: int = 64) -> None:
         self.name = name
+        self.max_backlog = max_backlog
+        self._backlog: dict[int, int] = {}  # lane -> calls sent and not yet answered
+        self._stragglers: set[asyncio.Task[Any]] = set()
 
-    async def run(self, calls: Sequence[Thunk[T]]) -> list[T | Exception]:
-        return list(await asyncio.gather(*(_outcome(call) for call in calls)))
+    async def run(
+        self,
+        calls: Sequence[Thunk[T]],
+        *,
+        enough: int | None = None,
+        patience: float = 0.0,
+        late: LateHandler | None = None,
+        lanes: Sequence[int] | None = None,
+    ) -> list[T | Exception]:
+        if enough is None:
+            return list(await asyncio.gather(*(_outcome(call) for call in calls)))
+        outcomes: list[T | Exception | None] = [None] * len(calls)
+        lane_of = list(range(len(calls)) if lanes is None else lanes)
+        running: dict[asyncio.Task[Any], int] = {}
+        start = time.monotonic()
+        for index, call in enumerate(calls):
+            if self._backlog.get(lane_of[index], 0) >= self.max_backlog:
+                outcomes[index] = TimeoutError(f"{self.max_backlog} earlier calls are still unanswered")
+            else:
+                running[asyncio.ensure_future(self._lane(lane_of[index], call))] = index
+        pending = set(running)
+        try:
+            deadline: float | None = None
+            while pending:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break  # the stragglers' time is up
+                for task in done:
+                    outcomes[running[task]] = task.result()
+                if deadline is None and len(calls) - len(pending) >= enough:
+                    now = time.monotonic()
+                    deadline = now + max(patience, now - start)
+        except BaseException:
+            for task in pending:
+                task.cancel()
+            raise
+        for task in pending:
+            index = running[task]
+            waited = (time.monotonic() - start) * 1000
+            outcomes[index] = TimeoutError(f"no answer in {waited:.0f} ms, when enough others had answered")
+            self._keep(task)
+            if late is not None:
+                task.add_done_callback(partial(self._hand_late, late, lane_of[index]))
+        return outcomes  # type: ignore[return-value]  # every slot is filled by now
+
+    async def _lane(self, lane: int, call: Thunk[T]) -> T | Exception:
+        self._backlog[lane] = self._backlog.get(lane, 0) + 1
+        try:
+            return await _outcome(call)
+        finally:
+            self._backlog[lane] -= 1
+
+    def _hand_late(self, late: LateHandler, lane: int, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled():
+            self._keep(asyncio.ensure_future(_outcome(partial(late, lane, task.result()))))
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        if not task.done():
+            self._stragglers.add(task)  # a reference, so the task is not collected mid-way
+            task.add_done_callback(self._stragglers.discard)
 
     async def aclose(self) -> None:
-        return None
+        stragglers, self._stragglers = self._stragglers, set()
+        for task in stragglers:
+            task.cancel()
 
     def after_fork_in_child(self) -> None:
-        return None
+        self._stragglers = set()
+        self._backlog = {}
 
 
 async def _outcome(call: Thunk[T]) -> T | Exception:

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
+from functools import partial
 from typing import Any, TypeAlias, TypeVar, final
 
 from ..errors import EventLoopBlockedError
@@ -24,6 +25,7 @@ __all__ = [
     "FanOut",
     "FifoMutex",
     "IS_ASYNC",
+    "LateHandler",
     "Thunk",
     "Worker",
     "at_exit",
@@ -46,6 +48,9 @@ IS_ASYNC = False
 #: A call with no arguments: ``Thunk[int]`` is ``Callable[[], int]`` here and ``Callable[[], Awaitable[int]]`` on
 #: the async side (callbacks handed to shared code).
 Thunk: TypeAlias = Callable[[], T]
+
+#: What a fan-out hands a straggler's outcome to, with its lane's index (``AsyncFanOut.run``'s ``late``).
+LateHandler: TypeAlias = Callable[[int, Any], None]
 
 monotonic = time.monotonic
 sleep = time.sleep
@@ -351,28 +356,98 @@ class FifoMutex:
 
 @final
 class FanOut:
-    """Runs several calls at once and waits for all of them: the first in the calling thread, the others in a
-    small thread pool (started at first use, one thread per extra call at most). The thread twin of
-    ``AsyncFanOut`` (read its docstring): same outcomes, in order, an ``Exception`` in place of a result.
+    """Runs several calls at once, one per *lane* (a server). The thread twin of ``AsyncFanOut`` (read its
+    docstring): same outcomes, in order, an ``Exception`` in place of a result, and the same ``enough``,
+    ``patience``, ``late`` and ``max_backlog``.
 
-    ``close`` ends the pool's threads once they are idle; ``after_fork_in_child`` forgets the parent's pool (its
-    threads do not exist in the child), and the next ``run`` starts a new one."""
+    Without ``enough`` the first call runs in the calling thread and the others in one small shared pool. With it,
+    every call runs in its lane's own pool (so a hung server's backlog never delays the other servers' calls), and
+    a straggler's ``late`` handler runs in its lane thread once its call is done. ``close`` ends the pools' threads
+    once they are idle; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
+    child), and the next ``run`` starts new ones."""
 
-    __slots__ = ("_guard", "_pool", "_width", "name")
+    __slots__ = ("_backlog", "_guard", "_lanes", "_pool", "_width", "max_backlog", "name")
 
-    def __init__(self, name: str) -> None:
+    #: Threads per lane: enough for a few callers at once; more calls wait in the lane's queue.
+    LANE_WIDTH = 8
+
+    def __init__(self, name: str, max_backlog: int = 64) -> None:
         self.name = name
+        self.max_backlog = max_backlog
         self._guard = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._width = 0
+        self._lanes: dict[int, ThreadPoolExecutor] = {}
+        self._backlog: dict[int, int] = {}  # lane -> calls sent and not yet answered (under _guard)
 
-    def run(self, calls: Sequence[Thunk[T]]) -> list[T | Exception]:
-        if len(calls) <= 1:
-            return [_outcome(call) for call in calls]
-        pool = self._executor(len(calls) - 1)
-        futures = [pool.submit(_outcome, call) for call in calls[1:]]
-        first = _outcome(calls[0])
-        return [first, *(future.result() for future in futures)]
+    def run(
+        self,
+        calls: Sequence[Thunk[T]],
+        *,
+        enough: int | None = None,
+        patience: float = 0.0,
+        late: LateHandler | None = None,
+        lanes: Sequence[int] | None = None,
+    ) -> list[T | Exception]:
+        if enough is None:
+            if len(calls) <= 1:
+                return [_outcome(call) for call in calls]
+            pool = self._executor(len(calls) - 1)
+            futures = [pool.submit(_outcome, call) for call in calls[1:]]
+            first = _outcome(calls[0])
+            return [first, *(future.result() for future in futures)]
+        fan = _Round(len(calls), late)
+        lane_of = list(range(len(calls)) if lanes is None else lanes)
+        start = time.monotonic()
+        for index, call in enumerate(calls):
+            with self._guard:
+                lane_pool = self._lane(lane_of[index])
+                if lane_pool is None:
+                    fan.outcomes[index] = TimeoutError(f"{self.max_backlog} earlier calls are still unanswered")
+                    fan.finished += 1
+                    continue
+                self._backlog[lane_of[index]] = self._backlog.get(lane_of[index], 0) + 1
+            lane_pool.submit(self._in_lane, fan, index, lane_of[index], call)
+        with fan.changed:
+            deadline: float | None = None
+            while fan.finished < len(calls):
+                if deadline is None and fan.finished >= enough:
+                    now = time.monotonic()
+                    deadline = now + max(patience, now - start)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                fan.changed.wait(remaining)
+            fan.settled = True
+            waited = (time.monotonic() - start) * 1000
+            for index, outcome in enumerate(fan.outcomes):
+                if outcome is _PENDING:
+                    fan.outcomes[index] = TimeoutError(f"no answer in {waited:.0f} ms, when enough others had answered")
+            return list(fan.outcomes)  # every slot is filled by now
+
+    def _lane(self, lane: int) -> ThreadPoolExecutor | None:
+        """Lane ``lane``'s pool, or None when its backlog is full (call under ``_guard``)."""
+        if self._backlog.get(lane, 0) >= self.max_backlog:
+            return None
+        pool = self._lanes.get(lane)
+        if pool is None:
+            pool = self._lanes[lane] = ThreadPoolExecutor(
+                max_workers=self.LANE_WIDTH, thread_name_prefix=f"{self.name}-{lane}"
+            )
+        return pool
+
+    def _in_lane(self, fan: _Round, index: int, lane: int, call: Thunk[Any]) -> None:
+        outcome = _outcome(call)
+        with self._guard:
+            self._backlog[lane] -= 1
+        with fan.changed:
+            if not fan.settled:
+                fan.outcomes[index] = outcome
+                fan.finished += 1
+                fan.changed.notify()
+                return
+        if fan.late is not None:
+            _outcome(partial(fan.late, lane, outcome))  # a late handler's failure is its own to report
 
     def _executor(self, width: int) -> ThreadPoolExecutor:
         with self._guard:
@@ -386,13 +461,33 @@ class FanOut:
 
     def close(self) -> None:
         with self._guard:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
+            pools = [self._pool, *self._lanes.values()]
+            self._pool, self._lanes = None, {}
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=False)
 
     def after_fork_in_child(self) -> None:
         self._guard = threading.Lock()
         self._pool = None
+        self._lanes = {}
+        self._backlog = {}
+
+
+_PENDING: Any = object()  # an outcome not in yet (a call may well return None)
+
+
+class _Round:
+    """One ``FanOut.run`` with ``enough``: the outcomes so far, shared with the lane threads."""
+
+    __slots__ = ("changed", "finished", "late", "outcomes", "settled")
+
+    def __init__(self, calls: int, late: LateHandler | None) -> None:
+        self.changed = threading.Condition(threading.Lock())
+        self.outcomes: list[Any] = [_PENDING] * calls
+        self.finished = 0
+        self.settled = False  # the caller has its answer: whatever finishes now is late
+        self.late = late
 
 
 def _outcome(call: Thunk[T]) -> T | Exception:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 import hybridlock
 from hybridlock.testing import EmbeddedServer
@@ -166,6 +167,52 @@ async def test_a_bare_majority_that_loses_a_server_is_lost_at_its_deadline(
             await lock.release()
         assert await rival.acquire(timeout=5)
         await rival.release()
+
+
+async def test_a_hung_minority_costs_neither_the_socket_timeout_nor_the_lease(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """A minority of servers frozen (SIGSTOP: connections stay open, nothing answers) under a 5 s socket timeout:
+    acquire, renewals and release go on with the majority well within that timeout, a 1 s lease held across many
+    renewal periods is never lost, another owner is still kept out, and once the frozen servers wake, what they
+    were sent meanwhile leaves no key of ours behind there."""
+    n = len(quorum_servers)
+    frozen = quorum_servers[: (n - 1) // 2]
+    slow = [server.url + "?socket_timeout=5&socket_connect_timeout=5" for server in quorum_servers]
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(slow, expire_after=1) as first,
+        hybridlock.AsyncQuorumLockRegistry(slow, expire_after=1) as second,
+        hybridlock.AsyncQuorumLockRegistry(slow, expire_after=30) as third,
+    ):
+        lock, rival, long_lease = first.obtain("k"), second.obtain("k"), third.obtain("k2")
+        assert not await lock.locked()  # connections made before the freeze
+        for server in frozen:
+            server.pause()
+        try:
+            started = time.monotonic()
+            assert await lock.acquire(timeout=2)
+            assert time.monotonic() - started < 2
+            await sleep(3.5)  # three and a half leases: renewed every third of one, never by the frozen servers
+            assert not lock.lost
+            started = time.monotonic()
+            assert not await rival.acquire(timeout=0.5)
+            assert time.monotonic() - started < 2
+            started = time.monotonic()
+            await lock.release()
+            assert await rival.acquire(timeout=2)
+            assert time.monotonic() - started < 2
+            await rival.release()
+            assert await long_lease.acquire(timeout=2)  # its grants on the frozen servers arrive late
+            await long_lease.release()
+        finally:
+            for server in frozen:
+                server.resume()
+        deadline = time.monotonic() + 10
+        for server in frozen:
+            with redis.Redis.from_url(server.url) as client:  # the lock key is "<registry>:{k2}"
+                while client.keys("*{k2}"):
+                    assert time.monotonic() < deadline, f"a 30 s lease stayed behind on {server.url}"
+                    time.sleep(0.05)
 
 
 async def test_a_partitioned_minority_is_tolerated(quorum_servers: list[EmbeddedServer]) -> None:

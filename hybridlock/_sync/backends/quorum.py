@@ -36,8 +36,13 @@ Failure modes
   part of any error raised.
 * Fewer than a majority answer: ``BackendUnavailableError`` naming the key and every server (never a password),
   with each failure; an acquire gives back what it got first.
-* A server that hangs (does not answer, does not reset) costs every operation its client's socket timeout, as all
-  servers are waited for: give each URL a short one (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise).
+* A server that hangs (does not answer, does not reset) costs little while a majority answers: once a majority
+  has answered, the others get as long again as that took, and at least ``STRAGGLER_PATIENCE`` (20 ms); then they
+  count as failed for that round (``FanOut`` with ``enough``). A grant that arrives after its round gave up on
+  it is given back unless the lock is ours by then. A hung server's calls wait in its own lane, at most 64 of them
+  at once (then new ones fail at once), until its client's socket timeout ends them: give each URL a short one
+  (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise). When fewer than a majority answer, an operation
+  takes up to that timeout and then fails.
 * A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
   ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock held across it lives on the others.
 """
@@ -53,11 +58,15 @@ from ..._core.config import lease_drift
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
 from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
-from .._compat import FanOut, monotonic, shielded
+from .._compat import FanOut, LateHandler, monotonic, shielded
 from .base import AcquireResult, LockBackend
 from .redis import RedisBackend
 
-__all__ = ["QuorumBackend"]
+__all__ = ["STRAGGLER_PATIENCE", "QuorumBackend"]
+
+#: Seconds a server still silent after a majority answered is waited for, at least (as long again as the majority
+#: took, if that is longer); then it counts as failed for that round.
+STRAGGLER_PATIENCE = 0.02
 
 
 class QuorumBackend(LockBackend):
@@ -88,9 +97,15 @@ class QuorumBackend(LockBackend):
             server.after_fork_in_child()
         self._fan_out.after_fork_in_child()
 
-    def _on_all(self, operation: str, *args: Any) -> list[Any]:
-        """``operation(*args)`` on every server at once: one outcome per server (a result, or its error)."""
-        return self._fan_out.run([partial(getattr(server, operation), *args) for server in self.servers])
+    def _on_all(self, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
+        """``operation(*args)`` on every server at once: one outcome per server (a result, or its error; a server
+        still silent a while after a majority answered counts as failed, its reply going to ``late``)."""
+        return self._fan_out.run(
+            [partial(getattr(server, operation), *args) for server in self.servers],
+            enough=self.majority,
+            patience=STRAGGLER_PATIENCE,
+            late=late,
+        )
 
     def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
         failures = [
@@ -112,7 +127,9 @@ class QuorumBackend(LockBackend):
             raise InvalidArgumentError("quorum locks need a lease (expire_after)", key=names.key, server=self.address)
         lease = lease_ms / 1000.0
         start = monotonic()
-        outcomes = self._on_all("try_acquire", names, owner, lease_ms, False)
+        outcomes = self._on_all(
+            "try_acquire", names, owner, lease_ms, False, late=partial(self._late_grant, names, owner)
+        )
         replies = [outcome if isinstance(outcome, AcquireResult) else None for outcome in outcomes]
         decision = tally_acquire(replies, lease, monotonic() - start)
         if not decision.acquired:
@@ -126,7 +143,10 @@ class QuorumBackend(LockBackend):
         raised = 0
         if decision.write_back:
             written = self._fan_out.run(
-                [partial(self.servers[i].raise_fence, names, token) for i in decision.write_back]
+                [partial(self.servers[i].raise_fence, names, token) for i in decision.write_back],
+                enough=max(0, self.majority - decision.already_at_token),
+                patience=STRAGGLER_PATIENCE,
+                lanes=decision.write_back,
             )
             raised = sum(1 for outcome in written if not isinstance(outcome, Exception))
             if not write_back_holds(len(self.servers), decision.already_at_token, raised):
@@ -141,8 +161,20 @@ class QuorumBackend(LockBackend):
         return AcquireResult(True, token, None, decision.contended)
 
     def _give_back(self, names: LockNames, owner: str, indexes: Sequence[int]) -> None:
-        """Release the grants of a failed attempt (best effort: a grant we cannot reach ends with its lease)."""
-        self._fan_out.run([partial(self.servers[i].release, names, owner, True) for i in indexes])
+        """Release the grants of a failed attempt (best effort: a grant we cannot reach ends with its lease; one
+        that does not answer within ``STRAGGLER_PATIENCE`` is released in its lane, without us waiting)."""
+        self._fan_out.run(
+            [partial(self.servers[i].release, names, owner, True) for i in indexes],
+            enough=0,
+            patience=STRAGGLER_PATIENCE,
+            lanes=indexes,
+        )
+
+    def _late_grant(self, names: LockNames, owner: str, index: int, outcome: Any) -> None:
+        """A server granted an acquire after its round had counted it as failed: give the grant back, unless the
+        lock is ours again by now (then the grant is part of our lease, released with it)."""
+        if isinstance(outcome, AcquireResult) and outcome.acquired and (names.lock, owner) not in self._holders:
+            self.servers[index].release(names, owner, True)
 
     def cancel_wait(self, names: LockNames, owner: str) -> None:
         return None  # attempts never queue (see the module docstring)
