@@ -29,6 +29,11 @@ Failure modes
   had received is kept; a lease it had not (asynchronous replication) is gone, and its holder is told at its next
   renewal (``lost``, ``on_lost``, ``LockLostError``), as on one server. ``CLUSTER FAILOVER`` (a manual failover)
   waits for the replica to catch up: nothing is lost.
+* A master hangs (SIGSTOP, a stalled disk: connections stay open, nothing is answered): a renewal round sends every
+  node's pipeline at once and, once one node has answered, waits for the others as long again, at least
+  ``_STRAGGLER_PATIENCE``; a node still silent then has its leases counted as unreached for that round (renewed
+  next round, or reported lost when they end), so the leases on the other masters are renewed on time whatever the
+  lease and socket timeout. Each node's calls wait in a lane of their own, at most 64 at once.
 * Subscriptions: a node that stops serving a channel's slot (migration, failover) ends its subscription; watches of
   it then poll until they end, and later ones subscribe at the new node. A subscriber connection that breaks falls
   back to polling and reconnects, as on one server.
@@ -64,6 +69,10 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # unavailable. Moving one slot's keys takes milliseconds; this covers a slow step of a resharding tool.
 _MIGRATION_PATIENCE = 2.0
 _MIGRATION_PAUSE = 0.02
+
+# How long a batch waits for a node still silent after another node has answered (at least: as long again as the
+# first answer took, if longer). A healthy node answers a pipeline of renewals in milliseconds.
+_STRAGGLER_PATIENCE = 0.2
 # How long aclose() lets operations in progress finish (as the one-server backend does).
 _CLOSE_GRACE = 5.0
 
@@ -122,7 +131,10 @@ class _ClusterScriptRunner(ScriptRunner):
         # One pipeline per node, all at once: a hung node (it costs a whole socket timeout) must not hold back the
         # renewal of the leases on the others, which would then run out while they wait.
         self.fan_out = AsyncFanOut("hybridlock-cluster")
-        self._suspects: set[str] = set()  # nodes out of reach in the last batch (the describer avoids them)
+        # Nodes out of reach in the last batch that asked them, until one gets an answer from them again (the
+        # describer avoids them: a hung one would hold back the next renewal round by a socket timeout).
+        self._suspects: set[str] = set()
+        self._lanes: dict[str, int] = {}  # node name -> its lane in the fan-out (a lane per node, never reused)
         family = backend._family
         # Answers that a call sent down a node's pipeline gets when it must go elsewhere, or again: the client's
         # routed path knows what to do with each (follow the redirection, wait out the migration, EVAL).
@@ -156,6 +168,7 @@ class _ClusterScriptRunner(ScriptRunner):
         pending = list(range(len(calls)))
         unreached: dict[int, BaseException] = {}
         tried: set[str] = set()  # nodes found out of reach in this batch
+        answered: set[str] = set()
         for attempt in range(2):
             by_node: dict[str, tuple[Any, list[int]]] = {}
             for index in pending:
@@ -166,10 +179,18 @@ class _ClusterScriptRunner(ScriptRunner):
             # Not to a node out of reach a moment ago (in this batch): no second timeout.
             groups = [(name, *by_node[name]) for name in by_node if name not in tried]
             outcomes = await self.fan_out.run(
-                [partial(self._on_node, node, source, sha, [calls[i] for i in indexes]) for _, node, indexes in groups]
+                [partial(self._on_node, node, source, sha, [calls[i] for i in indexes]) for _, node, indexes in groups],
+                enough=1,
+                patience=_STRAGGLER_PATIENCE,
+                lanes=[self._lanes.setdefault(name, len(self._lanes)) for name, _, _ in groups],
             )
             for (name, node, indexes), outcome in zip(groups, outcomes, strict=True):
-                if isinstance(outcome, unavailable):
+                if type(outcome) is TimeoutError:
+                    # A straggler (the fan-out gave up on it): hung or cut off. Not sent again this batch, and no
+                    # layout refresh for it (see below).
+                    unreached.update(dict.fromkeys(indexes, TimeoutError(f"cluster node {node.name}: {outcome}")))
+                    tried.add(name)
+                elif isinstance(outcome, unavailable):
                     failure = type(outcome)(f"cluster node {node.name}: {outcome}")
                     unreached.update(dict.fromkeys(indexes, failure))
                     pending.extend(indexes)
@@ -180,6 +201,7 @@ class _ClusterScriptRunner(ScriptRunner):
                     # script, OOM) is that node's alone: its calls fail, the other nodes' answers stand.
                     unreached.update(dict.fromkeys(indexes, outcome))
                 else:
+                    answered.add(name)
                     for index, result in zip(indexes, outcome, strict=True):
                         unreached.pop(index, None)
                         replies[index] = result
@@ -192,7 +214,7 @@ class _ClusterScriptRunner(ScriptRunner):
             # for its calls at whichever node serves their slots now.
             with contextlib.suppress(Exception):
                 await client.nodes_manager.initialize()
-        self._suspects = tried
+        self._suspects = (self._suspects - answered) | tried
         if unreached and len(unreached) == len(calls):
             raise next(iter(unreached.values()))
         for index, error in unreached.items():
