@@ -127,6 +127,19 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
     service: SentinelService, url: str
 ) -> None:
     lost = threading.Event()
+
+    def where() -> str:
+        """The master the sentinels name now, and each node's role and copy of the lock key (for messages)."""
+        nodes = []
+        for node in service.servers:
+            try:
+                with service.node_client(node) as client:
+                    role = client.info("replication").get("role")
+                    nodes.append(f"{node.port}:{role}:{client.get(LOCK_KEY)!r}")
+            except Exception as exc:  # a node down just now
+                nodes.append(f"{node.port}:{type(exc).__name__}")
+        return f"{service.master_address()[1]} ({', '.join(nodes)})"
+
     with (
         # One replica is enough against a crash: the sentinels promote the replica furthest ahead, which has it.
         hybridlock.LockRegistry(url, expire_after=12.0, confirm_replicas=1) as holder_registry,
@@ -136,6 +149,7 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
         holder.on_lost(lambda _lock: lost.set())
         assert holder.acquire(timeout=5)  # on a replica before acquire returned
         order: list[str] = []
+        events: list[str] = [f"holder granted token {holder.fencing_token} with the master at {where()}"]
 
         def wait_for_it() -> None:
             lock = waiter_registry.obtain("orders:1")
@@ -145,6 +159,8 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
                 try:
                     if lock.acquire(timeout=max(0.1, deadline - time.monotonic())):
                         order.append("waiter")
+                        # For a failure message: where and with which token the waiter got in.
+                        events.append(f"waiter granted token {lock.fencing_token} with the master at {where()}")
                         lock.release()
                         return
                 except hybridlock.BackendUnavailableError:
@@ -153,16 +169,19 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
         waiter = threading.Thread(target=wait_for_it)
         waiter.start()
         time.sleep(0.2)
-        service.kill_master()  # SIGKILL; a replica is promoted; the old node comes back, empty, as a replica
-        # The lease was on every replica: still ours at the new master, and renewals go on there.
+        killed = service.master().port
+        new_port = service.kill_master()  # SIGKILL; a replica is promoted; the old node comes back, empty, as a replica
+        events.append(f"master {killed} killed, {new_port} promoted")
+        # The lease was on a replica: still ours at the new master, and renewals go on there.
         holder.renew()
+        events.append(f"holder renewed with the master at {where()}")
         with service.node_client(service.master()) as master:
             assert master.get(LOCK_KEY) == holder_registry.client_id
-        assert not waiter.is_alive() or not order  # nobody got in meanwhile
+        assert not waiter.is_alive() or not order, events  # nobody got in meanwhile
         order.append("holder released")
         holder.release()
         waiter.join(40)
-        assert order == ["holder released", "waiter"]
+        assert order == ["holder released", "waiter"], events
         assert not lost.is_set()
 
 
