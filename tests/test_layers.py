@@ -36,7 +36,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 PURE_LAYERS = {"errors", "core", "protocol"}
 #: What a pure module may not import: anything that waits, reads a clock, does I/O or talks to a server.
-IMPURE = {"threading", "asyncio", "time", "socket", "subprocess", "select", "redis", "valkey", "anyio", "trio", "os"}
+IMPURE = {
+    "threading",
+    "asyncio",
+    "time",
+    "socket",
+    "subprocess",
+    "select",
+    "redis",
+    "valkey",
+    "anyio",
+    "trio",
+    "os",
+    "logging",
+}
 
 #: Modules below the registry allowed to import it: none (locks are handed a LockContext instead).
 REGISTRY_IMPORTERS_ALLOWED: set[str] = set()

@@ -8,7 +8,7 @@ owner identity, and owns the registry's shared machinery, each piece with one jo
 * ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
 * ``describer``: this owner's description in the server, written by the renewer's worker;
 * ``closed``: set once the registry is closed; every wait watches it;
-* ``observer``: the registry's instrumentation hook (``hybridlock._core.events.ObserverHook``), or None: the one
+* ``observer``: the registry's instrumentation hook (``observing.ObserverHook``), or None: the one
   attribute a lock checks before reporting anything.
 
 Nothing here is reassigned after construction. A forked child gets a whole new context (``forked``): a new
@@ -22,12 +22,12 @@ import uuid
 from typing import Any
 
 from .._core.config import RegistryConfig
-from .._core.events import ObserverHook
 from ..errors import RegistryClosedError
 from ._compat import AsyncEvent
 from .backends.base import AsyncLockBackend
 from .describer import OwnerDescriber
 from .leases import LeaseTable, LostCallback
+from .observing import ObserverHook
 from .renewer import LeaseRenewer
 from .retention import RetentionReaper
 from .wait_keeper import WaitKeeper

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from .._core.config import LockType, RegistryConfig, ReplicaConfirmation
-from .._core.events import ObserverHook
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
 from ..errors import InvalidArgumentError, LockNotOwnedError
 from ._compat import at_exit, new_guard
@@ -38,6 +37,7 @@ from .decorator import execute_locked, synchronized
 from .leases import HeldLease, LostCallback
 from .lock import AsyncHybridLock
 from .multi import AsyncMultiLock
+from .observing import ObserverHook
 from .rwlock import AsyncReadWriteLock
 
 __all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry", "AsyncQuorumLockRegistry"]

@@ -6,7 +6,8 @@ lease found lost. It is how metrics are exported (``hybridlock.metrics.prometheu
 on any metrics package.
 
 Pure: the events are plain values, timings are handed in by the lock (``time.monotonic()`` differences, in
-seconds), and nothing here waits or does I/O.
+seconds), and nothing here waits or does I/O. The guard that calls an observer (``ObserverHook``) logs, so it lives
+with the locks, in ``observing``.
 
 Cost: a registry without an observer pays one attribute check per acquire and release (and one per renewal
 round). With one, each event is one small object and one method call; an observer must return quickly (it runs
@@ -21,12 +22,8 @@ Failure modes
 
 from __future__ import annotations
 
-import inspect
-import logging
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from ..errors import InvalidArgumentError
+from typing import Literal
 
 __all__ = [
     "AcquireEvent",
@@ -34,13 +31,11 @@ __all__ = [
     "LockKind",
     "LockObserver",
     "LossEvent",
-    "ObserverHook",
+    "OBSERVER_METHODS",
     "ReleaseEvent",
     "ReleaseOutcome",
     "RenewalEvent",
 ]
-
-logger = logging.getLogger("hybridlock.observer")
 
 #: Which kind of lock an event is about: a plain lock, a half of a read-write lock, or a multi-key lock.
 LockKind = Literal["lock", "read", "write", "multi"]
@@ -150,103 +145,4 @@ class LockObserver:
         """A held lease was found lost."""
 
 
-_METHODS = ("on_acquire", "on_release", "on_renewal", "on_loss")
-
-
-class ObserverHook:
-    """The registry's side of an observer: the observer's methods looked up once, each call guarded.
-
-    Locks hold this (in their context) only when the registry has an observer, so the check on the hot path is
-    ``context.observer is not None``."""
-
-    __slots__ = ("_failed", "_on_acquire", "_on_loss", "_on_release", "_on_renewal", "observer", "registry_key")
-
-    def __init__(self, observer: Any, registry_key: str) -> None:
-        self.observer = observer
-        self.registry_key = registry_key
-        self._on_acquire = getattr(observer, "on_acquire", None)
-        self._on_release = getattr(observer, "on_release", None)
-        self._on_renewal = getattr(observer, "on_renewal", None)
-        self._on_loss = getattr(observer, "on_loss", None)
-        self._failed = False
-
-    @classmethod
-    def checked(cls, observer: Any, registry_key: str) -> ObserverHook | None:
-        """The hook for a registry's ``observer=`` argument (None for None); ``InvalidArgumentError`` for
-        something that cannot be one (a class instead of an instance, or an object with none of the methods)."""
-        if observer is None:
-            return None
-        if isinstance(observer, type) or not any(callable(getattr(observer, name, None)) for name in _METHODS):
-            raise InvalidArgumentError(
-                f"observer must be an object with at least one of {', '.join(_METHODS)} (see "
-                f"hybridlock.metrics.LockObserver), not {observer!r}"
-            )
-        coroutines = [name for name in _METHODS if inspect.iscoroutinefunction(getattr(observer, name, None))]
-        if coroutines:
-            # Called synchronously, they would only make coroutines nobody awaits: nothing would be observed.
-            raise InvalidArgumentError(
-                f"observer methods are called synchronously (also by AsyncLockRegistry) and must not be coroutine "
-                f"functions: {', '.join(coroutines)}"
-            )
-        return cls(observer, registry_key)
-
-    def acquired(
-        self,
-        key: str,
-        kind: LockKind,
-        outcome: AcquireOutcome,
-        via: Literal["server", "local"] | None,
-        duration: float,
-        local_wait: float,
-        server_attempts: int,
-        error: BaseException | None = None,
-    ) -> None:
-        if self._on_acquire is not None:
-            local_wait = min(max(local_wait, 0.0), duration)
-            event = AcquireEvent(
-                self.registry_key,
-                key,
-                kind,
-                outcome,
-                via,
-                duration,
-                local_wait,
-                duration - local_wait,
-                server_attempts,
-                error,
-            )
-            self._call(self._on_acquire, event)
-
-    def released(
-        self,
-        key: str,
-        kind: LockKind,
-        outcome: ReleaseOutcome,
-        held_for: float | None,
-        error: BaseException | None = None,
-    ) -> None:
-        if self._on_release is not None:
-            self._call(self._on_release, ReleaseEvent(self.registry_key, key, kind, outcome, held_for, error))
-
-    def renewal(
-        self, leases: int, renewed: int, lost: int, duration: float, error: BaseException | None = None
-    ) -> None:
-        if self._on_renewal is not None:
-            self._call(self._on_renewal, RenewalEvent(self.registry_key, leases, renewed, lost, duration, error))
-
-    def lost(self, key: str, kind: LockKind) -> None:
-        if self._on_loss is not None:
-            self._call(self._on_loss, LossEvent(self.registry_key, key, kind))
-
-    def _call(self, method: Any, event: object) -> None:
-        try:
-            method(event)
-        except Exception:
-            # A broken observer must not break locks, nor flood the log once per event.
-            if not self._failed:
-                self._failed = True
-                logger.exception(
-                    "hybridlock: observer %r failed on %s; its errors are ignored from now on (logged once)",
-                    self.observer,
-                    type(event).__name__,
-                )
+OBSERVER_METHODS = ("on_acquire", "on_release", "on_renewal", "on_loss")

@@ -4,19 +4,132 @@
 The locks call these only when their context has an observer (``context.observer is not None``, the one check a
 registry without one pays); the calls wrap the lock's own acquire and release, time them, and tell the observer
 how they ended, whatever they raised. Reentrant acquires and releases (which only count) are not reported: the
-lock checks that before wrapping. See ``hybridlock._core.events`` for the events and what each field means.
+lock checks that before wrapping. See ``hybridlock._core.events`` for the events and what each field means, and
+for what happens when an observer raises (``ObserverHook``, here, logs it once).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .._core.events import LockKind, ObserverHook
-from ..errors import LockLostError
+from .._core.events import (
+    OBSERVER_METHODS,
+    AcquireEvent,
+    AcquireOutcome,
+    LockKind,
+    LossEvent,
+    ReleaseEvent,
+    ReleaseOutcome,
+    RenewalEvent,
+)
+from ..errors import InvalidArgumentError, LockLostError
 from ._compat import Thunk, monotonic
 
-__all__ = ["AcquireProbe", "observe_acquire", "observe_release"]
+__all__ = ["AcquireProbe", "ObserverHook", "observe_acquire", "observe_release"]
+
+logger = logging.getLogger("hybridlock.observer")
+
+
+class ObserverHook:
+    """The registry's side of an observer: the observer's methods looked up once, each call guarded.
+
+    Locks hold this (in their context) only when the registry has an observer, so the check on the hot path is
+    ``context.observer is not None``."""
+
+    __slots__ = ("_failed", "_on_acquire", "_on_loss", "_on_release", "_on_renewal", "observer", "registry_key")
+
+    def __init__(self, observer: Any, registry_key: str) -> None:
+        self.observer = observer
+        self.registry_key = registry_key
+        self._on_acquire = getattr(observer, "on_acquire", None)
+        self._on_release = getattr(observer, "on_release", None)
+        self._on_renewal = getattr(observer, "on_renewal", None)
+        self._on_loss = getattr(observer, "on_loss", None)
+        self._failed = False
+
+    @classmethod
+    def checked(cls, observer: Any, registry_key: str) -> ObserverHook | None:
+        """The hook for a registry's ``observer=`` argument (None for None); ``InvalidArgumentError`` for
+        something that cannot be one (a class instead of an instance, or an object with none of the methods)."""
+        if observer is None:
+            return None
+        if isinstance(observer, type) or not any(callable(getattr(observer, name, None)) for name in OBSERVER_METHODS):
+            raise InvalidArgumentError(
+                f"observer must be an object with at least one of {', '.join(OBSERVER_METHODS)} (see "
+                f"hybridlock.metrics.LockObserver), not {observer!r}"
+            )
+        coroutines = [name for name in OBSERVER_METHODS if inspect.iscoroutinefunction(getattr(observer, name, None))]
+        if coroutines:
+            # Called synchronously, they would only make coroutines nobody awaits: nothing would be observed.
+            raise InvalidArgumentError(
+                f"observer methods are called synchronously (also by LockRegistry) and must not be coroutine "
+                f"functions: {', '.join(coroutines)}"
+            )
+        return cls(observer, registry_key)
+
+    def acquired(
+        self,
+        key: str,
+        kind: LockKind,
+        outcome: AcquireOutcome,
+        via: Literal["server", "local"] | None,
+        duration: float,
+        local_wait: float,
+        server_attempts: int,
+        error: BaseException | None = None,
+    ) -> None:
+        if self._on_acquire is not None:
+            local_wait = min(max(local_wait, 0.0), duration)
+            event = AcquireEvent(
+                self.registry_key,
+                key,
+                kind,
+                outcome,
+                via,
+                duration,
+                local_wait,
+                duration - local_wait,
+                server_attempts,
+                error,
+            )
+            self._call(self._on_acquire, event)
+
+    def released(
+        self,
+        key: str,
+        kind: LockKind,
+        outcome: ReleaseOutcome,
+        held_for: float | None,
+        error: BaseException | None = None,
+    ) -> None:
+        if self._on_release is not None:
+            self._call(self._on_release, ReleaseEvent(self.registry_key, key, kind, outcome, held_for, error))
+
+    def renewal(
+        self, leases: int, renewed: int, lost: int, duration: float, error: BaseException | None = None
+    ) -> None:
+        if self._on_renewal is not None:
+            self._call(self._on_renewal, RenewalEvent(self.registry_key, leases, renewed, lost, duration, error))
+
+    def lost(self, key: str, kind: LockKind) -> None:
+        if self._on_loss is not None:
+            self._call(self._on_loss, LossEvent(self.registry_key, key, kind))
+
+    def _call(self, method: Any, event: object) -> None:
+        try:
+            method(event)
+        except Exception:
+            # A broken observer must not break locks, nor flood the log once per event.
+            if not self._failed:
+                self._failed = True
+                logger.exception(
+                    "hybridlock: observer %r failed on %s; its errors are ignored from now on (logged once)",
+                    self.observer,
+                    type(event).__name__,
+                )
 
 
 class AcquireProbe:

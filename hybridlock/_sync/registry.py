@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from .._core.config import LockType, RegistryConfig, ReplicaConfirmation
-from .._core.events import ObserverHook
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
 from ..errors import InvalidArgumentError, LockNotOwnedError
 from ._compat import at_exit, new_guard
@@ -39,6 +38,7 @@ from .decorator import execute_locked, synchronized
 from .leases import HeldLease, LostCallback
 from .lock import HybridLock
 from .multi import MultiLock
+from .observing import ObserverHook
 from .rwlock import ReadWriteLock
 
 __all__ = ["LocalLockRegistry", "LockRegistry", "QuorumLockRegistry"]
