@@ -366,7 +366,7 @@ class FanOut:
     once they are idle; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
     child), and the next ``run`` starts new ones."""
 
-    __slots__ = ("_backlog", "_guard", "_lanes", "_pool", "_width", "max_backlog", "name")
+    __slots__ = ("_backlog", "_closed", "_guard", "_lanes", "_pool", "_width", "max_backlog", "name")
 
     #: Threads per lane: enough for a few callers at once; more calls wait in the lane's queue.
     LANE_WIDTH = 8
@@ -379,6 +379,7 @@ class FanOut:
         self._width = 0
         self._lanes: dict[int, ThreadPoolExecutor] = {}
         self._backlog: dict[int, int] = {}  # lane -> calls sent and not yet answered (under _guard)
+        self._closed = False  # then calls run one after another in the caller's thread: no pool to leak
 
     def run(
         self,
@@ -389,10 +390,12 @@ class FanOut:
         late: LateHandler | None = None,
         lanes: Sequence[int] | None = None,
     ) -> list[T | Exception]:
-        if enough is None:
-            if len(calls) <= 1:
+        if enough is None or self._closed:
+            if len(calls) <= 1 or self._closed:
                 return [_outcome(call) for call in calls]
             pool = self._executor(len(calls) - 1)
+            if pool is None:  # closed meanwhile
+                return [_outcome(call) for call in calls]
             futures = [pool.submit(_outcome, call) for call in calls[1:]]
             first = _outcome(calls[0])
             return [first, *(future.result() for future in futures)]
@@ -426,8 +429,8 @@ class FanOut:
             return list(fan.outcomes)  # every slot is filled by now
 
     def _lane(self, lane: int) -> ThreadPoolExecutor | None:
-        """Lane ``lane``'s pool, or None when its backlog is full (call under ``_guard``)."""
-        if self._backlog.get(lane, 0) >= self.max_backlog:
+        """Lane ``lane``'s pool, or None when its backlog is full or the fan-out closed (call under ``_guard``)."""
+        if self._closed or self._backlog.get(lane, 0) >= self.max_backlog:
             return None
         pool = self._lanes.get(lane)
         if pool is None:
@@ -449,8 +452,13 @@ class FanOut:
         if fan.late is not None:
             _outcome(partial(fan.late, lane, outcome))  # a late handler's failure is its own to report
 
-    def _executor(self, width: int) -> ThreadPoolExecutor:
+    def _executor(self, width: int) -> ThreadPoolExecutor | None:
+        """The shared pool, at least ``width`` wide (None once closed). A pool is only shut down under ``_guard``
+        after it is replaced or the fan-out closed, and the caller submits to it at once: a submit after a
+        concurrent ``close`` is the one race, and ``close`` is only called once nothing runs any more."""
         with self._guard:
+            if self._closed:
+                return None
             pool = self._pool
             if pool is None or self._width < width:
                 if pool is not None:
@@ -461,6 +469,7 @@ class FanOut:
 
     def close(self) -> None:
         with self._guard:
+            self._closed = True
             pools = [self._pool, *self._lanes.values()]
             self._pool, self._lanes = None, {}
         for pool in pools:
@@ -470,6 +479,7 @@ class FanOut:
     def after_fork_in_child(self) -> None:
         self._guard = threading.Lock()
         self._pool = None
+        self._closed = False
         self._lanes = {}
         self._backlog = {}
 

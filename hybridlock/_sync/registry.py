@@ -392,13 +392,11 @@ class QuorumLockRegistry(LockRegistry):
 
     def obtain_read_write(self, key: str) -> ReadWriteLock:
         """Refused: read-write locks are not available over a quorum (``InvalidArgumentError``)."""
+        from .backends.quorum import READ_WRITE_REFUSED
+
         key = validate_key(key)
         self._check_open(key)
-        raise InvalidArgumentError(
-            "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server",
-            key=key,
-            server=self.server,
-        )
+        raise InvalidArgumentError(READ_WRITE_REFUSED, key=key, server=self.server)
 
 
 def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, server: str) -> None:

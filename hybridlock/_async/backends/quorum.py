@@ -61,7 +61,11 @@ from .._compat import AsyncFanOut, LateHandler, monotonic, shielded
 from .base import AcquireResult, AsyncLockBackend
 from .redis import AsyncRedisBackend
 
-__all__ = ["STRAGGLER_PATIENCE", "AsyncQuorumBackend"]
+__all__ = ["READ_WRITE_REFUSED", "STRAGGLER_PATIENCE", "AsyncQuorumBackend"]
+
+READ_WRITE_REFUSED = (
+    "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server"
+)
 
 #: Seconds a server still silent after a majority answered is waited for, at least (as long again as the majority
 #: took, if that is longer); then it counts as failed for that round.
@@ -236,11 +240,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
     # -- read-write locks: refused ---------------------------------------------------------------------------------
 
     def _no_read_write(self, names: ReadWriteNames) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server",
-            key=names.key,
-            server=self.address,
-        )
+        return InvalidArgumentError(READ_WRITE_REFUSED, key=names.key, server=self.address)
 
     async def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
         raise self._no_read_write(names)

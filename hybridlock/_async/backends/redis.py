@@ -45,10 +45,12 @@ from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncRelea
 from .pubsub import Subscriber
 
 __all__ = [
+    "About",
     "AsyncRedisBackend",
     "ScriptRunner",
     "Unreached",
     "client_address",
+    "keys_of",
     "redis_client_from_url",
     "translated_errors",
 ]
@@ -252,7 +254,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         self._idle = AsyncCondition()
 
     @contextlib.asynccontextmanager
-    async def _translated(self, about: _About, operation: str) -> AsyncIterator[None]:
+    async def _translated(self, about: About, operation: str) -> AsyncIterator[None]:
         """Around every operation on the locks ``about``: counts it as under way, and translates its errors
         (``translated_errors``)."""
         with self._idle:
@@ -263,7 +265,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             with self._errors_at(about, operation):
                 yield
         except BaseException as exc:
-            error = translated_error(exc, _keys_of(about), self.address, operation, self._family)
+            error = translated_error(exc, keys_of(about), self.address, operation, self._family)
             if error is None:
                 raise
             raise error from exc
@@ -288,7 +290,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def _disconnect_after_close(self) -> None:
         await self.client.connection_pool.disconnect()
 
-    def _errors_at(self, about: _About, operation: str) -> contextlib.AbstractContextManager[None]:
+    def _errors_at(self, about: About, operation: str) -> contextlib.AbstractContextManager[None]:
         """What else translates errors about ``about`` (a cluster names the node); nothing on one server."""
         return contextlib.nullcontext()
 
@@ -301,7 +303,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         return getattr(getattr(self.client, "connection_pool", None), "sentinel_manager", None)
 
     async def _run_write(
-        self, about: _About, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
+        self, about: About, operation: str, source: str, keys: Sequence[str], args: Sequence[Any]
     ) -> tuple[Any, Any]:
         """Run a script that may take or extend a lease; with replica confirmation, ``WAIT`` (or ``WAITAOF``) right
         after it. Returns its reply and the confirmation's reply (None without confirmation; an exception when the
@@ -405,7 +407,7 @@ class AsyncRedisBackend(AsyncLockBackend):
                         [((n.lock, n.queue, n.queue_until), (owner, n.channel, announcement)) for n in names],
                     )
 
-            raise await self._given_back(_keys_of(names), "acquire of several locks", acknowledged, give_back)
+            raise await self._given_back(keys_of(names), "acquire of several locks", acknowledged, give_back)
         if reply[0]:
             parts = tuple(AcquireResult(True, int(reply[i]), None, bool(reply[i + 1])) for i in range(1, len(reply), 2))
             return AcquireManyResult(True, parts)
@@ -479,7 +481,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         if not self._confirmed(acknowledged):
             # Not renewed as far as a failover is concerned: the replicas still have the old expiry. A lease the
             # master itself reported gone is lost all the same: the error carries that answer to the caller.
-            error = self._not_confirmed(_keys_of(names), "renewal", acknowledged, "the leases count as not renewed")
+            error = self._not_confirmed(keys_of(names), "renewal", acknowledged, "the leases count as not renewed")
             error.renewed = [renewed[n.lock] is not False for n in names]
             raise error
         return [renewed[n.lock] for n in names]
@@ -618,10 +620,10 @@ class AsyncRedisBackend(AsyncLockBackend):
 
 
 # What an operation is about: one lock, one read-write lock, several locks, or none in particular.
-_About = LockNames | ReadWriteNames | Sequence[LockNames] | None
+About = LockNames | ReadWriteNames | Sequence[LockNames] | None
 
 
-def _keys_of(about: _About) -> str | None:
+def keys_of(about: About) -> str | None:
     """The keys an operation was about, for its error message (the first few of many)."""
     if about is None or isinstance(about, (LockNames, ReadWriteNames)):
         return None if about is None else about.key

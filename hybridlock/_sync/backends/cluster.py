@@ -59,7 +59,7 @@ from .._compat import Condition, FanOut, monotonic, new_guard, sleep
 from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import ReleaseWatch
 from .pubsub import Subscriber
-from .redis import RedisBackend, ScriptRunner, Unreached, _About, _keys_of
+from .redis import About, RedisBackend, ScriptRunner, Unreached, keys_of
 
 __all__ = ["CLUSTER_SCHEMES", "RedisClusterBackend", "is_cluster_url", "redis_cluster_client_from_url"]
 
@@ -192,7 +192,7 @@ class _ClusterScriptRunner(ScriptRunner):
                     unreached.update(dict.fromkeys(indexes, TimeoutError(f"cluster node {node.name}: {outcome}")))
                     tried.add(name)
                 elif isinstance(outcome, unavailable):
-                    failure = type(outcome)(f"cluster node {node.name}: {outcome}")
+                    failure = _naming_node(outcome, node.name)
                     unreached.update(dict.fromkeys(indexes, failure))
                     pending.extend(indexes)
                     tried.add(name)
@@ -241,6 +241,15 @@ class _ClusterScriptRunner(ScriptRunner):
             elif isinstance(result, Exception):
                 raise result
         return results
+
+
+def _naming_node(error: Exception, node: str) -> Exception:
+    """``error`` again, its message prefixed with the node it came from (the client's own errors do not name it);
+    ``error`` itself if its type cannot be made from a message alone."""
+    try:
+        return type(error)(f"cluster node {node}: {error}")
+    except Exception:
+        return error
 
 
 def _is_migration(exc: BaseException) -> bool:
@@ -315,7 +324,7 @@ class RedisClusterBackend(RedisBackend):
         return int(version.split(".")[0] or 0) >= 7
 
     @contextlib.contextmanager
-    def _errors_at(self, about: _About, operation: str) -> Iterator[None]:
+    def _errors_at(self, about: About, operation: str) -> Iterator[None]:
         """Errors of the cluster (no master for a slot, a migration that did not settle, a node out of reach)
         become ``BackendUnavailableError``s naming the slot and the node."""
         family = self._family
@@ -324,17 +333,17 @@ class RedisClusterBackend(RedisBackend):
         except family.cluster_unavailable as exc:
             raise BackendUnavailableError(
                 f"lock cluster cannot serve {self._where(about)} now, {operation} refused: {exc}",
-                key=_keys_of(about),
+                key=keys_of(about),
                 server=self.address,
             ) from exc
         except family.unavailable as exc:
             raise BackendUnavailableError(
                 f"lock server unreachable during {operation} ({self._where(about)}): {exc}",
-                key=_keys_of(about),
+                key=keys_of(about),
                 server=self.address,
             ) from exc
 
-    def _where(self, about: _About) -> str:
+    def _where(self, about: About) -> str:
         """``slot S at node host:port`` for the locks an operation was about (where the client sends them now)."""
         if about is None:
             return "the cluster"

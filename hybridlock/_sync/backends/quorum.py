@@ -62,7 +62,11 @@ from .._compat import FanOut, LateHandler, monotonic, shielded
 from .base import AcquireResult, LockBackend
 from .redis import RedisBackend
 
-__all__ = ["STRAGGLER_PATIENCE", "QuorumBackend"]
+__all__ = ["READ_WRITE_REFUSED", "STRAGGLER_PATIENCE", "QuorumBackend"]
+
+READ_WRITE_REFUSED = (
+    "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server"
+)
 
 #: Seconds a server still silent after a majority answered is waited for, at least (as long again as the majority
 #: took, if that is longer); then it counts as failed for that round.
@@ -237,11 +241,7 @@ class QuorumBackend(LockBackend):
     # -- read-write locks: refused ---------------------------------------------------------------------------------
 
     def _no_read_write(self, names: ReadWriteNames) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server",
-            key=names.key,
-            server=self.address,
-        )
+        return InvalidArgumentError(READ_WRITE_REFUSED, key=names.key, server=self.address)
 
     def try_acquire_read(self, names: ReadWriteNames, owner: str, lease_ms: int | None) -> AcquireResult:
         raise self._no_read_write(names)
