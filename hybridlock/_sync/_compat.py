@@ -399,15 +399,16 @@ class FanOut:
             futures = [pool.submit(_outcome, call) for call in calls[1:]]
             first = _outcome(calls[0])
             return [first, *(future.result() for future in futures)]
-        fan = _Round(len(calls), late)
+        fan = _Round(len(calls), enough, late)
         lane_of = list(range(len(calls)) if lanes is None else lanes)
         start = time.monotonic()
         for index, call in enumerate(calls):
             with self._guard:
                 lane_pool = self._lane(lane_of[index])
                 if lane_pool is None:
-                    fan.outcomes[index] = TimeoutError(f"{self.max_backlog} earlier calls are still unanswered")
-                    fan.finished += 1
+                    with fan.changed:  # lane threads of earlier calls count under it too
+                        fan.outcomes[index] = TimeoutError(f"{self.max_backlog} earlier calls are still unanswered")
+                        fan.finished += 1
                     continue
                 self._backlog[lane_of[index]] = self._backlog.get(lane_of[index], 0) + 1
             lane_pool.submit(self._in_lane, fan, index, lane_of[index], call)
@@ -447,7 +448,8 @@ class FanOut:
             if not fan.settled:
                 fan.outcomes[index] = outcome
                 fan.finished += 1
-                fan.changed.notify()
+                if fan.finished >= fan.enough:  # before that, the caller has nothing to decide: let it sleep
+                    fan.changed.notify()
                 return
         if fan.late is not None:
             _outcome(partial(fan.late, lane, outcome))  # a late handler's failure is its own to report
@@ -490,9 +492,10 @@ _PENDING: Any = object()  # an outcome not in yet (a call may well return None)
 class _Round:
     """One ``FanOut.run`` with ``enough``: the outcomes so far, shared with the lane threads."""
 
-    __slots__ = ("changed", "finished", "late", "outcomes", "settled")
+    __slots__ = ("changed", "enough", "finished", "late", "outcomes", "settled")
 
-    def __init__(self, calls: int, late: LateHandler | None) -> None:
+    def __init__(self, calls: int, enough: int, late: LateHandler | None) -> None:
+        self.enough = enough
         self.changed = threading.Condition(threading.Lock())
         self.outcomes: list[Any] = [_PENDING] * calls
         self.finished = 0
