@@ -17,17 +17,17 @@ from typing import Any
 import redis
 
 from .._core.names import lock_names, read_write_names
-from .._sync.backends.redis import RedisBackend
 from ..errors import HybridLockError
 from .common import (
     CommandError,
+    Server,
     add_server_arguments,
-    client_for,
+    close_all,
     confirm,
+    open_servers,
     registry_key_of,
     report,
-    server_error,
-    server_url_of,
+    server_urls_of,
 )
 from .inspection import inspect_locks
 
@@ -67,13 +67,14 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    url = server_url_of(args, USAGE)
+    urls = server_urls_of(args, USAGE)
     registry_key = registry_key_of(args, USAGE)
     kind = "read-write" if args.read_write else "lock"
-    client = client_for(url, USAGE)
+    servers = open_servers(urls, USAGE, SERVER_FAILED)
     try:
+        (server,) = servers
         try:
-            (state,) = inspect_locks(client, registry_key, [(args.key, kind)])
+            (state,) = inspect_locks(server.client, registry_key, [(args.key, kind)])
             if not args.read_write:
                 holders, reading = [state["holder"]], False
             elif state["writer"] is not None:
@@ -93,15 +94,13 @@ def _release(args: argparse.Namespace) -> int:
                     print(f"{_PROG}: not released", file=sys.stderr)
                     return USAGE
             released = sum(
-                _run_release(client, registry_key, args.key, holder["owner"], args.read_write, reading)
+                _run_release(server, registry_key, args.key, holder["owner"], args.read_write, reading)
                 for holder in holders
             )
-        except redis.RedisError as exc:
-            raise server_error(exc, url, SERVER_FAILED) from None
-        except HybridLockError as exc:
-            raise CommandError(str(exc), SERVER_FAILED) from None
+        except (redis.RedisError, redis.exceptions.RedisClusterException, HybridLockError) as exc:
+            raise server.error(exc, SERVER_FAILED) from None
     finally:
-        client.close()
+        close_all(servers)
     if not released:
         print(f"{_PROG}: {args.key!r} changed hands meanwhile: nothing released", file=sys.stderr)
         return NOT_HELD
@@ -113,12 +112,11 @@ def _shown(holder: dict[str, Any]) -> str:
     return ", ".join(str(part) for part in (holder["owner"], holder.get("host"), holder.get("pid")) if part)
 
 
-def _run_release(
-    client: redis.Redis, registry_key: str, key: str, owner: str, read_write: bool, reading: bool
-) -> bool:
+def _run_release(server: Server, registry_key: str, key: str, owner: str, read_write: bool, reading: bool) -> bool:
     # The holder's own release, run on its behalf: it deletes only if the holder is still `owner`, so a lock that
-    # changed hands since we looked is left alone (a reader's: only that owner's read hold).
-    backend = RedisBackend(client)
+    # changed hands since we looked is left alone (a reader's: only that owner's read hold). On a cluster the
+    # backend sends it to the node serving the key's slot; under Sentinel, to the current master.
+    backend = server.backend
     if reading:
         return backend.release_read(read_write_names(registry_key, key), owner)
     if read_write:

@@ -32,9 +32,17 @@ from types import FrameType
 from typing import Any
 
 from .._sync.lock import HybridLock
-from .._sync.registry import LockRegistry
+from .._sync.registry import LockRegistry, QuorumLockRegistry
 from ..errors import HybridLockError, LockLostError
-from .common import CommandError, add_server_arguments, registry_key_of, report, server_url_of
+from .common import (
+    CommandError,
+    add_server_arguments,
+    close_all,
+    open_servers,
+    registry_key_of,
+    report,
+    server_urls_of,
+)
 
 __all__ = [
     "EXIT_CANNOT_RUN",
@@ -158,10 +166,17 @@ def _command(args: argparse.Namespace) -> int:
         print(f"{_PROG}: no command given (hybridlock run KEY -- CMD ARGS...)", file=sys.stderr)
         return 2
     try:
-        url = server_url_of(args, EXIT_FAILED)
+        urls = server_urls_of(args, EXIT_FAILED)
         registry_key = registry_key_of(args, EXIT_FAILED)
+        if len(urls) > 1:
+            # A list that is no quorum (a cluster in it, a server twice) is a usage error, told before any wait.
+            close_all(open_servers(urls, 2, EXIT_FAILED))
+        registry: LockRegistry
         try:
-            registry = LockRegistry(url, registry_key=registry_key, expire_after=args.expire_after)
+            if len(urls) > 1:
+                registry = QuorumLockRegistry(urls, registry_key=registry_key, expire_after=args.expire_after)
+            else:
+                registry = LockRegistry(urls[0], registry_key=registry_key, expire_after=args.expire_after)
         except HybridLockError as exc:
             raise CommandError(str(exc), EXIT_FAILED) from None
     except CommandError as exc:

@@ -14,15 +14,14 @@ from typing import Any
 
 import redis
 
-from ..backends.clients import redacted_url
 from .common import (
     CommandError,
     add_server_arguments,
-    client_for,
+    close_all,
+    open_servers,
     registry_key_of,
     report,
-    server_error,
-    server_url_of,
+    server_urls_of,
 )
 from .inspection import chunks, inspect_locks, scan_keys
 
@@ -77,21 +76,24 @@ def _list(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, prog: str, keys_of: Any, detailed: bool) -> int:
     try:
-        url = server_url_of(args, USAGE)
+        urls = server_urls_of(args, USAGE)
         registry_key = registry_key_of(args, USAGE)
-        client = client_for(url, USAGE)
+        servers = open_servers(urls, USAGE, SERVER_FAILED)
         try:
+            (server,) = servers
             try:
-                keys = keys_of(client, registry_key)
-                locks = [lock for batch in chunks(keys, _BATCH) for lock in inspect_locks(client, registry_key, batch)]
-            except redis.RedisError as exc:
-                raise server_error(exc, url, SERVER_FAILED) from None
+                keys = keys_of(server.client, registry_key)
+                locks = [
+                    lock for batch in chunks(keys, _BATCH) for lock in inspect_locks(server.client, registry_key, batch)
+                ]
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                raise server.error(exc, SERVER_FAILED) from None
         finally:
-            client.close()
+            close_all(servers)
     except CommandError as exc:
         return report(prog, exc)
     if args.json:
-        document = {"server": redacted_url(url), "registry_key": registry_key, "locks": locks}
+        document = {"server": server.name, "registry_key": registry_key, "locks": locks}
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif detailed:
