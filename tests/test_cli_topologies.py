@@ -9,12 +9,16 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from redis.crc import key_slot
 
 import hybridlock
 from hybridlock._cli.common import split_server_urls
+from hybridlock.testing.cluster import EmbeddedCluster
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
@@ -33,6 +37,16 @@ def _cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedPro
         text=True,
         timeout=timeout,
     )
+
+
+def _until(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def _servers(urls: list[str]) -> list[str]:
@@ -99,6 +113,84 @@ def test_an_unreachable_sentinel_service_is_named_by_its_service_never_its_passw
     assert done.returncode == 3, done
     assert "sentinel://locks/2" in done.stderr
     assert "hunter22" not in done.stderr + done.stdout
+
+
+# -- cluster ---------------------------------------------------------------------------------------------------------
+
+
+def _keys_on_every_master(cluster: EmbeddedCluster, per_master: int) -> dict[int, list[str]]:
+    """Lock keys whose locks lie on each master (by port), ``per_master`` on each."""
+    ranges = [(int(entry[0]), int(entry[1]), int(entry[2][1])) for entry in cluster.command(cluster.masters[0],
+              "CLUSTER", "SLOTS")]  # fmt: skip
+    found: dict[int, list[str]] = {port: [] for _, _, port in ranges}
+    index = 0
+    while min(len(keys) for keys in found.values()) < per_master:
+        key = f"job{index}"
+        index += 1
+        slot = key_slot(f"hybridlock:{{{key}}}".encode())
+        port = next(port for low, high, port in ranges if low <= slot <= high)
+        if len(found[port]) < per_master:
+            found[port].append(key)
+    return found
+
+
+@pytest.mark.cluster
+def test_cluster_list_scans_every_master_and_inspect_reads_each_keys_node(
+    cluster: EmbeddedCluster, cluster_url: str
+) -> None:
+    by_master = _keys_on_every_master(cluster, 2)
+    keys = sorted(key for keys in by_master.values() for key in keys)
+    with hybridlock.LockRegistry(cluster_url, expire_after=20) as registry:
+        locks = [registry.obtain(key) for key in keys]
+        for lock in locks:
+            assert lock.acquire(timeout=5)
+        try:
+            listed = _json(_cli("list", "--json", "--server", cluster_url))
+            assert listed["server"] == cluster_url
+            assert [entry["key"] for entry in listed["locks"]] == keys, "list missed a master's locks"
+            assert {entry["holder"]["owner"] for entry in listed["locks"]} == {registry.client_id}
+
+            def described() -> dict[str, Any] | None:
+                # Each owner describes itself a second after its first lease (its hash lies in a slot of its own).
+                document = _json(_cli("inspect", "--json", *keys, "--server", cluster_url))
+                return document if all(entry["holder"]["host"] for entry in document["locks"]) else None
+
+            inspected = _until(described, "the owner's description")
+            tokens = {entry["key"]: entry["fencing_counter"] for entry in inspected["locks"]}
+            assert tokens == {lock.key: lock.fencing_token for lock in locks}
+            assert all(0 < entry["lease_remaining_ms"] <= 20_000 for entry in inspected["locks"])
+            assert {entry["holder"]["pid"] for entry in inspected["locks"]} == {os.getpid()}
+
+            text = _cli("list", "job*", HYBRIDLOCK_SERVER_URL=cluster_url)
+            assert text.returncode == 0, text
+            assert text.stdout.count(f"held by {registry.client_id}") == len(keys)
+        finally:
+            for lock in locks:
+                lock.release()
+
+
+@pytest.mark.cluster
+def test_cluster_force_release_goes_to_the_keys_node_and_the_waiter_takes_it(
+    cluster: EmbeddedCluster, cluster_url: str
+) -> None:
+    # A key on the last master, so that a release sent to the first node the URL names would not find it.
+    key = _keys_on_every_master(cluster, 1)[cluster.masters[-1].port][0]
+    with (
+        hybridlock.LockRegistry(cluster_url, expire_after=20) as holder,
+        hybridlock.LockRegistry(cluster_url, expire_after=20) as rival,
+    ):
+        lock = holder.obtain(key)
+        assert lock.acquire(timeout=5)
+        assert not rival.obtain(key).acquire(blocking=False)
+        done = _cli("release", "--force", "--yes", key, "--server", cluster_url)
+        assert done.returncode == 0, done
+        assert f"was held by {holder.client_id}" in done.stdout
+        taken = rival.obtain(key)
+        assert taken.acquire(timeout=5), "the force release did not free the lock on its node"
+        taken.release()
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
+        assert _cli("release", "--force", "--yes", key, "--server", cluster_url).returncode == 1
 
 
 # -- the list of servers (no server) ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .common import (
     report,
     server_urls_of,
 )
-from .inspection import inspect_locks
+from .inspection import read_locks
 
 __all__ = ["add_parser"]
 
@@ -74,7 +74,7 @@ def _release(args: argparse.Namespace) -> int:
     try:
         (server,) = servers
         try:
-            (state,) = inspect_locks(server.client, registry_key, [(args.key, kind)])
+            (state,) = read_locks(server.client, registry_key, [(args.key, kind)])
             if not args.read_write:
                 holders, reading = [state["holder"]], False
             elif state["writer"] is not None:

@@ -23,12 +23,11 @@ from .common import (
     report,
     server_urls_of,
 )
-from .inspection import chunks, inspect_locks, scan_keys
+from .inspection import read_locks, scan_keys
 
 __all__ = ["add_parsers"]
 
 USAGE, SERVER_FAILED = 2, 3
-_BATCH = 200  # keys inspected per pair of round trips
 
 _STATUSES = "exit status: 0 done; 2 usage error or no server given; 3 the server could not be reached or refused."
 
@@ -83,9 +82,7 @@ def _run(args: argparse.Namespace, prog: str, keys_of: Any, detailed: bool) -> i
             (server,) = servers
             try:
                 keys = keys_of(server.client, registry_key)
-                locks = [
-                    lock for batch in chunks(keys, _BATCH) for lock in inspect_locks(server.client, registry_key, batch)
-                ]
+                locks = read_locks(server.client, registry_key, keys)
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
                 raise server.error(exc, SERVER_FAILED) from None
         finally:
