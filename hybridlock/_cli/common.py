@@ -19,8 +19,11 @@ import argparse
 import os
 import re
 import sys
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
+import redis
 from redis.sentinel import MasterNotFoundError
 
 from .._core.names import validate_registry_key
@@ -36,6 +39,7 @@ __all__ = [
     "CommandError",
     "Server",
     "add_server_arguments",
+    "on_each",
     "open_servers",
     "registry_key_of",
     "server_urls_of",
@@ -48,15 +52,18 @@ DEFAULT_REGISTRY_KEY = "hybridlock"
 
 # Where one URL of a list ends: white space, or a comma followed by the next URL's scheme. A comma alone does not
 # end a URL: sentinel and cluster URLs list their hosts with commas (redis+sentinel://h1,h2/service).
+T = TypeVar("T")
+
 _URL_SEPARATOR = re.compile(r"\s+|,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 
 
 class CommandError(Exception):
     """A subcommand cannot go on: the message is printed (never with a password) and the command exits."""
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason or message  # what went wrong, without the server's name (shown beside it)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,16 +128,14 @@ class Server:
     def error(self, exc: BaseException, status: int) -> CommandError:
         """A client error as a ``CommandError`` naming this server, without its password."""
         if isinstance(exc, HybridLockError):
-            return CommandError(redacted(str(exc), self.url), status)
+            return CommandError(redacted(str(exc), self.url), status, redacted(exc.message, self.url))
         if isinstance(exc, MasterNotFoundError):
             # redis-py's own text is the repr of a sentinel client: say what it means instead.
             sentinels = ", ".join(f"{host}:{port}" for host, port in parse_sentinel_url(self.url).sentinels)
-            return CommandError(
-                f"server {self.name}: no master found: the sentinels ({sentinels}) could not be reached, or none "
-                "knows a master for the service",
-                status,
-            )
-        return CommandError(f"server {self.name}: {redacted(str(exc), self.url)}", status)
+            reason = f"no master found: the sentinels ({sentinels}) could not be reached, or none knows a master"
+        else:
+            reason = redacted(str(exc), self.url)
+        return CommandError(f"server {self.name}: {reason}", status, reason)
 
     def close(self) -> None:
         self.backend.close()  # the client too, and a Sentinel client's connections to the sentinels
@@ -185,6 +190,21 @@ def open_servers(urls: list[str], usage: int, unreachable: int) -> list[Server]:
             server.close()
         raise
     return servers
+
+
+def on_each(servers: list[Server], call: Callable[[Server], T], status: int) -> list[T | CommandError]:
+    """``call(server)`` on every server at once, so a hung server costs its socket timeout, not the sum of them:
+    each one's result, or the ``CommandError`` (with ``status``) naming it when it could not be reached or
+    refused."""
+
+    def guarded(server: Server) -> T | CommandError:
+        try:
+            return call(server)
+        except (redis.RedisError, redis.exceptions.RedisClusterException, HybridLockError) as exc:
+            return server.error(exc, status)
+
+    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="hybridlock-cli") as pool:
+        return list(pool.map(guarded, servers))
 
 
 def close_all(servers: list[Server]) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 import redis
 
 from .._core.names import lock_names, read_write_names
+from .._core.quorum import majority
+from .._sync.backends.quorum import READ_WRITE_REFUSED
 from ..errors import HybridLockError
 from .common import (
     CommandError,
@@ -24,6 +26,7 @@ from .common import (
     add_server_arguments,
     close_all,
     confirm,
+    on_each,
     open_servers,
     registry_key_of,
     report,
@@ -69,30 +72,21 @@ def _command(args: argparse.Namespace) -> int:
 def _release(args: argparse.Namespace) -> int:
     urls = server_urls_of(args, USAGE)
     registry_key = registry_key_of(args, USAGE)
-    kind = "read-write" if args.read_write else "lock"
+    if len(urls) > 1 and args.read_write:
+        raise CommandError(READ_WRITE_REFUSED, USAGE)
     servers = open_servers(urls, USAGE, SERVER_FAILED)
     try:
+        if len(servers) > 1:
+            return _release_on_quorum(args, servers, registry_key)
         (server,) = servers
         try:
-            (state,) = read_locks(server.client, registry_key, [(args.key, kind)])
-            if not args.read_write:
-                holders, reading = [state["holder"]], False
-            elif state["writer"] is not None:
-                holders, reading = [state["writer"]], False
-            else:
-                holders, reading = state["readers"], True
-            holders = [holder for holder in holders if holder is not None]
+            holders, reading = _holders_on(server, registry_key, args.key, args.read_write)
             if not holders:
                 print(f"{_PROG}: {args.key!r} is not held: nothing to release", file=sys.stderr)
                 return NOT_HELD
             shown = "; ".join(_shown(holder) for holder in holders)
             what = f"the read holds of {args.key!r}" if reading else repr(args.key)
-            if not args.yes:
-                if not sys.stdin.isatty():
-                    raise CommandError("not a terminal, so cannot ask: give --yes to release without asking", USAGE)
-                if not confirm(f"Release {what}, held by {shown}, by force?"):
-                    print(f"{_PROG}: not released", file=sys.stderr)
-                    return USAGE
+            _confirm(args, f"Release {what}, held by {shown}, by force?")
             released = sum(
                 _run_release(server, registry_key, args.key, holder["owner"], args.read_write, reading)
                 for holder in holders
@@ -106,6 +100,89 @@ def _release(args: argparse.Namespace) -> int:
         return NOT_HELD
     print(f"released {what} (was held by {shown})")
     return RELEASED
+
+
+def _holders_on(server: Server, registry_key: str, key: str, read_write: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Who holds ``key`` on ``server``: its holder, or a read-write lock's writer, or else its readers (then
+    ``reading`` is True)."""
+    kind = "read-write" if read_write else "lock"
+    (state,) = read_locks(server.client, registry_key, [(key, kind)])
+    if not read_write:
+        holders, reading = [state["holder"]], False
+    elif state["writer"] is not None:
+        holders, reading = [state["writer"]], False
+    else:
+        holders, reading = state["readers"], True
+    return [holder for holder in holders if holder is not None], reading
+
+
+def _confirm(args: argparse.Namespace, question: str) -> None:
+    """Ask unless ``--yes``; a ``CommandError`` (status 2) when there is no terminal to ask on, or no yes."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandError("not a terminal, so cannot ask: give --yes to release without asking", USAGE)
+    if not confirm(question):
+        raise CommandError("not released", USAGE)
+
+
+def _release_on_quorum(args: argparse.Namespace, servers: list[Server], registry_key: str) -> int:
+    """The force release on every server of a quorum that holds the lock (each holder's own release, run on its
+    behalf, as on one server), reported per server. Released where it could be even when fewer than a majority
+    answered (status 3 then: an unreachable server may still hold it until its lease ends)."""
+    needed = majority(len(servers))
+    found = on_each(servers, lambda server: _holders_on(server, registry_key, args.key, False)[0], SERVER_FAILED)
+    holder_on = {
+        server.name: result[0]
+        for server, result in zip(servers, found, strict=True)
+        if not isinstance(result, CommandError) and result
+    }
+    failures = {
+        server.name: result for server, result in zip(servers, found, strict=True) if isinstance(result, CommandError)
+    }
+    answered = len(servers) - len(failures)
+    if not holder_on:
+        if answered < needed:
+            raise CommandError(_too_few(needed, len(servers), failures.values()), SERVER_FAILED)
+        print(
+            f"{_PROG}: {args.key!r} is held on none of the {answered} servers that answered: nothing to release",
+            file=sys.stderr,
+        )
+        return NOT_HELD
+    shown = "; ".join(f"{name}: {_shown(holder)}" for name, holder in holder_on.items())
+    _confirm(args, f"Release {args.key!r} on {len(holder_on)} of {len(servers)} servers ({shown}), by force?")
+    holding = [server for server in servers if server.name in holder_on]
+    done = on_each(
+        holding,
+        lambda server: _run_release(server, registry_key, args.key, holder_on[server.name]["owner"], False, False),
+        SERVER_FAILED,
+    )
+    outcome = {server.name: result for server, result in zip(holding, done, strict=True)}
+    released = sum(1 for result in outcome.values() if result is True)
+    print(f"released {args.key!r} on {released} of {len(servers)} servers")
+    for server in servers:
+        result = outcome.get(server.name)
+        if server.name in failures:
+            said = f"unreachable ({failures[server.name].reason}): it may hold the lock until its lease ends"
+        elif server.name not in holder_on:
+            said = "not held"
+        elif isinstance(result, CommandError):
+            said = f"not released ({result.reason})"
+        elif result:
+            said = f"released (was held by {_shown(holder_on[server.name])})"
+        else:
+            said = "changed hands meanwhile: not released"
+        print(f"  {server.name}: {said}")
+    if answered < needed:
+        print(f"{_PROG}: {_too_few(needed, len(servers), failures.values())}", file=sys.stderr)
+        return SERVER_FAILED
+    return RELEASED if released else NOT_HELD
+
+
+def _too_few(needed: int, total: int, failures: Any) -> str:
+    return f"fewer than a majority ({needed} of {total}) of the quorum's servers answered; " + "; ".join(
+        str(failure) for failure in failures
+    )
 
 
 def _shown(holder: dict[str, Any]) -> str:
