@@ -6,6 +6,10 @@ waiters take the lock at once instead of sleeping out the lease. The holder is n
 next renewal (within a third of its lease) that the lease is gone, as a loss (``lock.lost``, ``on_lost``,
 ``LockLostError`` at release; ``hybridlock run`` then signals its command). Until then it may still believe it
 holds the lock, which is what fencing tokens are for.
+
+On a cluster the release goes to the master serving the key's slot; under Sentinel, to the current master. Over a
+quorum (``--server`` given several times) it is run on every server that holds the lock, each reported: status 0
+if it was released on at least one and a majority of the servers answered.
 """
 
 from __future__ import annotations
@@ -46,9 +50,12 @@ def add_parser(subparsers: Any) -> None:
         help="force-release a lock whoever holds it (an operator's way out)",
         description="Delete KEY's holder key whoever holds it, and wake the next waiting owner as a release "
         "would. The holder learns of it at its next renewal, as a lost lease. Asks for confirmation on a "
-        "terminal unless --yes is given.",
-        epilog="exit status: 0 released; 1 the lock was not held (or changed hands meanwhile: nothing was "
-        "released); 2 usage error, no server given, or not confirmed; 3 the server could not be reached or refused.",
+        "terminal unless --yes is given. Over a quorum (--server given several times) it releases on every server "
+        "that holds it and reports each.",
+        epilog="exit status: 0 released (over a quorum: on at least one server, a majority having answered); 1 the "
+        "lock was not held (or changed hands meanwhile: nothing was released); 2 usage error, no server given, "
+        "servers that make no quorum, or not confirmed; 3 the server could not be reached or refused (over a quorum: "
+        "fewer than a majority answered).",
     )
     parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
     parser.add_argument("--force", action="store_true", required=True, help="required: yes, whoever holds it")

@@ -1,7 +1,12 @@
 """``hybridlock inspect KEY...`` and ``hybridlock list [PATTERN]``: who holds a lock, since when, who waits.
 
-Both only read (see ``inspection.py``). Exit status: 0 done, 2 usage or no server given, 3 the server could not be
-reached or refused a command.
+Both only read (see ``inspection.py``), from one server, a Sentinel service's current master or a cluster (each
+lock at its slot's master), or from every server of a quorum (``--server`` given several times): then each lock is
+shown with its holder on each server and a verdict, held by an owner only if that owner holds it on a majority
+(``N // 2 + 1``) of all the servers; a server that cannot be reached counts as not holding it and is shown so.
+
+Exit status: 0 done, 2 usage or no server given (or a list of servers that is no quorum), 3 the server could not
+be reached or refused a command (over a quorum: fewer than a majority of the servers answered).
 """
 
 from __future__ import annotations
@@ -34,7 +39,11 @@ __all__ = ["add_parsers"]
 
 USAGE, SERVER_FAILED = 2, 3
 
-_STATUSES = "exit status: 0 done; 2 usage error or no server given; 3 the server could not be reached or refused."
+_STATUSES = (
+    "exit status: 0 done; 2 usage error, no server given, or servers that make no quorum (one given twice, a cluster "
+    "among them); 3 the server could not be reached or refused (over a quorum: fewer than a majority answered). "
+    "Over a quorum a lock is held by an owner only if that owner holds it on a majority of the servers."
+)
 
 
 def add_parsers(subparsers: Any) -> None:
