@@ -238,6 +238,12 @@ def test_quorum_inspect_gives_the_verdict_by_majority_with_each_servers_holder(
             listed = _cli("list", *_servers(urls))
             assert listed.returncode == 0, listed
             assert "job [lock]: not held (no majority" in listed.stdout
+            (entry,) = _json(_cli("list", "--json", *_servers(urls)))["locks"]
+            assert [server["server"] for server in entry["servers"]] == urls
+            holders = [server["lock"]["holder"] for server in entry["servers"]]
+            assert [holder["owner"] if holder else None for holder in holders] == [None] * (needed) + [
+                registry.client_id
+            ] * (n - needed)
         finally:
             with contextlib.suppress(hybridlock.LockLostError):
                 lock.release()
@@ -256,6 +262,7 @@ def test_quorum_inspect_and_list_answer_with_a_server_down_and_fail_without_a_ma
             quorum_servers[0].kill()
             document = _json(_cli("inspect", "--json", "job", *_servers(urls)))
             assert [entry["server"] for entry in document["unreachable"]] == [urls[0]]
+            assert "Connection refused" in document["unreachable"][0]["error"]
             (state,) = document["locks"]
             assert (state["held"], state["holder"], state["holding_servers"]) == (True, registry.client_id, n - 1)
             assert state["servers"][0]["reachable"] is False

@@ -148,11 +148,11 @@ def _run_quorum(
         result if isinstance(result, CommandError) else read_by_name[server.name]
         for server, result in zip(servers, found, strict=True)
     ]
-    failures = {server.name: str(o) for server, o in zip(servers, outcomes, strict=True) if isinstance(o, CommandError)}
+    failures = {server.name: o for server, o in zip(servers, outcomes, strict=True) if isinstance(o, CommandError)}
     if len(servers) - len(failures) < needed:
         raise CommandError(
             f"fewer than a majority ({needed} of {len(servers)}) of the quorum's servers answered; "
-            + "; ".join(failures.values()),
+            + "; ".join(str(failure) for failure in failures.values()),
             SERVER_FAILED,
         )
     locks = [
@@ -169,7 +169,7 @@ def _run_quorum(
             "servers": [server.name for server in servers],
             "majority": needed,
             "registry_key": registry_key,
-            "unreachable": [{"server": name, "error": error} for name, error in failures.items()],
+            "unreachable": [{"server": name, "error": error.reason} for name, error in failures.items()],
             "locks": locks,
         }
         json.dump(document, sys.stdout, indent=2)
