@@ -23,9 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridlock",
         description="Reentrant locks across the threads of one process and across processes sharing Redis/Valkey.",
-        epilog="The server-facing commands take the server from --server URL or $HYBRIDLOCK_SERVER_URL, and the "
-        "registry key from --registry-key or $HYBRIDLOCK_REGISTRY_KEY (default 'hybridlock'). Passwords are never "
-        "printed.",
+        epilog="The server-facing commands take the server from --server URL or $HYBRIDLOCK_SERVER_URL (a server, "
+        "a redis+sentinel:// service or a redis+cluster:// cluster; --server given several times, or several URLs "
+        "in the variable, make a quorum of independent servers), and the registry key from --registry-key or "
+        "$HYBRIDLOCK_REGISTRY_KEY (default 'hybridlock'). Passwords are never printed.",
     )
     parser.add_argument("--version", action="version", version=f"hybridlock {__version__}")
     subparsers = parser.add_subparsers(title="subcommands", metavar="COMMAND")

@@ -1,53 +1,80 @@
-"""What the server-facing subcommands share: where the server is, the registry key, and error reporting.
+"""What the server-facing subcommands share: where the servers are, the registry key, and error reporting.
 
 The server comes from ``--server URL`` or else the ``HYBRIDLOCK_SERVER_URL`` environment variable (there is no
 default: a lock tool that quietly used the wrong server would exclude nobody); the registry key from
 ``--registry-key`` or ``HYBRIDLOCK_REGISTRY_KEY``, default ``hybridlock``. A URL is only ever shown with its
 password masked.
+
+One URL is one server, in any form a ``LockRegistry`` takes: ``redis://``, ``rediss://``, ``unix://``, a Sentinel
+service (``redis+sentinel://``: the commands work on its current master, named ``sentinel://<service>/<db>``) or a
+cluster (``redis+cluster://``: each key on the node serving its slot). Two URLs or more (``--server`` given again,
+or several in the environment variable, separated by white space, or by commas where the next URL starts) are a
+quorum of independent servers, as ``QuorumLockRegistry`` takes: each must be a server or a Sentinel service, never
+a cluster, and no server may appear twice.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from .._core.names import validate_registry_key
-from .._core.urls import is_sentinel_url
+from .._core.urls import parse_sentinel_url
+from .._sync.backends.cluster import RedisClusterBackend, is_cluster_url, redis_cluster_client_from_url
+from .._sync.backends.redis import RedisBackend, redis_client_from_url
 from ..backends.clients import redacted, redacted_url
-from ..errors import HybridLockError
+from ..errors import BackendUnavailableError, HybridLockError
 
 __all__ = [
     "REGISTRY_KEY_ENV",
     "SERVER_ENV",
     "CommandError",
+    "Server",
     "add_server_arguments",
-    "client_for",
+    "on_each",
+    "open_servers",
     "registry_key_of",
-    "server_url_of",
+    "server_urls_of",
+    "split_server_urls",
 ]
 
 SERVER_ENV = "HYBRIDLOCK_SERVER_URL"
 REGISTRY_KEY_ENV = "HYBRIDLOCK_REGISTRY_KEY"
 DEFAULT_REGISTRY_KEY = "hybridlock"
 
+# Where one URL of a list ends: white space, or a comma followed by the next URL's scheme. A comma alone does not
+# end a URL: sentinel and cluster URLs list their hosts with commas (redis+sentinel://h1,h2/service).
+T = TypeVar("T")
+
+_URL_SEPARATOR = re.compile(r"\s+|,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
 
 class CommandError(Exception):
     """A subcommand cannot go on: the message is printed (never with a password) and the command exits."""
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason or message  # what went wrong, without the server's name (shown beside it)
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
         metavar="URL",
-        help=f"the lock server, e.g. redis://:password@host:6379/0 or rediss://... (default: ${SERVER_ENV})",
+        action="append",
+        help="the lock server: redis://:password@host:6379/0, rediss://..., unix://..., a Sentinel service "
+        "(redis+sentinel://host:26379,.../service[/db]) or a cluster (redis+cluster://host:port,...). Given two "
+        "times or more: a quorum of independent servers, as QuorumLockRegistry takes (default: "
+        f"${SERVER_ENV}, which may list several URLs separated by spaces or commas)",
     )
     parser.add_argument(
         "--registry-key",
@@ -57,11 +84,20 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def server_url_of(args: argparse.Namespace, status: int) -> str:
-    url: str | None = args.server or os.environ.get(SERVER_ENV)
-    if not url:
+def split_server_urls(text: str) -> list[str]:
+    """The URLs listed in ``text`` (``HYBRIDLOCK_SERVER_URL``): separated by white space, or by a comma where the
+    next URL starts (``redis://a:6379,redis://b:6379``); a comma between hosts stays in its URL."""
+    return [url for url in _URL_SEPARATOR.split(text.strip()) if url]
+
+
+def server_urls_of(args: argparse.Namespace, status: int) -> list[str]:
+    """The URLs given, in order: ``--server`` (each one URL, as given), else ``$HYBRIDLOCK_SERVER_URL``."""
+    urls: list[str] = list(args.server or []) or split_server_urls(os.environ.get(SERVER_ENV, ""))
+    if not urls:
         raise CommandError(f"no server given: use --server URL or set {SERVER_ENV}", status)
-    return url
+    if not all(url.strip() for url in urls):
+        raise CommandError("an empty server URL was given", status)
+    return urls
 
 
 def registry_key_of(args: argparse.Namespace, status: int) -> str:
@@ -72,27 +108,108 @@ def registry_key_of(args: argparse.Namespace, status: int) -> str:
         raise CommandError(str(exc), status) from None
 
 
-def client_for(url: str, status: int) -> redis.Redis:
-    """A client for ``url`` with short timeouts (a command line should not hang on a dead server).
+class Server:
+    """One server a command reads and writes: a single server, a Sentinel service's current master, or a cluster.
 
-    ``inspect``, ``list`` and ``release --force`` read and write one server's keys directly: a cluster or Sentinel
-    URL is refused with what to give instead (``run`` takes every URL a registry takes)."""
-    scheme = url.partition("://")[0].lower()
-    if scheme.endswith("+cluster") or is_sentinel_url(url):
-        raise CommandError(
-            f"{redacted_url(url)}: this command reads one server's keys; give the redis:// URL of the server that "
-            "holds the lock (a cluster: the node serving the key's slot; Sentinel: the current master)",
-            status,
-        )
+    ``client`` reads (text replies); ``backend`` runs the lock's own scripts (``release --force``), routed to the
+    key's node on a cluster and to the current master under Sentinel. ``name`` is how messages show it: the URL
+    without its password, ``sentinel://<service>/<db>`` for a Sentinel service."""
+
+    def __init__(self, url: str, backend: RedisBackend | RedisClusterBackend, name: str) -> None:
+        self.url = url
+        self.backend = backend
+        self.name = name
+        self.cluster = isinstance(backend, RedisClusterBackend)
+
+    @property
+    def client(self) -> Any:
+        return self.backend.client
+
+    def error(self, exc: BaseException, status: int) -> CommandError:
+        """A client error as a ``CommandError`` naming this server, without its password."""
+        if isinstance(exc, HybridLockError):
+            return CommandError(redacted(str(exc), self.url), status, redacted(exc.message, self.url))
+        if isinstance(exc, MasterNotFoundError):
+            # redis-py's own text is the repr of a sentinel client: say what it means instead.
+            sentinels = ", ".join(f"{host}:{port}" for host, port in parse_sentinel_url(self.url).sentinels)
+            reason = f"no master found: the sentinels ({sentinels}) could not be reached, or none knows a master"
+        else:
+            reason = redacted(str(exc), self.url)
+        return CommandError(f"server {self.name}: {reason}", status, reason)
+
+    def close(self) -> None:
+        self.backend.close()  # the client too, and a Sentinel client's connections to the sentinels
+
+
+def open_server(url: str, usage: int, unreachable: int) -> Server:
+    """A ``Server`` for ``url`` with short timeouts (a command line should not hang on a dead server): no I/O but
+    for a cluster, whose client asks a node for the cluster's layout at once."""
     try:
-        return redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, decode_responses=True)
+        if is_cluster_url(url):
+            cluster_client = redis_cluster_client_from_url(url, decode_responses=True)
+            name = redacted_url(url)
+            return Server(url, RedisClusterBackend(cluster_client, owns_client=True, address=name), name)
+        client = redis_client_from_url(url, decode_responses=True)
+    except BackendUnavailableError as exc:
+        raise CommandError(redacted(str(exc), url), unreachable) from None
     except ValueError as exc:
-        raise CommandError(f"not a valid server URL: {redacted_url(url)} ({redacted(str(exc), url)})", status) from None
+        raise CommandError(f"not a valid server URL: {redacted_url(url)} ({redacted(str(exc), url)})", usage) from None
+    backend = RedisBackend(client, owns_client=True)
+    # A Sentinel service is named by its service (the master may change); a server by its URL as given.
+    name = backend.address if backend.address.startswith("sentinel://") else redacted_url(url)
+    return Server(url, backend, name)
 
 
-def server_error(exc: BaseException, url: str, status: int) -> CommandError:
-    """A client error as a ``CommandError`` naming the server, without its password."""
-    return CommandError(f"server {redacted_url(url)}: {redacted(str(exc), url)}", status)
+def open_servers(urls: list[str], usage: int, unreachable: int) -> list[Server]:
+    """A ``Server`` per URL. Two or more make a quorum: a cluster among them, or a server given twice (however
+    spelt: ``redis://h:6379`` and ``redis://h:6379/0`` are one), is a usage error naming it."""
+    if len(urls) > 1:
+        for url in urls:
+            if is_cluster_url(url):
+                raise CommandError(
+                    f"{redacted_url(url)} is a cluster: a quorum is made of independent servers (redis://, "
+                    "rediss://, unix:// or redis+sentinel:// URLs); give a cluster as the only --server",
+                    usage,
+                )
+    servers: list[Server] = []
+    try:
+        for url in urls:
+            servers.append(open_server(url, usage, unreachable))
+        seen: dict[str, Server] = {}
+        for server in servers:
+            # The backend's address is the server itself (host, port, db; a Sentinel service and db).
+            address = server.backend.address
+            if address in seen:
+                raise CommandError(
+                    f"a quorum's servers must be distinct: {seen[address].name} and {server.name} are both {address}",
+                    usage,
+                )
+            seen[address] = server
+    except BaseException:
+        for server in servers:
+            server.close()
+        raise
+    return servers
+
+
+def on_each(servers: list[Server], call: Callable[[Server], T], status: int) -> list[T | CommandError]:
+    """``call(server)`` on every server at once, so a hung server costs its socket timeout, not the sum of them:
+    each one's result, or the ``CommandError`` (with ``status``) naming it when it could not be reached or
+    refused."""
+
+    def guarded(server: Server) -> T | CommandError:
+        try:
+            return call(server)
+        except (redis.RedisError, redis.exceptions.RedisClusterException, HybridLockError) as exc:
+            return server.error(exc, status)
+
+    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="hybridlock-cli") as pool:
+        return list(pool.map(guarded, servers))
+
+
+def close_all(servers: list[Server]) -> None:
+    for server in servers:
+        server.close()
 
 
 def report(prog: str, error: CommandError) -> int:

@@ -9,6 +9,11 @@ Everything is read in two pipelined round trips per batch of keys (the lock keys
 with plain read commands (``GET``, ``PTTL``, ``ZRANGE``, ``HGETALL``, ``TIME``; ``SCAN`` to list, never ``KEYS``).
 The reads are not one atomic snapshot: a lock may change hands between two of them, which a human (or script)
 looking again sees at once.
+
+On a cluster (``read_locks`` and ``scan_keys`` given a ``RedisCluster``), every name of one lock shares its hash
+slot, so each lock is read at the master serving that slot, with that master's clock, in one pipelined round trip
+per master; the owners' descriptions (which live in slots of their own) are read through the cluster client, and
+``list`` scans every master.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import redis
 
 from .._core.names import lock_names, owner_key, read_write_names
 
-__all__ = ["glob_matcher", "inspect_locks", "scan_keys"]
+__all__ = ["glob_matcher", "inspect_locks", "read_locks", "scan_keys"]
 
 # Endings of a lock's server names (after "R:{key"), and which kind of lock each belongs to. No ending is the end of
 # another (see names.py), so a name's ending, and with it its key, is found unambiguously.
@@ -35,6 +40,7 @@ _ENDINGS = {
     "}:writers": "read-write",
 }
 _SCAN_COUNT = 1000
+_BATCH = 200  # keys read per pair of round trips
 # A fencing token at least this large was taken from the server clock (microseconds since 1970, past 2001).
 _CLOCK_TOKEN = 10**15
 
@@ -83,16 +89,25 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def scan_keys(client: redis.Redis, registry_key: str, pattern: str = "*") -> list[tuple[str, str]]:
+def _is_cluster(client: Any) -> bool:
+    return isinstance(client, redis.cluster.RedisCluster)
+
+
+def scan_keys(client: Any, registry_key: str, pattern: str = "*") -> list[tuple[str, str]]:
     """``(key, kind)`` of every lock of ``registry_key`` whose key matches the glob ``pattern`` and that is held or
-    waited for ("lock" or "read-write"; a key may be both), sorted. Uses ``SCAN``, never ``KEYS``."""
+    waited for ("lock" or "read-write"; a key may be both), sorted. Uses ``SCAN``, never ``KEYS``; on a cluster,
+    on every master."""
     prefix = f"{registry_key}:{{"
     matcher = glob_matcher(pattern)
     found: set[tuple[str, str]] = set()
-    for name in client.scan_iter(match=f"{_glob_escape(prefix)}{pattern}}}*", count=_SCAN_COUNT):
-        parsed = _parse(name, prefix)
-        if parsed is not None and matcher.fullmatch(parsed[0]):
-            found.add(parsed)
+    scanned = (
+        [client.get_redis_connection(node) for node in client.get_primaries()] if _is_cluster(client) else [client]
+    )
+    for node_client in scanned:
+        for name in node_client.scan_iter(match=f"{_glob_escape(prefix)}{pattern}}}*", count=_SCAN_COUNT):
+            parsed = _parse(name, prefix)
+            if parsed is not None and matcher.fullmatch(parsed[0]):
+                found.add(parsed)
     return sorted(found)
 
 
@@ -105,8 +120,35 @@ def _parse(name: str, prefix: str) -> tuple[str, str] | None:
     return None
 
 
-def inspect_locks(client: redis.Redis, registry_key: str, keys: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
-    """The state of each ``(key, kind)`` lock (kind "lock" or "read-write"), as JSON-ready dicts."""
+def read_locks(client: Any, registry_key: str, keys: Iterable[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The state of each ``(key, kind)`` lock, in the order given, read in batches of ``_BATCH`` keys; on a cluster
+    (``client`` a ``RedisCluster``), each at the master serving its slot."""
+    keys = list(keys)
+    if not _is_cluster(client):
+        return [lock for batch in chunks(keys, _BATCH) for lock in inspect_locks(client, registry_key, batch)]
+    by_node: dict[str, list[int]] = {}
+    nodes: dict[str, Any] = {}
+    for index, (key, kind) in enumerate(keys):
+        name = lock_names(registry_key, key).lock if kind == "lock" else read_write_names(registry_key, key).writer
+        node = client.get_node_from_key(name)
+        nodes[node.name] = node
+        by_node.setdefault(node.name, []).append(index)
+    states: list[dict[str, Any] | None] = [None] * len(keys)
+    for node_name, indexes in by_node.items():
+        node_client = client.get_redis_connection(nodes[node_name])
+        for batch in chunks(indexes, _BATCH):
+            read = inspect_locks(node_client, registry_key, [keys[i] for i in batch], describer=client)
+            for index, state in zip(batch, read, strict=True):
+                states[index] = state
+    return [state for state in states if state is not None]
+
+
+def inspect_locks(
+    client: redis.Redis, registry_key: str, keys: Iterable[tuple[str, str]], describer: Any = None
+) -> list[dict[str, Any]]:
+    """The state of each ``(key, kind)`` lock (kind "lock" or "read-write"), as JSON-ready dicts, read from
+    ``client`` (one server, or the cluster node serving every key's slot); the owners' descriptions from
+    ``describer`` (default: ``client``; on a cluster, the cluster client, which routes each by its slot)."""
     keys = list(keys)
     pipe = client.pipeline(transaction=False)
     pipe.time()
@@ -137,7 +179,7 @@ def inspect_locks(client: redis.Redis, registry_key: str, keys: Iterable[tuple[s
             owners.add(value)
         owners.update(member for member, _score in first or ())
         owners.update(member for member, _score in second or ())
-    descriptions = _descriptions(client, registry_key, sorted(owners))
+    descriptions = _descriptions(describer if describer is not None else client, registry_key, sorted(owners))
 
     result = []
     for (key, kind), (value, pttl, fence, first, second) in zip(keys, per_key, strict=True):
@@ -150,10 +192,16 @@ def inspect_locks(client: redis.Redis, registry_key: str, keys: Iterable[tuple[s
 
 def _clean(reply: Any) -> Any:
     # A key of an unexpected type (not written by hybridlock) answers WRONGTYPE: read it as missing, as scripts do.
-    return None if isinstance(reply, Exception) else reply
+    # Any other error (a slot moved meanwhile, a command the ACL refuses) means the lock could not be read: raised,
+    # never shown as a free lock.
+    if isinstance(reply, Exception):
+        if str(reply).startswith("WRONGTYPE"):
+            return None
+        raise reply
+    return reply
 
 
-def _descriptions(client: redis.Redis, registry_key: str, owners: list[str]) -> dict[str, dict[str, str]]:
+def _descriptions(client: Any, registry_key: str, owners: list[str]) -> dict[str, dict[str, str]]:
     if not owners:
         return {}
     pipe = client.pipeline(transaction=False)

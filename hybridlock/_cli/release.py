@@ -6,6 +6,10 @@ waiters take the lock at once instead of sleeping out the lease. The holder is n
 next renewal (within a third of its lease) that the lease is gone, as a loss (``lock.lost``, ``on_lost``,
 ``LockLostError`` at release; ``hybridlock run`` then signals its command). Until then it may still believe it
 holds the lock, which is what fencing tokens are for.
+
+On a cluster the release goes to the master serving the key's slot; under Sentinel, to the current master. Over a
+quorum (``--server`` given several times) it is run on every server that holds the lock, each reported: status 0
+if it was released on at least one and a majority of the servers answered.
 """
 
 from __future__ import annotations
@@ -17,19 +21,22 @@ from typing import Any
 import redis
 
 from .._core.names import lock_names, read_write_names
-from .._sync.backends.redis import RedisBackend
+from .._core.quorum import majority
+from .._sync.backends.quorum import READ_WRITE_REFUSED
 from ..errors import HybridLockError
 from .common import (
     CommandError,
+    Server,
     add_server_arguments,
-    client_for,
+    close_all,
     confirm,
+    on_each,
+    open_servers,
     registry_key_of,
     report,
-    server_error,
-    server_url_of,
+    server_urls_of,
 )
-from .inspection import inspect_locks
+from .inspection import read_locks
 
 __all__ = ["add_parser"]
 
@@ -43,9 +50,12 @@ def add_parser(subparsers: Any) -> None:
         help="force-release a lock whoever holds it (an operator's way out)",
         description="Delete KEY's holder key whoever holds it, and wake the next waiting owner as a release "
         "would. The holder learns of it at its next renewal, as a lost lease. Asks for confirmation on a "
-        "terminal unless --yes is given.",
-        epilog="exit status: 0 released; 1 the lock was not held (or changed hands meanwhile: nothing was "
-        "released); 2 usage error, no server given, or not confirmed; 3 the server could not be reached or refused.",
+        "terminal unless --yes is given. Over a quorum (--server given several times) it releases on every server "
+        "that holds it and reports each.",
+        epilog="exit status: 0 released (over a quorum: on at least one server, a majority having answered); 1 the "
+        "lock was not held (or changed hands meanwhile: nothing was released); 2 usage error, no server given, "
+        "servers that make no quorum, or not confirmed; 3 the server could not be reached or refused (over a quorum: "
+        "fewer than a majority answered).",
     )
     parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
     parser.add_argument("--force", action="store_true", required=True, help="required: yes, whoever holds it")
@@ -67,41 +77,31 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    url = server_url_of(args, USAGE)
+    urls = server_urls_of(args, USAGE)
     registry_key = registry_key_of(args, USAGE)
-    kind = "read-write" if args.read_write else "lock"
-    client = client_for(url, USAGE)
+    if len(urls) > 1 and args.read_write:
+        raise CommandError(READ_WRITE_REFUSED, USAGE)
+    servers = open_servers(urls, USAGE, SERVER_FAILED)
     try:
+        if len(servers) > 1:
+            return _release_on_quorum(args, servers, registry_key)
+        (server,) = servers
         try:
-            (state,) = inspect_locks(client, registry_key, [(args.key, kind)])
-            if not args.read_write:
-                holders, reading = [state["holder"]], False
-            elif state["writer"] is not None:
-                holders, reading = [state["writer"]], False
-            else:
-                holders, reading = state["readers"], True
-            holders = [holder for holder in holders if holder is not None]
+            holders, reading = _holders_on(server, registry_key, args.key, args.read_write)
             if not holders:
                 print(f"{_PROG}: {args.key!r} is not held: nothing to release", file=sys.stderr)
                 return NOT_HELD
             shown = "; ".join(_shown(holder) for holder in holders)
             what = f"the read holds of {args.key!r}" if reading else repr(args.key)
-            if not args.yes:
-                if not sys.stdin.isatty():
-                    raise CommandError("not a terminal, so cannot ask: give --yes to release without asking", USAGE)
-                if not confirm(f"Release {what}, held by {shown}, by force?"):
-                    print(f"{_PROG}: not released", file=sys.stderr)
-                    return USAGE
+            _confirm(args, f"Release {what}, held by {shown}, by force?")
             released = sum(
-                _run_release(client, registry_key, args.key, holder["owner"], args.read_write, reading)
+                _run_release(server, registry_key, args.key, holder["owner"], args.read_write, reading)
                 for holder in holders
             )
-        except redis.RedisError as exc:
-            raise server_error(exc, url, SERVER_FAILED) from None
-        except HybridLockError as exc:
-            raise CommandError(str(exc), SERVER_FAILED) from None
+        except (redis.RedisError, redis.exceptions.RedisClusterException, HybridLockError) as exc:
+            raise server.error(exc, SERVER_FAILED) from None
     finally:
-        client.close()
+        close_all(servers)
     if not released:
         print(f"{_PROG}: {args.key!r} changed hands meanwhile: nothing released", file=sys.stderr)
         return NOT_HELD
@@ -109,16 +109,98 @@ def _release(args: argparse.Namespace) -> int:
     return RELEASED
 
 
+def _holders_on(server: Server, registry_key: str, key: str, read_write: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Who holds ``key`` on ``server``: its holder, or a read-write lock's writer, or else its readers (then
+    ``reading`` is True)."""
+    kind = "read-write" if read_write else "lock"
+    (state,) = read_locks(server.client, registry_key, [(key, kind)])
+    if not read_write:
+        holders, reading = [state["holder"]], False
+    elif state["writer"] is not None:
+        holders, reading = [state["writer"]], False
+    else:
+        holders, reading = state["readers"], True
+    return [holder for holder in holders if holder is not None], reading
+
+
+def _confirm(args: argparse.Namespace, question: str) -> None:
+    """Ask unless ``--yes``; a ``CommandError`` (status 2) when there is no terminal to ask on, or no yes."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise CommandError("not a terminal, so cannot ask: give --yes to release without asking", USAGE)
+    if not confirm(question):
+        raise CommandError("not released", USAGE)
+
+
+def _release_on_quorum(args: argparse.Namespace, servers: list[Server], registry_key: str) -> int:
+    """The force release on every server of a quorum that holds the lock (each holder's own release, run on its
+    behalf, as on one server), reported per server. Released where it could be even when fewer than a majority
+    answered (status 3 then: an unreachable server may still hold it until its lease ends)."""
+    needed = majority(len(servers))
+    found = on_each(servers, lambda server: _holders_on(server, registry_key, args.key, False)[0], SERVER_FAILED)
+    holder_on = {
+        server.name: result[0]
+        for server, result in zip(servers, found, strict=True)
+        if not isinstance(result, CommandError) and result
+    }
+    failures = {
+        server.name: result for server, result in zip(servers, found, strict=True) if isinstance(result, CommandError)
+    }
+    answered = len(servers) - len(failures)
+    if not holder_on:
+        if answered < needed:
+            raise CommandError(_too_few(needed, len(servers), failures.values()), SERVER_FAILED)
+        print(
+            f"{_PROG}: {args.key!r} is held on none of the {answered} servers that answered: nothing to release",
+            file=sys.stderr,
+        )
+        return NOT_HELD
+    shown = "; ".join(f"{name}: {_shown(holder)}" for name, holder in holder_on.items())
+    _confirm(args, f"Release {args.key!r} on {len(holder_on)} of {len(servers)} servers ({shown}), by force?")
+    holding = [server for server in servers if server.name in holder_on]
+    done = on_each(
+        holding,
+        lambda server: _run_release(server, registry_key, args.key, holder_on[server.name]["owner"], False, False),
+        SERVER_FAILED,
+    )
+    outcome = {server.name: result for server, result in zip(holding, done, strict=True)}
+    released = sum(1 for result in outcome.values() if result is True)
+    print(f"released {args.key!r} on {released} of {len(servers)} servers")
+    for server in servers:
+        result = outcome.get(server.name)
+        if server.name in failures:
+            said = f"unreachable ({failures[server.name].reason}): it may hold the lock until its lease ends"
+        elif server.name not in holder_on:
+            said = "not held"
+        elif isinstance(result, CommandError):
+            said = f"not released ({result.reason})"
+        elif result:
+            said = f"released (was held by {_shown(holder_on[server.name])})"
+        else:
+            said = "changed hands meanwhile: not released"
+        print(f"  {server.name}: {said}")
+    if answered < needed:
+        print(f"{_PROG}: {_too_few(needed, len(servers), failures.values())}", file=sys.stderr)
+        return SERVER_FAILED
+    return RELEASED if released else NOT_HELD
+
+
+def _too_few(needed: int, total: int, failures: Any) -> str:
+    return f"fewer than a majority ({needed} of {total}) of the quorum's servers answered; " + "; ".join(
+        str(failure) for failure in failures
+    )
+
+
 def _shown(holder: dict[str, Any]) -> str:
     return ", ".join(str(part) for part in (holder["owner"], holder.get("host"), holder.get("pid")) if part)
 
 
-def _run_release(
-    client: redis.Redis, registry_key: str, key: str, owner: str, read_write: bool, reading: bool
-) -> bool:
+def _run_release(server: Server, registry_key: str, key: str, owner: str, read_write: bool, reading: bool) -> bool:
     # The holder's own release, run on its behalf: it deletes only if the holder is still `owner`, so a lock that
-    # changed hands since we looked is left alone (a reader's: only that owner's read hold).
-    backend = RedisBackend(client)
+    # changed hands since we looked is left alone (a reader's: only that owner's read hold). On a cluster the
+    # backend sends it to the node serving the key's slot; under Sentinel, to the current master.
+    backend = server.backend
     if reading:
         return backend.release_read(read_write_names(registry_key, key), owner)
     if read_write:

@@ -1,9 +1,10 @@
 """``hybridlock run KEY -- CMD ARGS...``: a distributed ``flock``: run a command while holding a lock.
 
-The lock is a plain ``LockRegistry`` lock, so a program using the library on the same key (and registry key)
-excludes the command and is excluded by it. While the command runs, the registry's renewer keeps the lease
-alive. The command finds the lock's fencing token in ``HYBRIDLOCK_FENCING_TOKEN`` (and the key in
-``HYBRIDLOCK_KEY``, the registry key in ``HYBRIDLOCK_REGISTRY_KEY``), to pass on to whatever it writes.
+The lock is a plain ``LockRegistry`` lock (a ``QuorumLockRegistry`` one when ``--server`` is given several times),
+so a program using the library on the same key (and registry key) excludes the command and is excluded by it.
+While the command runs, the registry's renewer keeps the lease alive. The command finds the lock's fencing token
+in ``HYBRIDLOCK_FENCING_TOKEN`` (and the key in ``HYBRIDLOCK_KEY``, the registry key in
+``HYBRIDLOCK_REGISTRY_KEY``), to pass on to whatever it writes.
 
 Signals: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to ``hybridlock run`` are passed on to the command,
 which decides what they mean (a supervisor's SIGHUP is often "reload") and when to end; ``hybridlock run`` then
@@ -32,9 +33,17 @@ from types import FrameType
 from typing import Any
 
 from .._sync.lock import HybridLock
-from .._sync.registry import LockRegistry
+from .._sync.registry import LockRegistry, QuorumLockRegistry
 from ..errors import HybridLockError, LockLostError
-from .common import CommandError, add_server_arguments, registry_key_of, report, server_url_of
+from .common import (
+    CommandError,
+    add_server_arguments,
+    close_all,
+    open_servers,
+    registry_key_of,
+    report,
+    server_urls_of,
+)
 
 __all__ = [
     "EXIT_CANNOT_RUN",
@@ -73,7 +82,7 @@ _EPILOG = f"""exit status:
   {EXIT_CANNOT_RUN:<4} the command could not be run
   {EXIT_NOT_FOUND:<4} the command was not found
   128+N  SIGINT, SIGTERM or SIGHUP (N) arrived while waiting for the lock (130 for Ctrl-C, 143 for SIGTERM)
-  2    usage error
+  2    usage error (also: servers that make no quorum, one given twice or a cluster among them)
 
 environment given to the command:
   {FENCING_TOKEN_ENV}  the lock's fencing token (greater than every earlier holder's)
@@ -158,10 +167,17 @@ def _command(args: argparse.Namespace) -> int:
         print(f"{_PROG}: no command given (hybridlock run KEY -- CMD ARGS...)", file=sys.stderr)
         return 2
     try:
-        url = server_url_of(args, EXIT_FAILED)
+        urls = server_urls_of(args, EXIT_FAILED)
         registry_key = registry_key_of(args, EXIT_FAILED)
+        if len(urls) > 1:
+            # A list that is no quorum (a cluster in it, a server twice) is a usage error, told before any wait.
+            close_all(open_servers(urls, 2, EXIT_FAILED))
+        registry: LockRegistry
         try:
-            registry = LockRegistry(url, registry_key=registry_key, expire_after=args.expire_after)
+            if len(urls) > 1:
+                registry = QuorumLockRegistry(urls, registry_key=registry_key, expire_after=args.expire_after)
+            else:
+                registry = LockRegistry(urls[0], registry_key=registry_key, expire_after=args.expire_after)
         except HybridLockError as exc:
             raise CommandError(str(exc), EXIT_FAILED) from None
     except CommandError as exc:

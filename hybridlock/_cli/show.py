@@ -1,7 +1,12 @@
 """``hybridlock inspect KEY...`` and ``hybridlock list [PATTERN]``: who holds a lock, since when, who waits.
 
-Both only read (see ``inspection.py``). Exit status: 0 done, 2 usage or no server given, 3 the server could not be
-reached or refused a command.
+Both only read (see ``inspection.py``), from one server, a Sentinel service's current master or a cluster (each
+lock at its slot's master), or from every server of a quorum (``--server`` given several times): then each lock is
+shown with its holder on each server and a verdict, held by an owner only if that owner holds it on a majority
+(``N // 2 + 1``) of all the servers; a server that cannot be reached counts as not holding it and is shown so.
+
+Exit status: 0 done, 2 usage or no server given (or a list of servers that is no quorum), 3 the server could not
+be reached or refused a command (over a quorum: fewer than a majority of the servers answered).
 """
 
 from __future__ import annotations
@@ -10,28 +15,35 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import redis
 
-from ..backends.clients import redacted_url
+from .._core.quorum import majority
+from .._sync.backends.quorum import READ_WRITE_REFUSED
 from .common import (
     CommandError,
+    Server,
     add_server_arguments,
-    client_for,
+    close_all,
+    on_each,
+    open_servers,
     registry_key_of,
     report,
-    server_error,
-    server_url_of,
+    server_urls_of,
 )
-from .inspection import chunks, inspect_locks, scan_keys
+from .inspection import read_locks, scan_keys
 
 __all__ = ["add_parsers"]
 
 USAGE, SERVER_FAILED = 2, 3
-_BATCH = 200  # keys inspected per pair of round trips
 
-_STATUSES = "exit status: 0 done; 2 usage error or no server given; 3 the server could not be reached or refused."
+_STATUSES = (
+    "exit status: 0 done; 2 usage error, no server given, or servers that make no quorum (one given twice, a cluster "
+    "among them); 3 the server could not be reached or refused (over a quorum: fewer than a majority answered). "
+    "Over a quorum a lock is held by an owner only if that owner holds it on a majority of the servers."
+)
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -77,21 +89,26 @@ def _list(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, prog: str, keys_of: Any, detailed: bool) -> int:
     try:
-        url = server_url_of(args, USAGE)
+        urls = server_urls_of(args, USAGE)
         registry_key = registry_key_of(args, USAGE)
-        client = client_for(url, USAGE)
+        if len(urls) > 1 and getattr(args, "read_write", False):
+            raise CommandError(READ_WRITE_REFUSED, USAGE)
+        servers = open_servers(urls, USAGE, SERVER_FAILED)
         try:
+            if len(servers) > 1:
+                return _run_quorum(args, prog, servers, registry_key, keys_of, detailed)
+            (server,) = servers
             try:
-                keys = keys_of(client, registry_key)
-                locks = [lock for batch in chunks(keys, _BATCH) for lock in inspect_locks(client, registry_key, batch)]
-            except redis.RedisError as exc:
-                raise server_error(exc, url, SERVER_FAILED) from None
+                keys = keys_of(server.client, registry_key)
+                locks = read_locks(server.client, registry_key, keys)
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                raise server.error(exc, SERVER_FAILED) from None
         finally:
-            client.close()
+            close_all(servers)
     except CommandError as exc:
         return report(prog, exc)
     if args.json:
-        document = {"server": redacted_url(url), "registry_key": registry_key, "locks": locks}
+        document = {"server": server.name, "registry_key": registry_key, "locks": locks}
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif detailed:
@@ -104,6 +121,132 @@ def _run(args: argparse.Namespace, prog: str, keys_of: Any, detailed: bool) -> i
         for lock in locks:
             print(_one_line(lock, now))
     return 0
+
+
+# -- a quorum --------------------------------------------------------------------------------------------------------
+
+
+def _run_quorum(
+    args: argparse.Namespace, prog: str, servers: list[Server], registry_key: str, keys_of: Any, detailed: bool
+) -> int:
+    """Read every server at once (``list``: first the keys each one knows, then the union of them everywhere) and
+    give each lock a verdict by majority. Fewer than a majority answering is a ``CommandError`` (status 3)."""
+    needed = majority(len(servers))
+    answering = servers
+    keys: list[tuple[str, str]] = []
+    found: list[Any] = [None] * len(servers)
+    if detailed:  # inspect: the keys given, in their order
+        keys = keys_of(None, registry_key)
+    else:
+        found = on_each(servers, lambda server: keys_of(server.client, registry_key), SERVER_FAILED)
+        keys = sorted({key for result in found if not isinstance(result, CommandError) for key in result})
+        answering = [s for s, result in zip(servers, found, strict=True) if not isinstance(result, CommandError)]
+    read = on_each(answering, lambda server: read_locks(server.client, registry_key, keys), SERVER_FAILED)
+    read_by_name = {server.name: result for server, result in zip(answering, read, strict=True)}
+    # Each server's states, or why it could not be listed or read.
+    outcomes: list[list[dict[str, Any]] | CommandError] = [
+        result if isinstance(result, CommandError) else read_by_name[server.name]
+        for server, result in zip(servers, found, strict=True)
+    ]
+    failures = {server.name: o for server, o in zip(servers, outcomes, strict=True) if isinstance(o, CommandError)}
+    if len(servers) - len(failures) < needed:
+        raise CommandError(
+            f"fewer than a majority ({needed} of {len(servers)}) of the quorum's servers answered; "
+            + "; ".join(str(failure) for failure in failures.values()),
+            SERVER_FAILED,
+        )
+    locks = [
+        _quorum_lock(
+            key,
+            kind,
+            [(s.name, o if isinstance(o, CommandError) else o[index]) for s, o in zip(servers, outcomes, strict=True)],
+            needed,
+        )
+        for index, (key, kind) in enumerate(keys)
+    ]
+    if args.json:
+        document = {
+            "servers": [server.name for server in servers],
+            "majority": needed,
+            "registry_key": registry_key,
+            "unreachable": [{"server": name, "error": error.reason} for name, error in failures.items()],
+            "locks": locks,
+        }
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    for error in failures.values():
+        print(f"{prog}: unreachable, counted as not holding: {error}", file=sys.stderr)
+    now = time.time()
+    if detailed:
+        print("\n\n".join(_describe_quorum(lock, now) for lock in locks))
+    else:
+        if not locks:
+            answered = len(servers) - len(failures)
+            print(
+                f"no lock of registry {registry_key!r} is held or waited for on any of the {answered} servers "
+                "that answered"
+            )
+        for lock in locks:
+            print(f"{lock['key']} [{lock['kind']}]: {lock['verdict']}")
+    return 0
+
+
+def _holder_of(state: dict[str, Any]) -> dict[str, Any] | None:
+    holder: dict[str, Any] | None = state["holder"] if state["kind"] == "lock" else state["writer"]
+    return holder
+
+
+def _quorum_lock(
+    key: str, kind: str, per_server: list[tuple[str, dict[str, Any] | CommandError]], needed: int
+) -> dict[str, Any]:
+    """One lock over a quorum: each server's state (or why it could not be read) and the verdict, held by an owner
+    only if that owner holds it on a majority of all the servers (an unreachable one counts as not holding)."""
+    counts: Counter[str] = Counter()
+    shown = []
+    for name, state in per_server:
+        if isinstance(state, CommandError):
+            shown.append({"server": name, "reachable": False, "error": state.reason, "lock": None})
+            continue
+        holder = _holder_of(state)
+        if holder is not None:
+            counts[holder["owner"]] += 1
+        shown.append({"server": name, "reachable": True, "error": None, "lock": state})
+    total = len(per_server)
+    owner, holding = counts.most_common(1)[0] if counts else (None, 0)
+    held = owner is not None and holding >= needed
+    if held:
+        verdict = f"held by {owner} on {holding} of {total} servers"
+    elif counts:
+        spread = ", ".join(f"{who} on {n}" for who, n in counts.most_common())
+        verdict = f"not held (no majority: {spread} of {total} servers; {needed} needed)"
+    else:
+        verdict = f"free (held on none of the {total} servers)"
+    return {
+        "key": key,
+        "kind": kind,
+        "held": held,
+        "holder": owner if held else None,
+        "holding_servers": holding if held else 0,
+        "majority": needed,
+        "verdict": verdict,
+        "servers": shown,
+    }
+
+
+def _describe_quorum(lock: dict[str, Any], now: float) -> str:
+    lines = [f"{lock['key']}  ({lock['kind']}): {lock['verdict']}"]
+    for entry in lock["servers"]:
+        if not entry["reachable"]:
+            lines.append(f"  {entry['server']}: unreachable ({entry['error']})")
+            continue
+        state = entry["lock"]
+        holder = _holder_of(state)
+        lease = state["lease_remaining_ms"] if state["kind"] == "lock" else state["writer_lease_remaining_ms"]
+        said = f"held by {_who(holder, now)}; {_lease(lease)}" if holder is not None else "free"
+        counter = state["fencing_counter"] if state["fencing_counter"] is not None else "-"
+        lines.append(f"  {entry['server']}: {said}; fencing counter {counter}")
+    return "\n".join(lines)
 
 
 def _who(owner: dict[str, Any] | None, now: float) -> str:

@@ -86,12 +86,13 @@ def is_cluster_url(url: str) -> bool:
 _CLUSTER_URL = re.compile(r"^(?P<scheme>[^:]+)://(?P<userinfo>[^?#]*@)?(?P<hosts>[^/?#@]*)(?P<tail>.*)$")
 
 
-def redis_cluster_client_from_url(url: str) -> redis.asyncio.cluster.RedisCluster:
+def redis_cluster_client_from_url(url: str, *, decode_responses: bool = False) -> redis.asyncio.cluster.RedisCluster:
     """A cluster client for ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` for TLS; user,
     password and query options as in a ``redis://`` URL), with hybridlock's defaults: 5 s timeouts and one
     immediate retry, so a dead node costs about one connect timeout, not several. Every host given is a node to
     start from; the client learns the rest of the cluster from them. The asyncio client does no I/O here; the
-    blocking one connects to learn the cluster's layout (a ``BackendUnavailableError`` when it cannot)."""
+    blocking one connects to learn the cluster's layout (a ``BackendUnavailableError`` when it cannot).
+    ``decode_responses`` as redis-py's (the command line reads text)."""
     from redis.asyncio import retry as retries
     from redis.backoff import NoBackoff
 
@@ -114,6 +115,7 @@ def redis_cluster_client_from_url(url: str) -> redis.asyncio.cluster.RedisCluste
             socket_timeout=5.0,
             socket_connect_timeout=5.0,
             retry=retry,
+            decode_responses=decode_responses,
         )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # (Only the blocking client gets here: it connects at once.)

@@ -639,25 +639,27 @@ def _rw_result(reply: Sequence[Any]) -> AcquireResult:
     return AcquireResult(False, None, None if wait_ms < 0 else wait_ms / 1000.0)
 
 
-def redis_client_from_url(url: str) -> redis.Redis:
+def redis_client_from_url(url: str, *, decode_responses: bool = False) -> redis.Redis:
     """A client for ``url`` with hybridlock's defaults: 5 s timeouts, and one immediate retry on a broken
     connection only (it reconnects a pooled connection the server dropped). A *timeout* is not retried, so an
     unresponsive server costs one socket timeout, not several. Making it does no I/O.
 
     ``redis+sentinel://`` and ``rediss+sentinel://`` URLs (see ``hybridlock._core.urls``) give the master of a
     Sentinel-managed service, with the same defaults for the sentinels; ``InvalidArgumentError`` (a
-    ``ValueError``) for a malformed one."""
+    ``ValueError``) for a malformed one. ``decode_responses`` as redis-py's (the command line reads text)."""
     # Spelled so that the imports stay sorted on both sides (redis.retry becomes redis.retry).
     from redis import retry as retries
     from redis.backoff import NoBackoff
 
     retry = retries.Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
     if is_sentinel_url(url):
-        return _sentinel_master(parse_sentinel_url(url), retry)
-    return redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0, retry=retry)
+        return _sentinel_master(parse_sentinel_url(url), retry, decode_responses)
+    return redis.Redis.from_url(
+        url, socket_timeout=5.0, socket_connect_timeout=5.0, retry=retry, decode_responses=decode_responses
+    )
 
 
-def _sentinel_master(url: SentinelURL, retry: Any) -> redis.Redis:
+def _sentinel_master(url: SentinelURL, retry: Any, decode_responses: bool = False) -> redis.Redis:
     """The master of ``url.service``, found through ``url.sentinels``: a client that asks the sentinels where the
     master is whenever it (re)connects, so it follows a failover. Owned by the backend, which closes the sentinel
     connections too."""
@@ -673,6 +675,11 @@ def _sentinel_master(url: SentinelURL, retry: Any) -> redis.Redis:
         retry=retry,
     )
     login = {"username": url.username, "password": url.password}
-    master_kwargs: dict[str, Any] = {"db": url.db, **tls, **{k: v for k, v in login.items() if v}}
+    master_kwargs: dict[str, Any] = {
+        "db": url.db,
+        "decode_responses": decode_responses,
+        **tls,
+        **{k: v for k, v in login.items() if v},
+    }
     client: redis.Redis = manager.master_for(url.service, **master_kwargs)  # type: ignore[no-untyped-call,unused-ignore]
     return client
