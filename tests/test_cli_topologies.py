@@ -222,6 +222,15 @@ def test_quorum_inspect_gives_the_verdict_by_majority_with_each_servers_holder(
             assert [entry["lock"]["holder"]["owner"] for entry in state["servers"]] == [registry.client_id] * n
             assert max(entry["lock"]["fencing_counter"] for entry in state["servers"]) == lock.fencing_token
 
+            def described() -> dict[str, Any] | None:
+                # The owner describes itself on every server a second after its first lease.
+                (state,) = _json(_cli("inspect", "--json", "job", *_servers(urls)))["locks"]
+                holders = [entry["lock"]["holder"] for entry in state["servers"]]
+                return state if all(holder and holder["host"] for holder in holders) else None
+
+            described_state = _until(described, "the owner's description on every server")
+            assert {entry["lock"]["holder"]["pid"] for entry in described_state["servers"]} == {os.getpid()}
+
             # The lease gone from a minority: still held, on a bare majority.
             for url in urls[: n - needed]:
                 _delete_holder(url, "job")

@@ -48,7 +48,7 @@ Failure modes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -236,6 +236,14 @@ class AsyncQuorumBackend(AsyncLockBackend):
         holding = sum(1 for outcome in answered if outcome)
         # Held by someone if the servers that say so, with those that did not answer, could be a majority.
         return holding > 0 and holding + len(outcomes) - len(answered) >= self.majority
+
+    async def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
+        """Write the owner's description on every server (``hybridlock inspect`` over a quorum reads it from any
+        that holds the lock). Best effort like a single server's: raises ``BackendUnavailableError`` only when
+        fewer than a majority took it; a hung server is not waited for (``STRAGGLER_PATIENCE``)."""
+        outcomes = await self._on_all("describe_owner", key, fields, gone, ttl_ms)
+        if sum(1 for outcome in outcomes if not isinstance(outcome, Exception)) < self.majority:
+            raise self._unavailable(None, "description of the owner", outcomes)
 
     # -- read-write locks: refused ---------------------------------------------------------------------------------
 
