@@ -97,26 +97,40 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     rt = med("uncontended", BASELINE, "round_trips_per_cycle")
     # The renewal thread may send one renewal inside a measured round: allow for it.
-    add("uncontended cycle in 2 round trips", f"{_number(rt, 2)} round trips per cycle",
-        None if rt is None else rt <= 2.05)
+    add(
+        "uncontended cycle in 2 round trips",
+        f"{_number(rt, 2)} round trips per cycle",
+        None if rt is None else rt <= 2.05,
+    )
     re = med("uncontended", BASELINE, "reentrant_round_trips")
     add("reentrant acquire in 0 round trips", f"{_number(re, 2)} round trips", None if re is None else re == 0)
     r = ratio("threads", "cycles_per_s", "redis-py")
-    add("8 threads: throughput ≥ redis-py Lock's", f"hybridlock ÷ redis-py = {_number(r, 2)}",
-        None if r is None else r >= 1.0)
+    add(
+        "8 threads: throughput ≥ redis-py Lock's",
+        f"hybridlock ÷ redis-py = {_number(r, 2)}",
+        None if r is None else r >= 1.0,
+    )
     r = ratio("threads", "wait_max_ms", "redis-py")
     ours, theirs = med("threads", BASELINE, "wait_max_ms"), med("threads", "redis-py", "wait_max_ms")
-    add("8 threads: longest wait ≤ 1/10 of redis-py Lock's",
+    add(
+        "8 threads: longest wait ≤ 1/10 of redis-py Lock's",
         f"{_number(ours, 0)} ms vs {_number(theirs, 0)} ms (ratio {_number(r, 3)})",
-        None if r is None else r <= 0.1)
+        None if r is None else r <= 0.1,
+    )
     h = med("handoff", BASELINE, "handoff_median_ms")
     hp = med("handoff", "redis-py", "handoff_median_ms")
-    add("cross-process hand-off median ≤ 2 ms", f"{_number(h, 2)} ms (redis-py Lock: {_number(hp, 1)} ms)",
-        None if h is None else h <= 2.0)
+    add(
+        "cross-process hand-off median ≤ 2 ms",
+        f"{_number(h, 2)} ms (redis-py Lock: {_number(hp, 1)} ms)",
+        None if h is None else h <= 2.0,
+    )
     s = med("scale", BASELINE, "round_trips_per_period")
     locks = w.get("scale", {}).get("params", {}).get("locks")
-    add(f"{locks or 10_000:,} held locks renewed in ≤ 1 round trip per slot per period (one server: 1)",
-        f"{_number(s, 2)} round trips per period", None if s is None else s <= 1.05)
+    add(
+        f"{locks or 10_000:,} held locks renewed in ≤ 1 round trip per slot per period (one server: 1)",
+        f"{_number(s, 2)} round trips per period",
+        None if s is None else s <= 1.05,
+    )
 
     issue[0] = 4
     # "Near 0" round trips per cycle: at most one round trip per ten cycles.
@@ -124,22 +138,32 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     floor = med("handoff-inproc", BASELINE, "floor_ratio")
     on_off = ratio("handoff-inproc", "cycles_per_s", "hybridlock-nohandoff")
     rt = med("handoff-inproc", BASELINE, "round_trips_per_cycle")
-    add("8 threads, in-process critical section: ≥ 0.8x the RLock floor",
+    add(
+        "8 threads, in-process critical section: ≥ 0.8x the RLock floor",
         f"{_number(floor, 2)}x ({_number(med('handoff-inproc', BASELINE, 'cycles_per_s'), 0)} vs "
         f"{_number(med('handoff-inproc', 'rlock', 'cycles_per_s'), 0)} cycles/s)",
-        None if floor is None else floor >= 0.8)
-    add("8 threads, in-process critical section: ≥ 3x hand-off off",
+        None if floor is None else floor >= 0.8,
+    )
+    add(
+        "8 threads, in-process critical section: ≥ 3x hand-off off",
         f"on ÷ off = {_number(on_off, 2)} ({_number(med('handoff-inproc', 'hybridlock-nohandoff', 'cycles_per_s'), 0)}"
-        " cycles/s off)", None if on_off is None else on_off >= 3.0)
-    add(f"8 threads, in-process critical section: round trips per cycle near 0 (≤ {near_zero})",
+        " cycles/s off)",
+        None if on_off is None else on_off >= 3.0,
+    )
+    add(
+        f"8 threads, in-process critical section: round trips per cycle near 0 (≤ {near_zero})",
         f"{_number(rt, 3)} round trips, {_number(med('handoff-inproc', BASELINE, 'server_cmds_per_cycle'), 3)} "
-        "server cmds per cycle", None if rt is None else rt <= near_zero)
+        "server cmds per cycle",
+        None if rt is None else rt <= near_zero,
+    )
     floor = med("handoff-redis", BASELINE, "floor_ratio")
-    add("8 threads, two Redis commands inside: ≥ 0.9x the RLock floor",
+    add(
+        "8 threads, two Redis commands inside: ≥ 0.9x the RLock floor",
         f"{_number(floor, 2)}x ({_number(med('handoff-redis', BASELINE, 'cycles_per_s'), 0)} vs "
         f"{_number(med('handoff-redis', 'rlock', 'cycles_per_s'), 0)} cycles/s; on ÷ off = "
         f"{_number(ratio('handoff-redis', 'cycles_per_s', 'hybridlock-nohandoff'), 2)})",
-        None if floor is None else floor >= 0.9)
+        None if floor is None else floor >= 0.9,
+    )
     on_off = ratio("handoff-procs", "cycles_per_s", "hybridlock-nohandoff")
     # The rounds are interleaved (on, off, on, off, ...), so round i of each was measured under the same load.
     paired = [
@@ -151,8 +175,9 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
         if a.get("cycles_per_s") and b.get("cycles_per_s")
     ]
-    spread = (f"; round by round on ÷ off: {', '.join(_number(x, 2) for x in paired)}" if paired else "")
-    add("4 processes x 2 threads: cycles/s with hand-off on ≥ off; longest wait of any process and Jain's index "
+    spread = f"; round by round on ÷ off: {', '.join(_number(x, 2) for x in paired)}" if paired else ""
+    add(
+        "4 processes x 2 threads: cycles/s with hand-off on ≥ off; longest wait of any process and Jain's index "
         "reported",
         f"on ÷ off = {_number(on_off, 2)}{spread} ({_number(med('handoff-procs', BASELINE, 'cycles_per_s'), 0)} vs "
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'cycles_per_s'), 0)} cycles/s); longest wait of "
@@ -160,46 +185,70 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'wait_max_ms'), 0)} ms off; Jain "
         f"{_number(med('handoff-procs', BASELINE, 'jain'), 3)} on, "
         f"{_number(med('handoff-procs', 'hybridlock-nohandoff', 'jain'), 3)} off",
-        None if on_off is None else on_off >= 1.0)
+        None if on_off is None else on_off >= 1.0,
+    )
 
     # Issue 11: cross-process speed.
     issue[0] = 11
-    ours_us, theirs_us = med("uncontended", BASELINE, "server_us_per_cycle"), med("uncontended", "redis-py",
-                                                                                 "server_us_per_cycle")
+    ours_us, theirs_us = (
+        med("uncontended", BASELINE, "server_us_per_cycle"),
+        med("uncontended", "redis-py", "server_us_per_cycle"),
+    )
     r = ratio("uncontended", "server_us_per_cycle", "redis-py")
-    add("uncontended: server time per cycle ≤ 1.5x redis-py Lock's",
+    add(
+        "uncontended: server time per cycle ≤ 1.5x redis-py Lock's",
         f"{_number(ours_us, 1)} µs vs {_number(theirs_us, 1)} µs (ratio {_number(r, 2)}); commands "
         f"{_number(med('uncontended', BASELINE, 'server_cmds_per_cycle'), 1)} vs "
-        f"{_number(med('uncontended', 'redis-py', 'server_cmds_per_cycle'), 1)}", None if r is None else r <= 1.5)
+        f"{_number(med('uncontended', 'redis-py', 'server_cmds_per_cycle'), 1)}",
+        None if r is None else r <= 1.5,
+    )
     r = ratio("uncontended", "server_cpu_us_per_cycle", "redis-py")
-    add("uncontended: server CPU time per cycle (INFO cpu, main thread) reported",
+    add(
+        "uncontended: server CPU time per cycle (INFO cpu, main thread) reported",
         f"{_number(med('uncontended', BASELINE, 'server_cpu_us_per_cycle'), 1)} µs vs "
         f"{_number(med('uncontended', 'redis-py', 'server_cpu_us_per_cycle'), 1)} µs (ratio {_number(r, 2)})",
-        None if r is None else "reported")
+        None if r is None else "reported",
+    )
     r = ratio("processes", "cycles_per_s", "redis-py")
-    add("4 processes x 2 threads: throughput ≥ redis-py Lock's",
+    add(
+        "4 processes x 2 threads: throughput ≥ redis-py Lock's",
         f"hybridlock ÷ redis-py = {_number(r, 2)} ({_number(med('processes', BASELINE, 'cycles_per_s'), 0)} vs "
-        f"{_number(med('processes', 'redis-py', 'cycles_per_s'), 0)} cycles/s)", None if r is None else r >= 1.0)
+        f"{_number(med('processes', 'redis-py', 'cycles_per_s'), 0)} cycles/s)",
+        None if r is None else r >= 1.0,
+    )
     r = ratio("processes", "wait_max_ms", "redis-py")
-    add("4 processes x 2 threads: longest wait ≤ 1/20 of redis-py Lock's",
+    add(
+        "4 processes x 2 threads: longest wait ≤ 1/20 of redis-py Lock's",
         f"{_number(med('processes', BASELINE, 'wait_max_ms'), 0)} ms vs "
         f"{_number(med('processes', 'redis-py', 'wait_max_ms'), 0)} ms (ratio {_number(r, 3)})",
-        None if r is None else r <= 0.05)
+        None if r is None else r <= 0.05,
+    )
     j = med("processes", BASELINE, "jain")
-    add("4 processes x 2 threads: Jain's index over processes ≥ 0.95",
+    add(
+        "4 processes x 2 threads: Jain's index over processes ≥ 0.95",
         f"{_number(j, 3)} (redis-py: {_number(med('processes', 'redis-py', 'jain'), 3)})",
-        None if j is None else j >= 0.95)
+        None if j is None else j >= 0.95,
+    )
     h, hp = med("handoff", BASELINE, "handoff_median_ms"), med("handoff", "python-redis-lock", "handoff_median_ms")
     r = ratio("handoff", "handoff_median_ms", "python-redis-lock")
-    add("cross-process hand-off p50 ≤ python-redis-lock's", f"{_number(h, 2)} ms vs {_number(hp, 2)} ms "
-        f"(ratio {_number(r, 2)})", None if r is None else r <= 1.0)
+    add(
+        "cross-process hand-off p50 ≤ python-redis-lock's",
+        f"{_number(h, 2)} ms vs {_number(hp, 2)} ms (ratio {_number(r, 2)})",
+        None if r is None else r <= 1.0,
+    )
     t, floor = med("threads", BASELINE, "cycles_per_s"), med("threads", "rlock", "cycles_per_s")
-    add("1 process x 8 threads: ≥ 0.85x threading.RLock", f"{_number(t / floor if t and floor else None, 2)}x "
-        f"({_number(t, 0)} vs {_number(floor, 0)} cycles/s)", None if not t or not floor else t / floor >= 0.85)
+    add(
+        "1 process x 8 threads: ≥ 0.85x threading.RLock",
+        f"{_number(t / floor if t and floor else None, 2)}x ({_number(t, 0)} vs {_number(floor, 0)} cycles/s)",
+        None if not t or not floor else t / floor >= 0.85,
+    )
     r = ratio("many-keys", "cycles_per_s", "redis-py")
-    add("1,000 keys x 64 threads: throughput ≥ redis-py Lock's",
+    add(
+        "1,000 keys x 64 threads: throughput ≥ redis-py Lock's",
         f"hybridlock ÷ redis-py = {_number(r, 2)} ({_number(med('many-keys', BASELINE, 'cycles_per_s'), 0)} vs "
-        f"{_number(med('many-keys', 'redis-py', 'cycles_per_s'), 0)} cycles/s)", None if r is None else r >= 1.0)
+        f"{_number(med('many-keys', 'redis-py', 'cycles_per_s'), 0)} cycles/s)",
+        None if r is None else r >= 1.0,
+    )
 
     # The asyncio API, against redis-py's asyncio Lock (the ratios' other side) in the same run.
     issue[0] = "asyncio"
@@ -210,34 +259,50 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         return None if ours is None or theirs is None or theirs == 0 else ours / theirs
 
     rt = med("async-uncontended", aio, "round_trips_per_cycle")
-    add("uncontended cycle (one task) in 2 round trips", f"{_number(rt, 2)} round trips per cycle",
-        None if rt is None else rt <= 2.05)
+    add(
+        "uncontended cycle (one task) in 2 round trips",
+        f"{_number(rt, 2)} round trips per cycle",
+        None if rt is None else rt <= 2.05,
+    )
     re = med("async-uncontended", aio, "reentrant_round_trips")
-    add("reentrant acquire (same task) in 0 round trips", f"{_number(re, 2)} round trips",
-        None if re is None else re == 0)
+    add(
+        "reentrant acquire (same task) in 0 round trips",
+        f"{_number(re, 2)} round trips",
+        None if re is None else re == 0,
+    )
     r = aratio("async-tasks", "cycles_per_s")
-    add("100 tasks, one process: throughput ≥ 3x redis-py asyncio Lock's",
+    add(
+        "100 tasks, one process: throughput ≥ 3x redis-py asyncio Lock's",
         f"hybridlock ÷ redis-py = {_number(r, 2)} ({_number(med('async-tasks', aio, 'cycles_per_s'), 0)} vs "
-        f"{_number(med('async-tasks', peer, 'cycles_per_s'), 0)} cycles/s)", None if r is None else r >= 3.0)
+        f"{_number(med('async-tasks', peer, 'cycles_per_s'), 0)} cycles/s)",
+        None if r is None else r >= 3.0,
+    )
     r = aratio("async-tasks", "wait_max_ms")
-    add("100 tasks, one process: longest wait ≤ 1/10 of redis-py asyncio Lock's",
+    add(
+        "100 tasks, one process: longest wait ≤ 1/10 of redis-py asyncio Lock's",
         f"{_number(med('async-tasks', aio, 'wait_max_ms'), 0)} ms vs "
         f"{_number(med('async-tasks', peer, 'wait_max_ms'), 0)} ms (ratio {_number(r, 3)})",
-        None if r is None else r <= 0.1)
+        None if r is None else r <= 0.1,
+    )
     c = med("async-processes", aio, "cycles_per_s")
-    add("4 processes x 50 tasks: throughput, longest wait and Jain's index reported",
+    add(
+        "4 processes x 50 tasks: throughput, longest wait and Jain's index reported",
         f"{_number(c, 0)} cycles/s (redis-py: {_number(med('async-processes', peer, 'cycles_per_s'), 0)}); longest "
         f"wait of any process {_number(med('async-processes', aio, 'wait_max_ms'), 0)} ms (redis-py: "
         f"{_number(med('async-processes', peer, 'wait_max_ms'), 0)}); Jain "
         f"{_number(med('async-processes', aio, 'jain'), 3)} (redis-py: "
-        f"{_number(med('async-processes', peer, 'jain'), 3)})", None if c is None else "reported")
+        f"{_number(med('async-processes', peer, 'jain'), 3)})",
+        None if c is None else "reported",
+    )
     lag = med("async-loop", aio, "lateness_max_ms")
-    add("1,000 waiting tasks: a 10 ms timer's worst lateness < 10 ms",
+    add(
+        "1,000 waiting tasks: a 10 ms timer's worst lateness < 10 ms",
         f"{_number(lag, 1)} ms (redis-py: {_number(med('async-loop', peer, 'lateness_max_ms'), 1)} ms; "
         f"asyncio.Lock floor: {_number(med('async-loop', 'asyncio-lock', 'lateness_max_ms'), 1)} ms); less GC "
         f"pauses and time off CPU: {_number(med('async-loop', aio, 'lateness_own_max_ms'), 1)} ms (longest GC "
         f"pause {_number(med('async-loop', aio, 'gc_pause_max_ms'), 1)} ms)",
-        None if lag is None else lag < 10.0)
+        None if lag is None else lag < 10.0,
+    )
     return out
 
 
@@ -247,8 +312,7 @@ def markdown(results: Mapping[str, Any]) -> str:
     lines = [
         "# hybridlock benchmarks",
         "",
-        f"- Date: {meta['date']} · mode: **{meta['mode']}** ({meta['rounds']} rounds per measurement; medians "
-        "quoted)",
+        f"- Date: {meta['date']} · mode: **{meta['mode']}** ({meta['rounds']} rounds per measurement; medians quoted)",
         f"- Machine: {meta['machine']}",
         f"- Load average at start: {meta['load_start']} · at end: {meta.get('load_end', 'n/a')} — other "
         "engineers run tests on this machine at the same time, so absolute times are noisy; compare the ratios.",
@@ -333,8 +397,11 @@ def round_ratios(workload: Mapping[str, Any]) -> list[str]:
             if a.get(metric.key) and b.get(metric.key)
         ]
         if pairs:
-            notes.append(f"{baseline} ÷ {cid}, {metric.label}, round by round: "
-                         + ", ".join(_number(x, 3 if x < 0.1 else 2) for x in pairs) + ".")
+            notes.append(
+                f"{baseline} ÷ {cid}, {metric.label}, round by round: "
+                + ", ".join(_number(x, 3 if x < 0.1 else 2) for x in pairs)
+                + "."
+            )
     return notes
 
 
@@ -357,8 +424,16 @@ _WORKLOAD_PANELS: dict[str, tuple[str, ...]] = {
     "async-loop": ("lateness_max_ms", "lateness_own_max_ms"),
 }
 # Metrics whose bars read better on a log scale (waits spanning milliseconds to seconds).
-_LOG_METRICS = frozenset({"wait_max_ms", "handoff_median_ms", "handoff_p99_ms", "round_trips_per_period",
-                          "takeover_p99_ms", "lateness_max_ms"})
+_LOG_METRICS = frozenset(
+    {
+        "wait_max_ms",
+        "handoff_median_ms",
+        "handoff_p99_ms",
+        "round_trips_per_period",
+        "takeover_p99_ms",
+        "lateness_max_ms",
+    }
+)
 
 
 def write_workload_charts(results: Mapping[str, Any], directory: Path) -> list[Path]:
@@ -378,13 +453,20 @@ def write_workload_charts(results: Mapping[str, Any], directory: Path) -> list[P
         if not wanted or not workload["rows"]:
             continue
         fig, axes = plt.subplots(1, len(wanted), figsize=(4.6 * len(wanted) + 0.6, 4.6), squeeze=False)
-        fig.suptitle(f"{workload['title']}\n{meta['date']}, medians of {meta['rounds']} rounds, {meta['server']}",
-                     fontsize=10)
+        fig.suptitle(
+            f"{workload['title']}\n{meta['date']}, medians of {meta['rounds']} rounds, {meta['server']}", fontsize=10
+        )
         for ax, key in zip(axes.flat, wanted, strict=True):
             _draw_panel(ax, workload, key, key in _LOG_METRICS, title=False)
-        fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: hybridlock "
-                 "(the row ratios are taken against); light orange: other hybridlock modes; blue: peers; grey: the "
-                 "in-process floor.", ha="center", fontsize=8)
+        fig.text(
+            0.5,
+            0.01,
+            "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: hybridlock "
+            "(the row ratios are taken against); light orange: other hybridlock modes; blue: peers; grey: the "
+            "in-process floor.",
+            ha="center",
+            fontsize=8,
+        )
         fig.tight_layout(rect=(0, 0.04, 1, 0.9))
         path = directory / f"{wname}.png"
         fig.savefig(path, dpi=100)
@@ -456,14 +538,20 @@ def write_chart(results: Mapping[str, Any], path: Path) -> None:
         f"{meta['server']}; load avg at start {meta['load_start']}",
         fontsize=11,
     )
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_axis_off()
     for ax, (wname, key, log) in zip(axes.flat, panels, strict=False):
         _draw_panel(ax, results["workloads"][wname], key, log, name=wname)
-    fig.text(0.5, 0.01, "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: the row the "
-             "table's ratios are taken against (hybridlock; its read-write lock in Read-mostly); light orange: other "
-             "hybridlock modes; blue: peers and models; grey: the in-process floor; hatched: lost locks. "
-             "Ratios: latest.md.", ha="center", fontsize=9)
+    fig.text(
+        0.5,
+        0.01,
+        "Bars: median over rounds; whiskers: fastest and slowest round. Dark orange: the row the "
+        "table's ratios are taken against (hybridlock; its read-write lock in Read-mostly); light orange: other "
+        "hybridlock modes; blue: peers and models; grey: the in-process floor; hatched: lost locks. "
+        "Ratios: latest.md.",
+        ha="center",
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0.03, 1, 1 - 0.35 / (4.1 * rows + 0.6)))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -489,11 +577,9 @@ def _draw_panel(
         highs.append(max(per_round, default=value) - value)
         first = row["rounds"][0] if row.get("rounds") else {}
         kept, acquired = first.get("locks_kept"), first.get("acquired")
-        lost.append(f"kept {kept:,}\nof {acquired:,}" if kept is not None and acquired and kept < acquired
-                    else "")
+        lost.append(f"kept {kept:,}\nof {acquired:,}" if kept is not None and acquired and kept < acquired else "")
     # Dark orange: the row the table's ratios are taken against; light: other hybridlock variants.
-    colors = ["#d9480f" if n == baseline else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa")
-              for n in names]
+    colors = ["#d9480f" if n == baseline else ("#f59f00" if n.startswith(BASELINE) else "#5c7cfa") for n in names]
     colors = [c if n not in ("rlock", "asyncio-lock") else "#adb5bd" for n, c in zip(names, colors, strict=True)]
     x = range(len(names))
     bars = ax.bar(x, values, color=colors, yerr=[lows, highs], capsize=3, ecolor="#495057")
@@ -501,12 +587,21 @@ def _draw_panel(
         if note:  # a library that lost locks: its per-period numbers cover only the ones it kept
             bar.set_hatch("//")
             bar.set_alpha(0.55)
-            ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, -4),
-                        textcoords="offset points", ha="center", va="top", fontsize=7, color="#c92a2a",
-                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+            ax.annotate(
+                note,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                xytext=(0, -4),
+                textcoords="offset points",
+                ha="center",
+                va="top",
+                fontsize=7,
+                color="#c92a2a",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
+            )
     labels = workload.get("labels", {})
-    ax.set_xticks(list(x), [labels[n].replace(" ", "\n", 1) if n in labels else _SHORT.get(n, n)
-                            for n in names], fontsize=8)
+    ax.set_xticks(
+        list(x), [labels[n].replace(" ", "\n", 1) if n in labels else _SHORT.get(n, n) for n in names], fontsize=8
+    )
     heading = workload["title"].split(". ", 1)[-1].replace(": ", ":\n", 1)
     if wname == "scale":
         params = workload["params"]
@@ -518,6 +613,13 @@ def _draw_panel(
     elif log:
         ax.set_yscale("symlog", linthresh=1)
     for i, v in enumerate(values):
-        ax.annotate(f"{v:.3g}" if v < 100 else f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=7,
-                    xytext=(0, 2), textcoords="offset points")
+        ax.annotate(
+            f"{v:.3g}" if v < 100 else f"{v:,.0f}",
+            (i, v),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     ax.grid(axis="y", alpha=0.3)

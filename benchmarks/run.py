@@ -37,8 +37,15 @@ REPO = Path(__file__).resolve().parent.parent
 #: The contenders of every workload, in table order; in-process ones only where the workload allows.
 MAIN_CONTENDERS = ("hybridlock", "redis-py", "python-redis-lock", "pottery", "rlock")
 #: Names for --only: each selects a set of workloads (the issue that set their targets, in the alias).
-GROUPS = {"core": "core", "issue3": "core", "handoff": "handoff", "issue4": "handoff", "rw": "rw", "issue5": "rw",
-          "asyncio": "asyncio"}
+GROUPS = {
+    "core": "core",
+    "issue3": "core",
+    "handoff": "handoff",
+    "issue4": "handoff",
+    "rw": "rw",
+    "issue5": "rw",
+    "asyncio": "asyncio",
+}
 
 
 def _log(message: str) -> None:
@@ -74,10 +81,15 @@ def _load() -> str:
 
 def _git_revision() -> str:
     try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "hybridlock"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "hybridlock"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown revision"
     return f"git {rev}" + (" + uncommitted changes in hybridlock/" if dirty else "")
@@ -95,19 +107,30 @@ def _server_version(url: str, server: EmbeddedServer) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short durations and fewer locks: under a minute")
     parser.add_argument("--rounds", type=int, help="rounds per measurement (default: 2 quick, 3 full)")
     parser.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
-    parser.add_argument("--only", help="comma-separated groups of workloads: core (1-5, issue 3), handoff (6-8, "
-                        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too. Combines with --workloads "
-                        "(a workload runs if either names it); asyncio (11-14)")
+    parser.add_argument(
+        "--only",
+        help="comma-separated groups of workloads: core (1-5, issue 3), handoff (6-8, "
+        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too. Combines with --workloads "
+        "(a workload runs if either names it); asyncio (11-14)",
+    )
     parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
-                        help="where latest.md, latest.json and latest.png go (default: %(default)s)")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="also put the tables into benchmarks/README.md (between its results markers)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "benchmarks" / "results",
+        help="where latest.md, latest.json and latest.png go (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="also put the tables into benchmarks/README.md (between its results markers)",
+    )
     args = parser.parse_args(argv)
     if args.rounds is not None and not 1 <= args.rounds <= 20:
         parser.error("--rounds must be between 1 and 20")
@@ -221,19 +244,22 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         row = workload.run(cid, url, pass_settings)
                     except Exception:
-                        row = {"rounds": [], "median": {}, "errors": [traceback.format_exc(limit=8)],
-                               "count_ok": True}
+                        row = {"rounds": [], "median": {}, "errors": [traceback.format_exc(limit=8)], "count_ok": True}
                     row["seconds"] = round(time.monotonic() - t0, 1)
                     if cid in entry["rows"]:
                         row = _merge_rows(entry["rows"][cid], row, workload.metrics)
                     entry["rows"][cid] = row
-                    _log(f"[{workload.name}] {cid} done in {row['seconds']} s: "
-                         + ", ".join(f"{k}={_short(v)}" for k, v in row.get("median", {}).items()))
+                    _log(
+                        f"[{workload.name}] {cid} done in {row['seconds']} s: "
+                        + ", ".join(f"{k}={_short(v)}" for k, v in row.get("median", {}).items())
+                    )
             for cid in ids:
                 row = entry["rows"][cid]
                 if not row.get("count_ok", True):
-                    failures.append(f"{workload.name} / {cid}: counter ended at {row['count_final']}, expected "
-                                    f"{row['count_expected']} (two holders overlapped, or a cycle was lost)")
+                    failures.append(
+                        f"{workload.name} / {cid}: counter ended at {row['count_final']}, expected "
+                        f"{row['count_expected']} (two holders overlapped, or a cycle was lost)"
+                    )
                 for error in row.get("errors", []):
                     failures.append(f"{workload.name} / {cid}: {error.strip()}")
                 _notes(workload.name, cid, row, entry["notes"])
@@ -309,21 +335,40 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
     if name == "threads":
         return {"threads": s.threads, "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
     if name == "processes":
-        return {"processes": s.processes, "threads each": s.threads_per_process,
-                "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "processes": s.processes,
+            "threads each": s.threads_per_process,
+            "seconds per round": s.contention_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "many-keys":
-        return {"threads": s.many_threads, "keys": s.many_keys, "seconds per round": s.many_s, "rounds": s.rounds,
-                "lease s": s.lease}
+        return {
+            "threads": s.many_threads,
+            "keys": s.many_keys,
+            "seconds per round": s.many_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "handoff":
-        return {"hand-offs per round": s.handoffs, "hold ms": f"{s.hold_min_s * 1000:.0f}-{s.hold_max_s * 1000:.0f}",
-                "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "hand-offs per round": s.handoffs,
+            "hold ms": f"{s.hold_min_s * 1000:.0f}-{s.hold_max_s * 1000:.0f}",
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "scale":
         return {"locks": s.scale_locks, "lease s": s.scale_lease, "window s": s.scale_window_s, "rounds": 1}
     if name in ("handoff-inproc", "handoff-redis"):
         return {"threads": s.threads, "seconds per round": s.local_s, "rounds": s.rounds, "lease s": s.lease}
     if name == "handoff-procs":
-        return {"processes": s.processes, "threads each": s.threads_per_process, "seconds per round": s.local_s,
-                "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "processes": s.processes,
+            "threads each": s.threads_per_process,
+            "seconds per round": s.local_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "takeover":
         return {"acquires per round": 2 * s.handoffs, "rounds": s.rounds, "lease s": s.lease}
     if name == "async-uncontended":
@@ -331,15 +376,30 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
     if name == "async-tasks":
         return {"tasks": s.async_tasks, "seconds per round": s.async_s, "rounds": s.rounds, "lease s": s.lease}
     if name == "async-processes":
-        return {"processes": s.async_processes, "tasks each": s.async_tasks_per_process,
-                "seconds per round": s.async_s, "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "processes": s.async_processes,
+            "tasks each": s.async_tasks_per_process,
+            "seconds per round": s.async_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "async-loop":
-        return {"tasks": s.async_waiters, "timer period ms": round(s.async_timer_period * 1000),
-                "seconds per round": s.async_s, "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "tasks": s.async_waiters,
+            "timer period ms": round(s.async_timer_period * 1000),
+            "seconds per round": s.async_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "read-mostly":
-        return {"processes": s.rw_processes, "threads each": s.rw_threads,
-                "writes": f"{s.rw_write_fraction:.0%}", "seconds per round": s.local_s, "rounds": s.rounds,
-                "lease s": s.lease}
+        return {
+            "processes": s.rw_processes,
+            "threads each": s.rw_threads,
+            "writes": f"{s.rw_write_fraction:.0%}",
+            "seconds per round": s.local_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     return {}
 
 
@@ -364,18 +424,24 @@ def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
     if name == "scale" and row.get("rounds"):
         r = row["rounds"][0]
         if r.get("renewal_thread_errors"):
-            notes.append(f"{cid}: {r['renewal_thread_errors']} renewal threads died "
-                         f"(e.g. {r.get('renewal_thread_error_sample', '')}).")
+            notes.append(
+                f"{cid}: {r['renewal_thread_errors']} renewal threads died "
+                f"(e.g. {r.get('renewal_thread_error_sample', '')})."
+            )
         if r.get("pass_s_median") is not None:
-            notes.append(f"{cid}: one by-hand renewal pass took {r['pass_s_median']:.2f} s (median), "
-                         f"{r.get('pass_s_max', 0):.2f} s (longest); {r.get('renew_failures', 0):,} renewals "
-                         "found the lock already expired.")
+            notes.append(
+                f"{cid}: one by-hand renewal pass took {r['pass_s_median']:.2f} s (median), "
+                f"{r.get('pass_s_max', 0):.2f} s (longest); {r.get('renew_failures', 0):,} renewals "
+                "found the lock already expired."
+            )
         if r.get("acquired", r["locks"]) < r["locks"]:
             notes.append(f"{cid}: acquired only {r['acquired']:,} of {r['locks']:,} locks within the time limit.")
         if r.get("locks_kept") is not None and r["locks_kept"] < r.get("acquired", r["locks"]):
-            notes.append(f"{cid}: only {r['locks_kept']:,} of {r['acquired']:,} locks were still held at the end "
-                         f"({r.get('alive_at_window_start', 0):,} at the start of the window): its per-period "
-                         "numbers are for the locks it still held, and approximate.")
+            notes.append(
+                f"{cid}: only {r['locks_kept']:,} of {r['acquired']:,} locks were still held at the end "
+                f"({r.get('alive_at_window_start', 0):,} at the start of the window): its per-period "
+                "numbers are for the locks it still held, and approximate."
+            )
 
 
 if __name__ == "__main__":

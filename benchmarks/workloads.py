@@ -401,12 +401,18 @@ def many_keys(contender_id: str, url: str, settings: Settings) -> dict[str, Any]
                 waits[index].append(_cycle(lock, partial(counter.increment, key)))
 
             round_errors: list[str] = []
-            start, end = _cycling_threads(threads, step, settings.many_s, settings.contention_max_cycles,
-                                          lambda: None, round_errors)
+            start, end = _cycling_threads(
+                threads, step, settings.many_s, settings.contention_max_cycles, lambda: None, round_errors
+            )
             trips = round_trips_sent() - trips0
             delta = command_delta(before, command_snapshot(stats))
-            part = {"start": start, "end": end, "waits": [w for mine in waits for w in mine],
-                    "per_thread": [len(mine) for mine in waits], "errors": round_errors}
+            part = {
+                "start": start,
+                "end": end,
+                "waits": [w for mine in waits for w in mine],
+                "per_thread": [len(mine) for mine in waits],
+                "errors": round_errors,
+            }
             errors += round_errors
             cycles_run += sum(part["per_thread"])
             rounds.append(_contention_round([part], trips, delta, counter.increments - increments0))
@@ -422,8 +428,16 @@ def many_keys(contender_id: str, url: str, settings: Settings) -> dict[str, Any]
 
 def threads_one_process(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.threads`` threads of this process on one key."""
-    return _one_process(contender_id, url, settings, "threads", Counter(url, f"bench-counter:threads:{contender_id}"),
-                        settings.contention_s, settings.contention_max_cycles, CONTENTION_METRICS)
+    return _one_process(
+        contender_id,
+        url,
+        settings,
+        "threads",
+        Counter(url, f"bench-counter:threads:{contender_id}"),
+        settings.contention_s,
+        settings.contention_max_cycles,
+        CONTENTION_METRICS,
+    )
 
 
 def _one_process(
@@ -486,10 +500,15 @@ def _contention_child(
             _cycle(session.lock(key), counter.increment)
 
         def run_round(round_no: int, before_start: Callable[[], None]) -> dict[str, Any]:
-            return _contend(session, counter, key, s.threads_per_process,
-                            s.contention_s if duration is None else duration,
-                            s.contention_max_cycles if max_cycles is None else max_cycles,
-                            before_start=before_start)
+            return _contend(
+                session,
+                counter,
+                key,
+                s.threads_per_process,
+                s.contention_s if duration is None else duration,
+                s.contention_max_cycles if max_cycles is None else max_cycles,
+                before_start=before_start,
+            )
 
         return s.threads_per_process, run_round
 
@@ -607,8 +626,15 @@ def _reap(children: Sequence[Any], wait: float) -> None:
 
 def threads_many_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.processes`` processes x ``settings.threads_per_process`` threads on one key."""
-    return _many_processes(contender_id, url, settings, "processes", settings.contention_s,
-                           settings.contention_max_cycles, PROCESSES_METRICS)
+    return _many_processes(
+        contender_id,
+        url,
+        settings,
+        "processes",
+        settings.contention_s,
+        settings.contention_max_cycles,
+        PROCESSES_METRICS,
+    )
 
 
 def _many_processes(
@@ -628,12 +654,22 @@ def _many_processes(
         result["round"] = round_no
         result["per_process_cycles"] = per_process
         result["jain"] = jain_index(per_process)
-        result["per_process_wait_max_ms"] = [_ms(max(part["waits"])) if part["waits"] else math.nan
-                                             for part in parts]
+        result["per_process_wait_max_ms"] = [_ms(max(part["waits"])) if part["waits"] else math.nan for part in parts]
         return result
 
-    return _processes_row(contender_id, url, settings, key, _contention_child, (key, duration, max_cycles),
-                          settings.processes, duration, metrics, lambda part: sum(part["per_thread"]), summarize)
+    return _processes_row(
+        contender_id,
+        url,
+        settings,
+        key,
+        _contention_child,
+        (key, duration, max_cycles),
+        settings.processes,
+        duration,
+        metrics,
+        lambda part: sum(part["per_thread"]),
+        summarize,
+    )
 
 
 def _processes_row(
@@ -707,9 +743,7 @@ def _recv(conn: Any, timeout: float) -> Any:
     return conn.recv()
 
 
-def _handoff_holder(
-    contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any
-) -> None:
+def _handoff_holder(contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any) -> None:
     """Takes the lock, lets the waiter block on it, holds it a random while, and releases it: the hand-off time is
     from just before its ``release()`` to just after the waiter's ``acquire()`` returned, both read on
     ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for the whole machine on Linux)."""
@@ -744,9 +778,7 @@ def _handoff_holder(
     _handoff_side(0, contender_id, url, settings, results, play)
 
 
-def _handoff_waiter(
-    contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any
-) -> None:
+def _handoff_waiter(contender_id: str, url: str, settings: dict[str, Any], conn: Any, results: Any) -> None:
     def play(s: Settings, lock: LockLike, counter: Counter) -> None:
         conn.send("ready")
         timeout = s.hold_max_s + _SLACK
@@ -801,10 +833,18 @@ def handoff(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     results = context.Queue()
     holder_end, waiter_end = context.Pipe()
     children = [
-        context.Process(target=_handoff_holder, args=(contender_id, url, asdict(settings), holder_end, results),
-                        name=f"bench-{contender_id}-holder", daemon=True),
-        context.Process(target=_handoff_waiter, args=(contender_id, url, asdict(settings), waiter_end, results),
-                        name=f"bench-{contender_id}-waiter", daemon=True),
+        context.Process(
+            target=_handoff_holder,
+            args=(contender_id, url, asdict(settings), holder_end, results),
+            name=f"bench-{contender_id}-holder",
+            daemon=True,
+        ),
+        context.Process(
+            target=_handoff_waiter,
+            args=(contender_id, url, asdict(settings), waiter_end, results),
+            name=f"bench-{contender_id}-waiter",
+            daemon=True,
+        ),
     ]
     errors: list[str] = []
     rounds: list[dict[str, Any]] = []
@@ -1091,22 +1131,44 @@ LOCAL_PROCESSES_METRICS = (
 def handoff_inproc(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.threads`` threads of this process on one key; the critical section is in-process (a Python
     counter read, ``time.sleep(0)``, written back), so what is left is the lock's own cost."""
-    return _one_process(contender_id, url, settings, "handoff-inproc", LocalCounter(), settings.local_s,
-                        settings.local_max_cycles, LOCAL_METRICS)
+    return _one_process(
+        contender_id,
+        url,
+        settings,
+        "handoff-inproc",
+        LocalCounter(),
+        settings.local_s,
+        settings.local_max_cycles,
+        LOCAL_METRICS,
+    )
 
 
 def handoff_redis(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.threads`` threads of this process on one key; the critical section is two Redis commands."""
-    return _one_process(contender_id, url, settings, "handoff-redis",
-                        Counter(url, f"bench-counter:handoff-redis:{contender_id}"), settings.local_s,
-                        settings.local_max_cycles, LOCAL_METRICS)
+    return _one_process(
+        contender_id,
+        url,
+        settings,
+        "handoff-redis",
+        Counter(url, f"bench-counter:handoff-redis:{contender_id}"),
+        settings.local_s,
+        settings.local_max_cycles,
+        LOCAL_METRICS,
+    )
 
 
 def handoff_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.processes`` x ``settings.threads_per_process`` threads on one key (critical section: two Redis
     commands): whether hand-off inside each process costs the others."""
-    row = _many_processes(contender_id, url, settings, "handoff-procs", settings.local_s, settings.local_max_cycles,
-                          LOCAL_PROCESSES_METRICS)
+    row = _many_processes(
+        contender_id,
+        url,
+        settings,
+        "handoff-procs",
+        settings.local_s,
+        settings.local_max_cycles,
+        LOCAL_PROCESSES_METRICS,
+    )
     for r in row["rounds"]:
         r["wait_max_best_ms"] = min((w for w in r["per_process_wait_max_ms"] if not math.isnan(w)), default=math.nan)
     row["median"] = median_of_rounds(row["rounds"], LOCAL_PROCESSES_METRICS)
@@ -1185,8 +1247,15 @@ def _read_mostly_child(
             _cycle(read_lock, counter.read)
 
         def run_round(round_no: int, before_start: Callable[[], None]) -> dict[str, Any]:
-            return _read_mostly_threads(pairs, counter, s.local_s, s.local_max_cycles, s.rw_write_fraction,
-                                        seed=100 * round_no + index, before_start=before_start)
+            return _read_mostly_threads(
+                pairs,
+                counter,
+                s.local_s,
+                s.local_max_cycles,
+                s.rw_write_fraction,
+                seed=100 * round_no + index,
+                before_start=before_start,
+            )
 
         return len(pairs), run_round
 
@@ -1224,8 +1293,19 @@ def read_mostly(contender_id: str, url: str, settings: Settings) -> dict[str, An
             "server_cmds_per_cycle": lock_commands / cycles if cycles else math.nan,
         }
 
-    return _processes_row(contender_id, url, settings, "read-mostly", _read_mostly_child, (), settings.rw_processes,
-                          settings.local_s, READ_MOSTLY_METRICS, lambda part: part["writes"], summarize)
+    return _processes_row(
+        contender_id,
+        url,
+        settings,
+        "read-mostly",
+        _read_mostly_child,
+        (),
+        settings.rw_processes,
+        settings.local_s,
+        READ_MOSTLY_METRICS,
+        lambda part: part["writes"],
+        summarize,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1247,6 +1327,7 @@ ASYNC_TASKS_METRICS = (
 )
 
 ASYNC_PROCESSES_METRICS = LOCAL_PROCESSES_METRICS
+
 
 class _GcPauses:
     """The cyclic garbage collector's pauses in this process while in the ``with`` block: their total and the
@@ -1429,13 +1510,15 @@ def async_uncontended(contender_id: str, url: str, settings: Settings) -> dict[s
             trips = round_trips_sent() - trips0
             delta = command_delta(before, command_snapshot(stats))
             n = len(latencies)
-            rounds.append({
-                "cycles": n,
-                "latency_median_us": _us(statistics.median(latencies)),
-                "latency_p99_us": _us(percentile(latencies, 0.99)),
-                "round_trips_per_cycle": trips / n,
-                "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
-            })
+            rounds.append(
+                {
+                    "cycles": n,
+                    "latency_median_us": _us(statistics.median(latencies)),
+                    "latency_p99_us": _us(percentile(latencies, 0.99)),
+                    "round_trips_per_cycle": trips / n,
+                    "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
+                }
+            )
             if session.reentrant:
                 rounds[-1].update(await _async_reentrant_cost(lock, stats, settings.reentrant_depth))
         return rounds, []
@@ -1485,8 +1568,9 @@ async def _task_rounds(
         increments0 = counter.increments
         before, trips0 = command_snapshot(stats), round_trips_sent()
         side = asyncio.ensure_future(during(time.monotonic() + settings.async_s)) if during is not None else None
-        part = await _contend_tasks(session, counter, key, tasks, settings.async_s, settings.local_max_cycles,
-                                    bounded=during is not None)
+        part = await _contend_tasks(
+            session, counter, key, tasks, settings.async_s, settings.local_max_cycles, bounded=during is not None
+        )
         extra: dict[str, Any] = {}
         if side is not None:
             side.cancel()
@@ -1586,8 +1670,9 @@ def _async_contention_child(
             for round_no in range(s.rounds):
                 await asyncio.to_thread(barrier.wait, _SLACK)
                 trips0 = round_trips_sent()
-                part = await _contend_tasks(session, counter, key, s.async_tasks_per_process, s.async_s,
-                                            s.local_max_cycles)
+                part = await _contend_tasks(
+                    session, counter, key, s.async_tasks_per_process, s.async_s, s.local_max_cycles
+                )
                 part["round_trips"] = round_trips_sent() - trips0
                 results.put(("round", index, round_no, part))
                 if part["errors"]:
@@ -1611,14 +1696,28 @@ def async_processes(contender_id: str, url: str, settings: Settings) -> dict[str
         trips = sum(part["round_trips"] for part in parts)
         result = _contention_round(parts, trips, delta, sum(per_process))
         waits_max = [_ms(max(part["waits"])) if part["waits"] else math.nan for part in parts]
-        result.update(round=round_no, per_process_cycles=per_process, jain=jain_index(per_process),
-                      per_process_wait_max_ms=waits_max,
-                      wait_max_best_ms=min((w for w in waits_max if not math.isnan(w)), default=math.nan))
+        result.update(
+            round=round_no,
+            per_process_cycles=per_process,
+            jain=jain_index(per_process),
+            per_process_wait_max_ms=waits_max,
+            wait_max_best_ms=min((w for w in waits_max if not math.isnan(w)), default=math.nan),
+        )
         return result
 
-    return _processes_row(contender_id, url, settings, "async-procs", _async_contention_child, (),
-                          settings.async_processes, settings.async_s, ASYNC_PROCESSES_METRICS,
-                          lambda part: sum(part["per_thread"]), summarize)
+    return _processes_row(
+        contender_id,
+        url,
+        settings,
+        "async-procs",
+        _async_contention_child,
+        (),
+        settings.async_processes,
+        settings.async_s,
+        ASYNC_PROCESSES_METRICS,
+        lambda part: sum(part["per_thread"]),
+        summarize,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from hybridlock.testing.server import EmbeddedServer
 
 pytestmark = pytest.mark.server
 
+
 def _documented_acl() -> list[str]:
     """The commands of the README's ACL ("Security: threat model and ACL"), so the test runs what users copy."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
@@ -108,9 +109,7 @@ def test_the_documented_acl_runs_every_lock_kind(acl_server, monkeypatch):
         _contended_cycle(rw_mine.write_lock(), rw_theirs.read_lock(), sub, channel)
         _contended_cycle(rw_mine.read_lock(), rw_theirs.write_lock(), sub, channel)
 
-        _contended_cycle(
-            mine.obtain_many(["a", "b"]), theirs.obtain_many(["b", "c"]), sub, mine._names("b").channel
-        )
+        _contended_cycle(mine.obtain_many(["a", "b"]), theirs.obtain_many(["b", "c"]), sub, mine._names("b").channel)
         with mine.obtain("plain"):
             mine.renew_lock("plain")
         for lock in (mine.obtain("plain"), theirs.obtain("plain")):

@@ -215,9 +215,10 @@ def quiet_valkey(url: str) -> valkey.Valkey:
 def test_a_valkey_client_runs_every_lock_kind(server, redis_client):
     client = quiet_valkey(server.url)
     try:
-        with hybridlock.LockRegistry(client, expire_after=1.0) as registry, hybridlock.LockRegistry(
-            server.url
-        ) as other:
+        with (
+            hybridlock.LockRegistry(client, expire_after=1.0) as registry,
+            hybridlock.LockRegistry(server.url) as other,
+        ):
             assert registry.server == server.url
             rw = registry.obtain_read_write("v")
             for lock, theirs in (

@@ -516,8 +516,10 @@ def test_timeout_with_local_and_remote_waits_together(any_registry_factory):
 
     with Holder(any_registry_factory().obtain("k")):
         run_threads([lambda: try_for(1.5), lambda: try_for(0.4)])
-    assert sorted(durations, key=lambda d: d[1]) == [(False, pytest.approx(0.4, abs=0.35)),
-                                                     (False, pytest.approx(1.5, abs=0.6))]
+    assert sorted(durations, key=lambda d: d[1]) == [
+        (False, pytest.approx(0.4, abs=0.35)),
+        (False, pytest.approx(1.5, abs=0.6)),
+    ]
 
 
 # -- threading.Condition -----------------------------------------------------------------------------------------------

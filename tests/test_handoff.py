@@ -358,9 +358,17 @@ def test_policy_allows_a_bounded_batch_of_passes_while_another_owner_waits():
     from hybridlock._core.policy import may_keep_lease
 
     def may(contended: bool, passes: int, elapsed: float, contended_window: float) -> bool:
-        return may_keep_lease(lost=False, in_server=True, contended=contended, passes=passes, acquired_at=10.0,
-                              now=10.0 + elapsed, handoff_limit=64, handoff_window=0.05,
-                              contended_window=contended_window)
+        return may_keep_lease(
+            lost=False,
+            in_server=True,
+            contended=contended,
+            passes=passes,
+            acquired_at=10.0,
+            now=10.0 + elapsed,
+            handoff_limit=64,
+            handoff_window=0.05,
+            contended_window=contended_window,
+        )
 
     assert may(True, 3, 0.01, 0.02)
     assert not may(True, 3, 0.021, 0.02)  # the batch's time is spent

@@ -24,9 +24,13 @@ def unpacked_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ROOT, source, ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", "build", "dist", ".*_cache")
     )
     build = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
-    name = subprocess.run(
-        [sys.executable, "-c", build, str(out)], cwd=source, capture_output=True, text=True, check=True, timeout=120
-    ).stdout.strip().splitlines()[-1]
+    name = (
+        subprocess.run(
+            [sys.executable, "-c", build, str(out)], cwd=source, capture_output=True, text=True, check=True, timeout=120
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     with tarfile.open(out / name) as archive:
         archive.extractall(out, filter="data")
     return out / name.removesuffix(".tar.gz")

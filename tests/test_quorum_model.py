@@ -264,8 +264,7 @@ class QuorumModel(RuleBasedStateMachine):
         client = self.clients[name]
         start = self.now
         flags: list[bool | None] = [
-            self.servers[i].renew(name, start) if reach[i] and self.servers[i].up else None
-            for i in range(self.SERVERS)
+            self.servers[i].renew(name, start) if reach[i] and self.servers[i].up else None for i in range(self.SERVERS)
         ]
         self.now += elapsed
         verdict = tally_flags(flags, client.holders)

@@ -26,9 +26,10 @@ def _told(lock: hybridlock.HybridLock) -> threading.Event:
 
 
 def test_flushall_under_a_held_lock(own_server):
-    with hybridlock.LockRegistry(own_server.url, expire_after=1.5) as holder_registry, hybridlock.LockRegistry(
-        own_server.url, expire_after=1.5
-    ) as rival_registry:
+    with (
+        hybridlock.LockRegistry(own_server.url, expire_after=1.5) as holder_registry,
+        hybridlock.LockRegistry(own_server.url, expire_after=1.5) as rival_registry,
+    ):
         lock = holder_registry.obtain("flushed")
         told = _told(lock)
         lock.acquire()
@@ -49,9 +50,10 @@ def test_flushall_under_a_held_lock(own_server):
 
 
 def test_restart_without_persistence_under_a_held_lock(own_server):
-    with hybridlock.LockRegistry(own_server.url, expire_after=1.5) as holder_registry, hybridlock.LockRegistry(
-        own_server.url, expire_after=1.5
-    ) as rival_registry:
+    with (
+        hybridlock.LockRegistry(own_server.url, expire_after=1.5) as holder_registry,
+        hybridlock.LockRegistry(own_server.url, expire_after=1.5) as rival_registry,
+    ):
         lock = holder_registry.obtain("restarted")
         told = _told(lock)
         lock.acquire()
@@ -70,9 +72,10 @@ def test_restart_without_persistence_under_a_held_lock(own_server):
 
 
 def test_a_pause_shorter_than_the_lease_costs_nothing(own_server):
-    with hybridlock.LockRegistry(own_server.url, expire_after=3.0) as holder_registry, hybridlock.LockRegistry(
-        own_server.url, expire_after=3.0
-    ) as rival_registry:
+    with (
+        hybridlock.LockRegistry(own_server.url, expire_after=3.0) as holder_registry,
+        hybridlock.LockRegistry(own_server.url, expire_after=3.0) as rival_registry,
+    ):
         lock = holder_registry.obtain("paused")
         told = _told(lock)
         lock.acquire()
@@ -88,9 +91,11 @@ def test_a_pause_shorter_than_the_lease_costs_nothing(own_server):
 
 def test_a_server_stall_longer_than_the_lease_is_reported_and_never_overlaps():
     # DEBUG SLEEP blocks the whole server; keys whose time ran out meanwhile are expired when it wakes.
-    with EmbeddedServer(extra_args=("--enable-debug-command", "yes")) as srv, hybridlock.LockRegistry(
-        srv.url, expire_after=1.0
-    ) as holder_registry, hybridlock.LockRegistry(srv.url, expire_after=1.0) as rival_registry:
+    with (
+        EmbeddedServer(extra_args=("--enable-debug-command", "yes")) as srv,
+        hybridlock.LockRegistry(srv.url, expire_after=1.0) as holder_registry,
+        hybridlock.LockRegistry(srv.url, expire_after=1.0) as rival_registry,
+    ):
         lock = holder_registry.obtain("stalled")
         told = _told(lock)
         lock.acquire()

@@ -144,13 +144,19 @@ class ReplicaConfirmation:
             local, replicas = (int(part) for part in reply)  # type: ignore[attr-defined]
             confirmed = local >= 1 and replicas >= self.replicas
             where = "" if local >= 1 else ", and not the master,"
-            return confirmed, replicas, (
-                f"{replicas} of {self.replicas} replicas{where} fsynced it to their AOF within {self.timeout:g} s "
-                "(WAITAOF)"
+            return (
+                confirmed,
+                replicas,
+                (
+                    f"{replicas} of {self.replicas} replicas{where} fsynced it to their AOF within {self.timeout:g} s "
+                    "(WAITAOF)"
+                ),
             )
         replicas = int(reply)  # type: ignore[call-overload]
-        return replicas >= self.replicas, replicas, (
-            f"{replicas} of {self.replicas} replicas acknowledged within {self.timeout:g} s (WAIT)"
+        return (
+            replicas >= self.replicas,
+            replicas,
+            (f"{replicas} of {self.replicas} replicas acknowledged within {self.timeout:g} s (WAIT)"),
         )
 
     @classmethod

@@ -239,7 +239,7 @@ def redacted_url(url: str) -> str:
         user, colon, _password = userinfo.partition(":")
         # Without a colon the one field may well be a password put where the user name goes: hide it too.
         scheme_end = url.index("://") + 3
-        url = f"{url[:scheme_end]}{f'{user}:***' if colon else '***'}{url[scheme_end + len(userinfo):]}"
+        url = f"{url[:scheme_end]}{f'{user}:***' if colon else '***'}{url[scheme_end + len(userinfo) :]}"
     base, question, query = url.partition("?")
     if question:
         query, hash_mark, fragment = query.partition("#")

@@ -394,9 +394,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             await self._announcement(),
             *(n.channel for n in names),
         ]
-        reply, acknowledged = await self._run_write(
-            names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args
-        )
+        reply, acknowledged = await self._run_write(names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args)
         if reply[0] and not self._confirmed(acknowledged):
             announcement = await self._announcement()
 

@@ -395,9 +395,7 @@ class RedisBackend(LockBackend):
             self._announcement(),
             *(n.channel for n in names),
         ]
-        reply, acknowledged = self._run_write(
-            names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args
-        )
+        reply, acknowledged = self._run_write(names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args)
         if reply[0] and not self._confirmed(acknowledged):
             announcement = self._announcement()
 
