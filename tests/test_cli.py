@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 import hybridlock
 from hybridlock._cli.inspection import glob_matcher
 from hybridlock._cli.run import EXIT_FAILED, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, EXIT_TIMEOUT
+from tests._polling import until
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
 
@@ -51,16 +52,6 @@ def _start(server: Any, *args: str, **env: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _until(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -170,7 +161,7 @@ def test_sigterm_reaches_the_command_and_its_status_is_returned(server, redis_cl
     command, started, got = _trapping_child(tmp_path, "TERM", 7)
     process = _start(server, "run", "term", "--", *command)
     stopper.append(process)
-    _until(started.exists, what="the command to start")
+    until(started.exists, what="the command to start")
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=30)
     assert process.returncode == 7
@@ -182,7 +173,7 @@ def test_sigint_is_forwarded_too_when_not_typed_at_a_terminal(server, tmp_path, 
     command, started, got = _trapping_child(tmp_path, "INT", 9)
     process = _start(server, "run", "int", "--", *command)
     stopper.append(process)
-    _until(started.exists, what="the command to start")
+    until(started.exists, what="the command to start")
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=30)
     assert process.returncode == 9
@@ -194,7 +185,7 @@ def test_hup_and_usr_signals_reach_the_command(server, tmp_path, stopper, name):
     command, started, got = _trapping_child(tmp_path, name, 5)
     process = _start(server, "run", "other-signals", "--", *command)
     stopper.append(process)
-    _until(started.exists, what="the command to start")
+    until(started.exists, what="the command to start")
     process.send_signal(signal.Signals[f"SIG{name}"])
     process.communicate(timeout=30)
     assert process.returncode == 5
@@ -206,7 +197,7 @@ def test_sighup_while_waiting_ends_the_wait_and_usr1_does_not(server, registry, 
     with registry.obtain("hup"):
         process = _start(server, "run", "hup", "--", "touch", str(marker))
         stopper.append(process)
-        _until(lambda: redis_client.zcard("hybridlock:{hup}:queue"), what="the CLI to queue")
+        until(lambda: redis_client.zcard("hybridlock:{hup}:queue"), what="the CLI to queue")
         process.send_signal(signal.SIGUSR1)  # ignored while waiting: nobody to pass it to yet
         time.sleep(0.3)
         assert process.poll() is None
@@ -222,7 +213,7 @@ def test_sigterm_while_waiting_ends_the_wait_and_leaves_the_queue(server, regist
     with registry.obtain("queued"):
         process = _start(server, "run", "queued", "--", "touch", str(marker))
         stopper.append(process)
-        _until(lambda: redis_client.zcard("hybridlock:{queued}:queue"), what="the CLI to queue")
+        until(lambda: redis_client.zcard("hybridlock:{queued}:queue"), what="the CLI to queue")
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
         assert process.returncode == 128 + signal.SIGTERM
@@ -235,7 +226,7 @@ def test_a_lost_lease_signals_the_command_and_gives_its_own_status(server, redis
     command, started, got = _trapping_child(tmp_path, "USR1", 0)
     process = _start(server, "run", "--expire-after", "0.6", "--lost-signal", "USR1", "lease", "--", *command)
     stopper.append(process)
-    _until(started.exists, what="the command to start")
+    until(started.exists, what="the command to start")
     if how == "del":
         assert redis_client.delete("hybridlock:{lease}") == 1
     else:
@@ -255,7 +246,7 @@ def test_kill_after_ends_a_command_that_ignores_the_lost_signal(server, redis_cl
     options = ("--expire-after", "0.6", "--kill-after", "0.5")
     process = _start(server, "run", *options, "stubborn", "--", "sh", "-c", script)
     stopper.append(process)
-    _until(started.exists, what="the command to start")
+    until(started.exists, what="the command to start")
     redis_client.delete("hybridlock:{stubborn}")
     process.communicate(timeout=30)
     assert process.returncode == EXIT_LOST
@@ -329,7 +320,7 @@ def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_re
             thread.start()
             threads.append(thread)
             expected = len(threads)
-            _until(lambda n=expected: len(_inspect(server, "q")[0]["waiting"]) == n, what="the waiter to queue")
+            until(lambda n=expected: len(_inspect(server, "q")[0]["waiting"]) == n, what="the waiter to queue")
 
         def described() -> dict[str, Any] | None:
             # The holder by its renewer, the waiters by their wait keepers (after a second of waiting).
@@ -337,7 +328,7 @@ def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_re
             everyone = [state["holder"], *state["waiting"]]
             return state if state["holder"]["thread"] and all(o["pid"] for o in everyone) else None
 
-        state = _until(described, what="the holder's description")
+        state = until(described, what="the holder's description")
         assert state["held"] is True
         assert state["holder"]["owner"] == holder.client_id
         assert state["holder"]["pid"] == os.getpid()
@@ -418,7 +409,7 @@ def test_force_release_wakes_the_waiter_and_the_holder_learns_at_renewal(server,
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    _until(lambda: redis_client.zcard("hybridlock:{stuck}:queue"), what="the rival to queue")
+    until(lambda: redis_client.zcard("hybridlock:{stuck}:queue"), what="the rival to queue")
     start = time.monotonic()
     result = _cli(server, "release", "--force", "--yes", "stuck")
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ import hybridlock
 from hybridlock._cli.common import split_server_urls
 from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.server import EmbeddedServer
+from tests._polling import until
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
@@ -40,16 +40,6 @@ def _cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedPro
         text=True,
         timeout=timeout,
     )
-
-
-def _until(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _servers(urls: list[str]) -> list[str]:
@@ -158,7 +148,7 @@ def test_cluster_list_scans_every_master_and_inspect_reads_each_keys_node(
                 document = _json(_cli("inspect", "--json", *keys, "--server", cluster_url))
                 return document if all(entry["holder"]["host"] for entry in document["locks"]) else None
 
-            inspected = _until(described, "the owner's description")
+            inspected = until(described, "the owner's description")
             tokens = {entry["key"]: entry["fencing_counter"] for entry in inspected["locks"]}
             assert tokens == {lock.key: lock.fencing_token for lock in locks}
             assert all(0 < entry["lease_remaining_ms"] <= 20_000 for entry in inspected["locks"])
@@ -228,7 +218,7 @@ def test_quorum_inspect_gives_the_verdict_by_majority_with_each_servers_holder(
                 holders = [entry["lock"]["holder"] for entry in state["servers"]]
                 return state if all(holder and holder["host"] for holder in holders) else None
 
-            described_state = _until(described, "the owner's description on every server")
+            described_state = until(described, "the owner's description on every server")
             assert {entry["lock"]["holder"]["pid"] for entry in described_state["servers"]} == {os.getpid()}
 
             # The lease gone from a minority: still held, on a bare majority.
@@ -345,7 +335,7 @@ def test_quorum_run_holds_the_lock_on_every_server_while_the_command_runs(
                 (state,) = _json(_cli("inspect", "--json", "job", *_servers(quorum_urls)))["locks"]
                 return state if state["held"] else None
 
-            state = _until(held, "run to take the lock")
+            state = until(held, "run to take the lock")
             assert state["holding_servers"] == len(quorum_urls)
             assert not rival.obtain("job").acquire(blocking=False)
             go.touch()

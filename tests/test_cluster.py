@@ -24,6 +24,7 @@ from hybridlock._sync.backends import cluster as sync_cluster
 from hybridlock._sync.backends.cluster import RedisClusterBackend
 from hybridlock.testing.cluster import EmbeddedCluster
 from tests import _cluster_workers
+from tests._polling import until
 
 pytestmark = [pytest.mark.server, pytest.mark.cluster]
 
@@ -49,14 +50,6 @@ def keys_on_every_master(cluster: EmbeddedCluster, per_master: int, prefix: str 
         if len(found.setdefault(port, [])) < per_master:
             found[port].append(key)
     return [key for keys in found.values() for key in keys]
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- accepting a cluster ---------------------------------------------------------------------------------------------
@@ -316,7 +309,7 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
         assert cluster.owner_of(slot) is target
         renewer = holder._context.renewer
         rounds = renewer.rounds
-        wait_until(lambda: renewer.rounds >= rounds + 1, 10, "a renewal round after the move")
+        until(lambda: renewer.rounds >= rounds + 1, "a renewal round after the move", 10)
         assert not lock.lost  # the renewer followed the slot to its new node
         lock.renew()
         assert cluster.command(target, "GET", f"hybridlock:{{{key}}}") == holder.client_id.encode()
@@ -362,12 +355,12 @@ def test_a_manual_failover_keeps_the_lock(own_cluster):
         master = cluster.owner_of(slot_of("kept"))
         replica = cluster.replica_of(master)
         cluster.command(replica, "CLUSTER", "FAILOVER")  # waits for the replica to catch up: nothing is lost
-        wait_until(lambda: cluster.role(replica) == "master", 15, "the replica's promotion")
+        until(lambda: cluster.role(replica) == "master", "the replica's promotion", 15)
         cluster.wait_healthy()
         lock.renew()  # through a MOVED answer from the old master
         renewer = registry._context.renewer
         rounds = renewer.rounds
-        wait_until(lambda: renewer.rounds >= rounds + 1, 10, "a renewal round after the failover")
+        until(lambda: renewer.rounds >= rounds + 1, "a renewal round after the failover", 10)
         assert not lock.lost
         assert lost == []
         assert cluster.command(replica, "GET", "hybridlock:{kept}") == registry.client_id.encode()
@@ -398,11 +391,11 @@ def test_a_master_crash_before_replication_loses_the_lock_and_tells_the_holder(o
         finally:
             replica.resume()
         cluster.command(replica, "CLUSTER", "FAILOVER", "TAKEOVER")
-        wait_until(lambda: cluster.role(replica) == "master", 15, "the replica's promotion")
+        until(lambda: cluster.role(replica) == "master", "the replica's promotion", 15)
         # Gossip after a takeover can be slow on a loaded machine: 30 s was missed once in CI.
         cluster.wait_healthy(timeout=60)
         # Told at its next renewal (every second): lost, on_lost, LockLostError at release.
-        wait_until(lambda: lock.lost, 10, "the holder to be told")
+        until(lambda: lock.lost, "the holder to be told", 10)
         assert lost == [lock]
         with hybridlock.LockRegistry(cluster.url) as other:
             theirs = other.obtain(key)
@@ -457,7 +450,7 @@ def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
             assert error.server == cluster.url
             assert f"127.0.0.1:{master.port}" in str(error)  # the node, beside the cluster
             # Locks on the other masters go on being renewed; the dead node's lease is reported lost when it ends.
-            wait_until(lambda: lock.lost, 10, "the dead node's lease to be reported lost")
+            until(lambda: lock.lost, "the dead node's lease to be reported lost", 10)
             assert not elsewhere.lost
             elsewhere.release()
             with pytest.raises(hybridlock.HybridLockError):
@@ -482,7 +475,7 @@ def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
         others = [lock for lock in locks if lock not in on_hung]
         hung.pause()
         try:
-            wait_until(lambda: all(lock.lost for lock in on_hung), 25, "the hung node's leases to be reported lost")
+            until(lambda: all(lock.lost for lock in on_hung), "the hung node's leases to be reported lost", 25)
             assert not any(lock.lost for lock in others)
             time.sleep(4)  # eight more rounds, each meeting the hung node
             assert not any(lock.lost for lock in others)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import hybridlock
+from tests._polling import until
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
 
@@ -20,14 +21,6 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
 def _owner_hash(redis_client, registry) -> dict[str, str]:
     raw = redis_client.hgetall(f"{registry.registry_key}:owner:{registry.client_id}")
     return {key.decode(): value.decode() for key, value in raw.items()}
-
-
-def _until(condition, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value
 
 
 def test_statistics_describe_the_holder(make_registry):
@@ -60,7 +53,7 @@ def test_the_renewer_describes_the_owner_and_its_leases(make_registry, redis_cli
     lock = registry.obtain("k")
     with lock:
         token = lock.fencing_token
-        described = _until(lambda: (h := _owner_hash(redis_client, registry)).get("hybridlock:{k}") and h)
+        described = until(lambda: (h := _owner_hash(redis_client, registry)).get("hybridlock:{k}") and h)
         assert described["host"] == socket.gethostname()
         assert described["pid"] == str(os.getpid())
         assert abs(float(described["started_at"]) - time.time()) < 60
@@ -72,13 +65,13 @@ def test_the_renewer_describes_the_owner_and_its_leases(make_registry, redis_cli
         assert 0 < ttl <= 60_000
     # Given back: its field goes at the next round (the registry's other leases keep the worker running).
     with registry.obtain("other"):
-        _until(lambda: "hybridlock:{k}" not in _owner_hash(redis_client, registry))
+        until(lambda: "hybridlock:{k}" not in _owner_hash(redis_client, registry))
 
 
 def test_close_removes_the_description(make_registry, redis_client):
     registry = make_registry(expire_after=1.5)
     with registry.obtain("k"):
-        _until(lambda: _owner_hash(redis_client, registry))
+        until(lambda: _owner_hash(redis_client, registry))
     registry.close()
     assert redis_client.exists(f"hybridlock:owner:{registry.client_id}") == 0
 
@@ -99,7 +92,7 @@ def test_a_lock_held_a_while_is_described_at_one_second(make_registry, redis_cli
     registry = make_registry()  # expire_after 30: no renewal round before 10 s
     start = time.monotonic()
     with registry.obtain("long"):
-        _until(lambda: "hybridlock:{long}" in _owner_hash(redis_client, registry))
+        until(lambda: "hybridlock:{long}" in _owner_hash(redis_client, registry))
         assert time.monotonic() - start < 8
 
 
