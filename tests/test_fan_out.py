@@ -42,7 +42,7 @@ def test_a_straggler_is_given_up_on_and_its_outcome_comes_late_with_its_lane() -
         wake.wait(10)
         return "late grant"
 
-    def on_late(lane: int, outcome: Any) -> None:
+    def on_late(lane: Any, outcome: Any) -> None:
         late.append((lane, outcome))
         arrived.set()
 
@@ -61,21 +61,69 @@ def test_a_straggler_is_given_up_on_and_its_outcome_comes_late_with_its_lane() -
         fan.close()
 
 
-def test_a_hung_lane_takes_no_more_than_its_backlog_and_delays_no_other_lane() -> None:
-    fan = FanOut("t", max_backlog=3)
-    wake = threading.Event()
+def test_a_busy_lane_takes_no_other_call_until_its_straggler_and_late_handler_are_done() -> None:
+    fan = FanOut("t")
+    wake, handled = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hung() -> str:
+        wake.wait(10)
+        order.append("late call answered")
+        return "late"
+
+    def on_late(lane: object, outcome: object) -> None:
+        time.sleep(0.05)  # a give-back on its way
+        order.append(f"late handler for {lane}")
+        handled.set()
+
     try:
-        for _ in range(3):
-            started = time.monotonic()
-            outcomes = fan.run([lambda: wake.wait(10), lambda: "ok"], enough=1, patience=0.01)
-            assert outcomes[1] == "ok"
-            assert isinstance(outcomes[0], TimeoutError)
-            assert time.monotonic() - started < 5
-        outcomes = fan.run([lambda: wake.wait(10), lambda: "ok"], enough=1, patience=0.01)
+        outcomes = fan.run([hung, lambda: "ok"], enough=1, patience=0.01, late=on_late, lanes=["a", "b"])
         assert isinstance(outcomes[0], TimeoutError)
-        assert "unanswered" in str(outcomes[0])  # refused at once: three calls still wait there
+        started = time.monotonic()
+        outcomes = fan.run([lambda: order.append("next call") or "x", lambda: "ok"], enough=1, lanes=["a", "b"])
+        assert time.monotonic() - started < 5  # refused at once, not queued behind the hung call
+        assert isinstance(outcomes[0], TimeoutError)
+        assert "still unanswered" in str(outcomes[0])
+        assert outcomes[1] == "ok"
+        wake.set()
+        assert handled.wait(5)
+        until_free = time.monotonic() + 5
+        while True:  # the lane frees once the handler has returned
+            outcomes = fan.run([lambda: order.append("next call") or "x"], enough=1, lanes=["a"])
+            if outcomes == ["x"]:
+                break
+            assert time.monotonic() < until_free
+            time.sleep(0.01)
+        assert order == ["late call answered", "late handler for a", "next call"]
     finally:
         wake.set()
+        fan.close()
+
+
+def test_failures_do_not_count_toward_enough() -> None:
+    fan = FanOut("t")
+
+    def refused() -> str:
+        raise ConnectionRefusedError("down")
+
+    def slow() -> str:
+        time.sleep(0.3)
+        return "slow"
+
+    try:
+        # One server down at once, one fast, one slower than the patience: the slow one is still needed.
+        outcomes = fan.run([refused, lambda: "fast", slow], enough=2, patience=0.01)
+        assert isinstance(outcomes[0], ConnectionRefusedError)
+        assert outcomes[1:] == ["fast", "slow"]
+    finally:
+        fan.close()
+
+
+def test_more_enough_than_calls_does_not_hang() -> None:
+    fan = FanOut("t")
+    try:
+        assert fan.run([lambda: 1], enough=3, patience=0.01) == [1]
+    finally:
         fan.close()
 
 
@@ -92,7 +140,7 @@ def test_the_async_twin_gives_up_on_a_straggler_and_hands_its_outcome_on() -> No
         async def quick() -> str:
             return "a"
 
-        async def on_late(lane: int, outcome: Any) -> None:
+        async def on_late(lane: Any, outcome: Any) -> None:
             late.append((lane, outcome))
 
         outcomes = await fan.run([quick, hung, quick], enough=2, patience=0.05, late=on_late, lanes=[0, 5, 2])
@@ -104,6 +152,21 @@ def test_the_async_twin_gives_up_on_a_straggler_and_hands_its_outcome_on() -> No
                 break
             await asyncio.sleep(0.01)
         assert late == [(5, "late grant")]
+
+        # enough=0: no answer is awaited beyond the patience, even when every call hangs.
+        never = asyncio.Event()
+
+        async def hangs() -> str:
+            await never.wait()
+            return "never"
+
+        started = time.monotonic()
+        outcomes = await fan.run([hangs, hangs], enough=0, patience=0.05, lanes=["x", "y"])
+        assert time.monotonic() - started < 2
+        assert all(isinstance(outcome, TimeoutError) for outcome in outcomes)
+        # Their lanes are busy: a burst of calls to them is refused at once, none queued.
+        burst = await asyncio.gather(*(fan.run([quick], enough=1, lanes=["x"]) for _ in range(10)))
+        assert all(isinstance(outcomes[0], TimeoutError) for outcomes in burst)
         await fan.aclose()
 
     asyncio.run(asyncio.wait_for(scenario(), 10))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import partial
 from typing import Any, TypeAlias, TypeVar, final
@@ -51,8 +51,8 @@ IS_ASYNC = True
 #: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).
 Thunk: TypeAlias = Callable[[], Awaitable[T]]
 
-#: What a fan-out hands a straggler's outcome to, with its lane's index (``AsyncFanOut.run``'s ``late``).
-LateHandler: TypeAlias = Callable[[int, Any], Awaitable[None]]
+#: What a fan-out hands a straggler's outcome to, with its lane (``AsyncFanOut.run``'s ``late``).
+LateHandler: TypeAlias = Callable[[Any, Any], Awaitable[None]]
 
 monotonic = time.monotonic  # the same clock on both sides, so deadlines computed in shared code compare
 sleep = asyncio.sleep
@@ -457,28 +457,32 @@ class AsyncWorker:
 
 @final
 class AsyncFanOut:
-    """Runs several calls at once, one per *lane* (a server): one task each here, one small thread pool per lane on
-    the sync side (``FanOut``). For a quorum, which asks N independent servers the same thing.
+    """Runs several calls at once, each in its *lane* (a server, or a server and a key): one task each here, threads
+    on the sync side (``FanOut``). For a quorum, which asks N independent servers the same thing.
 
     ``await run(calls)`` returns one outcome per call, in order: its result, or the ``Exception`` it raised (a
     ``BaseException`` such as a cancellation is not caught: it cancels the calls still running and propagates).
     Each call must bound its own time (a socket timeout).
 
-    With ``enough``, a hung server costs less than its socket timeout: once ``enough`` calls have finished, the
-    others get as long again as those took, and at least ``patience`` seconds; a call still running then is a
-    *straggler*, reported as a ``TimeoutError`` outcome, and left to finish in its lane. ``late(lane, outcome)``
-    then receives its outcome (a quorum gives back a grant that came too late to count). ``lanes[i]`` is call
-    ``i``'s lane (a server's index; by default ``i``). A lane with ``max_backlog`` calls still unanswered takes no
-    more: the outcome is a ``TimeoutError`` at once, so a hung server does not gather an unbounded backlog.
+    With ``enough``, a hung server costs less than its socket timeout: once ``enough`` calls have *succeeded* (a
+    failure does not count: the others may still be needed), the others get as long again as that took, and at
+    least ``patience`` seconds; a call still running then is a *straggler*, reported as a ``TimeoutError``
+    outcome, and left to finish. ``late(lane, outcome)`` then receives its outcome (a quorum gives back a grant that
+    came too late to count). ``lanes[i]`` is call ``i``'s lane (any hashable; by default ``i``).
+
+    A lane carries one call at a time: a call whose lane is still busy (a straggler, or its ``late`` handler, has
+    not finished) is not sent, and its outcome is a ``TimeoutError`` at once. So a hung server gathers no backlog,
+    and calls of one lane reach the server in the order they were made, a late handler's own calls included:
+    nothing sent later can overtake a straggler (a quorum relies on that: a give-back must not land after the same
+    owner's next grant).
 
     ``aclose`` cancels the stragglers still running; ``after_fork_in_child`` forgets them."""
 
-    __slots__ = ("_backlog", "_stragglers", "max_backlog", "name")
+    __slots__ = ("_busy", "_stragglers", "name")
 
-    def __init__(self, name: str, max_backlog: int = 64) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.max_backlog = max_backlog
-        self._backlog: dict[int, int] = {}  # lane -> calls sent and not yet answered
+        self._busy: set[Hashable] = set()  # lanes with a call (or its late handler) still running
         self._stragglers: set[asyncio.Task[Any]] = set()
 
     async def run(
@@ -488,69 +492,75 @@ class AsyncFanOut:
         enough: int | None = None,
         patience: float = 0.0,
         late: LateHandler | None = None,
-        lanes: Sequence[int] | None = None,
+        lanes: Sequence[Hashable] | None = None,
     ) -> list[T | Exception]:
         if enough is None:
             return list(await asyncio.gather(*(_outcome(call) for call in calls)))
         outcomes: list[T | Exception | None] = [None] * len(calls)
         lane_of = list(range(len(calls)) if lanes is None else lanes)
         running: dict[asyncio.Task[Any], int] = {}
+        abandoned: dict[int, bool] = {}  # call index -> its round gave up on it (shared with its lane's task)
         start = time.monotonic()
         for index, call in enumerate(calls):
-            if self._backlog.get(lane_of[index], 0) >= self.max_backlog:
-                outcomes[index] = TimeoutError(f"{self.max_backlog} earlier calls are still unanswered")
+            lane = lane_of[index]
+            if lane in self._busy:
+                outcomes[index] = TimeoutError("an earlier call to this server is still unanswered")
             else:
-                running[asyncio.ensure_future(self._lane(lane_of[index], call))] = index
+                self._busy.add(lane)  # taken here, before any await: no other run can slip in
+                task = asyncio.ensure_future(self._in_lane(lane, call, late, abandoned, index))
+                running[task] = index
         pending = set(running)
+        succeeded = sum(1 for outcome in outcomes if outcome is not None and not isinstance(outcome, Exception))
         try:
             deadline: float | None = None
             while pending:
+                if deadline is None and succeeded >= enough:
+                    now = time.monotonic()
+                    deadline = now + max(patience, now - start)
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     break  # the stragglers' time is up
                 for task in done:
-                    outcomes[running[task]] = task.result()
-                if deadline is None and len(calls) - len(pending) >= enough:
-                    now = time.monotonic()
-                    deadline = now + max(patience, now - start)
+                    outcome = task.result()
+                    outcomes[running[task]] = outcome
+                    if not isinstance(outcome, Exception):
+                        succeeded += 1
         except BaseException:
             for task in pending:
                 task.cancel()
             raise
+        waited = (time.monotonic() - start) * 1000
         for task in pending:
             index = running[task]
-            waited = (time.monotonic() - start) * 1000
+            abandoned[index] = True
             outcomes[index] = TimeoutError(f"no answer in {waited:.0f} ms, when enough others had answered")
-            self._keep(task)
-            if late is not None:
-                task.add_done_callback(partial(self._hand_late, late, lane_of[index]))
-        return outcomes  # type: ignore[return-value]  # every slot is filled by now
-
-    async def _lane(self, lane: int, call: Thunk[T]) -> T | Exception:
-        self._backlog[lane] = self._backlog.get(lane, 0) + 1
-        try:
-            return await _outcome(call)
-        finally:
-            self._backlog[lane] -= 1
-
-    def _hand_late(self, late: LateHandler, lane: int, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled():
-            self._keep(asyncio.ensure_future(_outcome(partial(late, lane, task.result()))))
-
-    def _keep(self, task: asyncio.Task[Any]) -> None:
-        if not task.done():
             self._stragglers.add(task)  # a reference, so the task is not collected mid-way
             task.add_done_callback(self._stragglers.discard)
+        return outcomes  # type: ignore[return-value]  # every slot is filled by now
+
+    async def _in_lane(
+        self, lane: Hashable, call: Thunk[T], late: LateHandler | None, abandoned: dict[int, bool], index: int
+    ) -> T | Exception:
+        try:
+            outcome = await _outcome(call)
+            if abandoned.get(index) and late is not None:
+                # Still holding the lane: whatever the handler sends reaches the server before the lane's next call.
+                await _outcome(partial(late, lane, outcome))
+            return outcome
+        finally:
+            self._busy.discard(lane)
 
     async def aclose(self) -> None:
         stragglers, self._stragglers = self._stragglers, set()
         for task in stragglers:
             task.cancel()
+        if stragglers:
+            await asyncio.wait(stragglers)
 
     def after_fork_in_child(self) -> None:
         self._stragglers = set()
-        self._backlog = {}
+        self._busy = set()
 
 
 async def _outcome(call: Thunk[T]) -> T | Exception:

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from functools import partial
@@ -49,8 +49,8 @@ IS_ASYNC = False
 #: the async side (callbacks handed to shared code).
 Thunk: TypeAlias = Callable[[], T]
 
-#: What a fan-out hands a straggler's outcome to, with its lane's index (``AsyncFanOut.run``'s ``late``).
-LateHandler: TypeAlias = Callable[[int, Any], None]
+#: What a fan-out hands a straggler's outcome to, with its lane (``FanOut.run``'s ``late``).
+LateHandler: TypeAlias = Callable[[Any, Any], None]
 
 monotonic = time.monotonic
 sleep = time.sleep
@@ -356,29 +356,30 @@ class FifoMutex:
 
 @final
 class FanOut:
-    """Runs several calls at once, one per *lane* (a server). The thread twin of ``AsyncFanOut`` (read its
-    docstring): same outcomes, in order, an ``Exception`` in place of a result, and the same ``enough``,
-    ``patience``, ``late`` and ``max_backlog``.
+    """Runs several calls at once, each in its *lane*. The thread twin of ``AsyncFanOut`` (read its docstring): same
+    outcomes, in order, an ``Exception`` in place of a result, and the same ``enough``, ``patience``, ``late`` and
+    ``lanes``, one call at a time per lane.
 
-    Without ``enough`` the first call runs in the calling thread and the others in one small shared pool. With it,
-    every call runs in its lane's own pool (so a hung server's backlog never delays the other servers' calls), and
-    a straggler's ``late`` handler runs in its lane thread once its call is done. ``close`` ends the pools' threads
-    once they are idle; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
+    Without ``enough`` the first call runs in the calling thread and the others in a small shared pool. With it,
+    every call runs in a pool thread (the calling thread only waits, so a hung server never holds it), and a
+    straggler's ``late`` handler runs in that thread once its call is done, before the lane takes another call.
+    ``close`` ends the pools' threads once they are idle, drops calls not yet started and makes later runs call
+    in the calling thread; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
     child), and the next ``run`` starts new ones."""
 
-    __slots__ = ("_backlog", "_closed", "_guard", "_lanes", "_pool", "_width", "max_backlog", "name")
+    __slots__ = ("_busy", "_closed", "_guard", "_lanes_pool", "_pool", "_width", "name")
 
-    #: Threads per lane: enough for a few callers at once; more calls wait in the lane's queue.
-    LANE_WIDTH = 8
+    #: Threads for calls with ``enough``, started as needed. A hung server holds one per lane (one per key over a
+    #: quorum) until its socket timeout; more calls than this at once wait for a thread.
+    LANE_THREADS = 256
 
-    def __init__(self, name: str, max_backlog: int = 64) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.max_backlog = max_backlog
         self._guard = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._width = 0
-        self._lanes: dict[int, ThreadPoolExecutor] = {}
-        self._backlog: dict[int, int] = {}  # lane -> calls sent and not yet answered (under _guard)
+        self._lanes_pool: ThreadPoolExecutor | None = None
+        self._busy: set[Hashable] = set()  # lanes with a call (or its late handler) still running (under _guard)
         self._closed = False  # then calls run one after another in the caller's thread: no pool to leak
 
     def run(
@@ -388,7 +389,7 @@ class FanOut:
         enough: int | None = None,
         patience: float = 0.0,
         late: LateHandler | None = None,
-        lanes: Sequence[int] | None = None,
+        lanes: Sequence[Hashable] | None = None,
     ) -> list[T | Exception]:
         if enough is None or self._closed:
             if len(calls) <= 1 or self._closed:
@@ -403,19 +404,19 @@ class FanOut:
         lane_of = list(range(len(calls)) if lanes is None else lanes)
         start = time.monotonic()
         for index, call in enumerate(calls):
+            lane = lane_of[index]
             with self._guard:
-                lane_pool = self._lane(lane_of[index])
-                if lane_pool is None:
-                    with fan.changed:  # lane threads of earlier calls count under it too
-                        fan.outcomes[index] = TimeoutError(f"{self.max_backlog} earlier calls are still unanswered")
-                        fan.finished += 1
-                    continue
-                self._backlog[lane_of[index]] = self._backlog.get(lane_of[index], 0) + 1
-            lane_pool.submit(self._in_lane, fan, index, lane_of[index], call)
+                busy = lane in self._busy or self._closed
+                if not busy:
+                    pool = self._lane_executor()
+                    self._busy.add(lane)
+                    pool.submit(self._in_lane, fan, index, lane, call)
+            if busy:
+                fan.finish(index, TimeoutError("an earlier call to this server is still unanswered"))
         with fan.changed:
             deadline: float | None = None
             while fan.finished < len(calls):
-                if deadline is None and fan.finished >= enough:
+                if deadline is None and fan.succeeded >= enough:
                     now = time.monotonic()
                     deadline = now + max(patience, now - start)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -429,35 +430,24 @@ class FanOut:
                     fan.outcomes[index] = TimeoutError(f"no answer in {waited:.0f} ms, when enough others had answered")
             return list(fan.outcomes)  # every slot is filled by now
 
-    def _lane(self, lane: int) -> ThreadPoolExecutor | None:
-        """Lane ``lane``'s pool, or None when its backlog is full or the fan-out closed (call under ``_guard``)."""
-        if self._closed or self._backlog.get(lane, 0) >= self.max_backlog:
-            return None
-        pool = self._lanes.get(lane)
-        if pool is None:
-            pool = self._lanes[lane] = ThreadPoolExecutor(
-                max_workers=self.LANE_WIDTH, thread_name_prefix=f"{self.name}-{lane}"
-            )
-        return pool
+    def _lane_executor(self) -> ThreadPoolExecutor:
+        """The pool for calls with ``enough`` (call under ``_guard``)."""
+        if self._lanes_pool is None:
+            self._lanes_pool = ThreadPoolExecutor(max_workers=self.LANE_THREADS, thread_name_prefix=self.name)
+        return self._lanes_pool
 
-    def _in_lane(self, fan: _Round, index: int, lane: int, call: Thunk[Any]) -> None:
-        outcome = _outcome(call)
-        with self._guard:
-            self._backlog[lane] -= 1
-        with fan.changed:
-            if not fan.settled:
-                fan.outcomes[index] = outcome
-                fan.finished += 1
-                if fan.finished >= fan.enough:  # before that, the caller has nothing to decide: let it sleep
-                    fan.changed.notify()
-                return
-        if fan.late is not None:
-            _outcome(partial(fan.late, lane, outcome))  # a late handler's failure is its own to report
+    def _in_lane(self, fan: _Round, index: int, lane: Hashable, call: Thunk[Any]) -> None:
+        try:
+            outcome = _outcome(call)
+            if not fan.finish(index, outcome) and fan.late is not None:
+                # Still holding the lane: whatever the handler sends reaches the server before the lane's next call.
+                _outcome(partial(fan.late, lane, outcome))
+        finally:
+            with self._guard:
+                self._busy.discard(lane)
 
     def _executor(self, width: int) -> ThreadPoolExecutor | None:
-        """The shared pool, at least ``width`` wide (None once closed). A pool is only shut down under ``_guard``
-        after it is replaced or the fan-out closed, and the caller submits to it at once: a submit after a
-        concurrent ``close`` is the one race, and ``close`` is only called once nothing runs any more."""
+        """The shared pool, at least ``width`` wide (None once closed)."""
         with self._guard:
             if self._closed:
                 return None
@@ -472,18 +462,18 @@ class FanOut:
     def close(self) -> None:
         with self._guard:
             self._closed = True
-            pools = [self._pool, *self._lanes.values()]
-            self._pool, self._lanes = None, {}
+            pools = [self._pool, self._lanes_pool]
+            self._pool = self._lanes_pool = None
         for pool in pools:
             if pool is not None:
-                pool.shutdown(wait=False)
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def after_fork_in_child(self) -> None:
         self._guard = threading.Lock()
         self._pool = None
+        self._lanes_pool = None
         self._closed = False
-        self._lanes = {}
-        self._backlog = {}
+        self._busy = set()
 
 
 _PENDING: Any = object()  # an outcome not in yet (a call may well return None)
@@ -492,15 +482,29 @@ _PENDING: Any = object()  # an outcome not in yet (a call may well return None)
 class _Round:
     """One ``FanOut.run`` with ``enough``: the outcomes so far, shared with the lane threads."""
 
-    __slots__ = ("changed", "enough", "finished", "late", "outcomes", "settled")
+    __slots__ = ("changed", "enough", "finished", "late", "outcomes", "settled", "succeeded")
 
     def __init__(self, calls: int, enough: int, late: LateHandler | None) -> None:
-        self.enough = enough
         self.changed = threading.Condition(threading.Lock())
         self.outcomes: list[Any] = [_PENDING] * calls
+        self.enough = enough
         self.finished = 0
+        self.succeeded = 0
         self.settled = False  # the caller has its answer: whatever finishes now is late
         self.late = late
+
+    def finish(self, index: int, outcome: Any) -> bool:
+        """Record call ``index``'s outcome; False if the round has settled without it (the outcome is late)."""
+        with self.changed:
+            if self.settled:
+                return False
+            self.outcomes[index] = outcome
+            self.finished += 1
+            if not isinstance(outcome, Exception):
+                self.succeeded += 1
+            if self.succeeded >= self.enough or self.finished == len(self.outcomes):
+                self.changed.notify()  # before that, the caller has nothing to decide: let it sleep
+            return True
 
 
 def _outcome(call: Thunk[T]) -> T | Exception:

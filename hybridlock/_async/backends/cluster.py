@@ -33,7 +33,7 @@ Failure modes
   node's pipeline at once and, once one node has answered, waits for the others as long again, at least
   ``_STRAGGLER_PATIENCE``; a node still silent then has its leases counted as unreached for that round (renewed
   next round, or reported lost when they end), so the leases on the other masters are renewed on time whatever the
-  lease and socket timeout. Each node's calls wait in a lane of their own, at most 64 at once.
+  lease and socket timeout.
 * Subscriptions: a node that stops serving a channel's slot (migration, failover) ends its subscription; watches of
   it then poll until they end, and later ones subscribe at the new node. A subscriber connection that breaks falls
   back to polling and reconnects, as on one server.
@@ -73,6 +73,8 @@ _MIGRATION_PAUSE = 0.02
 # How long a batch waits for a node still silent after another node has answered (at least: as long again as the
 # first answer took, if longer). A healthy node answers a pipeline of renewals in milliseconds.
 _STRAGGLER_PATIENCE = 0.2
+# How long the holder description keeps away from a node that was out of reach, unless a batch hears from it sooner.
+_SUSPECT_FOR = 10.0
 # How long aclose() lets operations in progress finish (as the one-server backend does).
 _CLOSE_GRACE = 5.0
 
@@ -133,10 +135,10 @@ class _ClusterScriptRunner(ScriptRunner):
         # One pipeline per node, all at once: a hung node (it costs a whole socket timeout) must not hold back the
         # renewal of the leases on the others, which would then run out while they wait.
         self.fan_out = AsyncFanOut("hybridlock-cluster")
-        # Nodes out of reach in the last batch that asked them, until one gets an answer from them again (the
-        # describer avoids them: a hung one would hold back the next renewal round by a socket timeout).
-        self._suspects: set[str] = set()
-        self._lanes: dict[str, int] = {}  # node name -> its lane in the fan-out (a lane per node, never reused)
+        # Nodes out of reach in a batch that asked them, until one gets an answer from them again or
+        # _SUSPECT_FOR seconds pass (the describer avoids them: a hung one would hold back the next renewal round by
+        # a socket timeout): node name -> until when (monotonic).
+        self._suspects: dict[str, float] = {}
         family = backend._family
         # Answers that a call sent down a node's pipeline gets when it must go elsewhere, or again: the client's
         # routed path knows what to do with each (follow the redirection, wait out the migration, EVAL).
@@ -184,7 +186,9 @@ class _ClusterScriptRunner(ScriptRunner):
                 [partial(self._on_node, node, source, sha, [calls[i] for i in indexes]) for _, node, indexes in groups],
                 enough=1,
                 patience=_STRAGGLER_PATIENCE,
-                lanes=[self._lanes.setdefault(name, len(self._lanes)) for name, _, _ in groups],
+                # A lane of its own per call: batches from several callers (the renewer, the wait keeper, a renewal
+                # by hand) may be at one node at once.
+                lanes=[object() for _ in groups],
             )
             for (name, node, indexes), outcome in zip(groups, outcomes, strict=True):
                 if type(outcome) is TimeoutError:
@@ -192,6 +196,7 @@ class _ClusterScriptRunner(ScriptRunner):
                     # layout refresh for it (see below).
                     unreached.update(dict.fromkeys(indexes, TimeoutError(f"cluster node {node.name}: {outcome}")))
                     tried.add(name)
+                    timed_out = True
                 elif isinstance(outcome, unavailable):
                     failure = _naming_node(outcome, node.name)
                     unreached.update(dict.fromkeys(indexes, failure))
@@ -216,7 +221,10 @@ class _ClusterScriptRunner(ScriptRunner):
             # for its calls at whichever node serves their slots now.
             with contextlib.suppress(Exception):
                 await client.nodes_manager.initialize()
-        self._suspects = (self._suspects - answered) | tried
+        until = monotonic() + _SUSPECT_FOR
+        for name in answered:
+            self._suspects.pop(name, None)
+        self._suspects.update(dict.fromkeys(tried, until))
         if unreached and len(unreached) == len(calls):
             raise next(iter(unreached.values()))
         for index, error in unreached.items():
@@ -365,7 +373,7 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         async with self._translated(None, "description of the owner"):
             await cluster_ready(self.client)
             node = node_for_slot(self.client, key_slot(key.encode()))
-            if node.name in self._cluster_scripts._suspects:
+            if self._cluster_scripts._suspects.get(node.name, 0.0) > monotonic():
                 raise BackendUnavailableError(
                     f"cluster node {node.name} was out of reach a moment ago", key=None, server=self.address
                 )

@@ -37,10 +37,14 @@ Failure modes
 * Fewer than a majority answer: ``BackendUnavailableError`` naming the key and every server (never a password),
   with each failure; an acquire gives back what it got first.
 * A server that hangs (does not answer, does not reset) costs little while a majority answers: once a majority
-  has answered, the others get as long again as that took, and at least ``STRAGGLER_PATIENCE`` (20 ms); then they
-  count as failed for that round (``FanOut`` with ``enough``). A grant that arrives after its round gave up on
-  it is given back unless the lock is ours by then. A hung server's calls wait in its own lane, at most 64 of them
-  at once (then new ones fail at once), until its client's socket timeout ends them: give each URL a short one
+  has answered (failures do not count), the others get as long again as that took, and at least
+  ``STRAGGLER_PATIENCE`` (20 ms); then they count as failed for that round (``FanOut`` with ``enough``).
+  Each server carries one call per lock at a time (a *lane*: the lock's key on that server; renewals, queries and
+  descriptions have a lane each): while a straggler is out, later calls about that lock are not sent to its server
+  and count as failed there at once. So nothing of ours about a lock can reach a server out of order: a grant that
+  arrives after its round gave up on it is given back, in its lane, before any later call about the lock is sent
+  there, unless the lock is ours by then (and a later round that counts that server cannot exist meanwhile). A
+  straggler ends at its client's socket timeout at the latest: give each URL a short one
   (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise). When fewer than a majority answer, an operation
   takes up to that timeout and then fails.
 * A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
@@ -101,14 +105,18 @@ class QuorumBackend(LockBackend):
             server.after_fork_in_child()
         self._fan_out.after_fork_in_child()
 
-    def _on_all(self, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
+    def _on_all(self, lane: str, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
         """``operation(*args)`` on every server at once: one outcome per server (a result, or its error; a server
-        still silent a while after a majority answered counts as failed, its reply going to ``late``)."""
+        still silent a while after a majority answered counts as failed, its reply going to ``late``). ``lane``
+        names what the calls are about on each server (a lock's key, or an operation over many): a server still
+        busy with an earlier call of the same lane is not sent another (``FanOut``), so calls about one lock
+        reach each server in the order they were made."""
         return self._fan_out.run(
             [partial(getattr(server, operation), *args) for server in self.servers],
             enough=self.majority,
             patience=STRAGGLER_PATIENCE,
             late=late,
+            lanes=[(index, lane) for index in range(len(self.servers))],
         )
 
     def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
@@ -132,7 +140,7 @@ class QuorumBackend(LockBackend):
         lease = lease_ms / 1000.0
         start = monotonic()
         outcomes = self._on_all(
-            "try_acquire", names, owner, lease_ms, False, late=partial(self._late_grant, names, owner)
+            names.lock, "try_acquire", names, owner, lease_ms, False, late=partial(self._late_grant, names, owner)
         )
         replies = [outcome if isinstance(outcome, AcquireResult) else None for outcome in outcomes]
         decision = tally_acquire(replies, lease, monotonic() - start)
@@ -145,12 +153,13 @@ class QuorumBackend(LockBackend):
         token = decision.token
         assert token is not None
         raised = 0
-        if decision.write_back:
+        if decision.write_back and not write_back_holds(len(self.servers), decision.already_at_token, 0):
+            # (When a majority minted the token already, it holds there: raising the others' counters adds nothing.)
             written = self._fan_out.run(
                 [partial(self.servers[i].raise_fence, names, token) for i in decision.write_back],
-                enough=max(0, self.majority - decision.already_at_token),
+                enough=self.majority - decision.already_at_token,
                 patience=STRAGGLER_PATIENCE,
-                lanes=decision.write_back,
+                lanes=[(i, names.lock) for i in decision.write_back],
             )
             raised = sum(1 for outcome in written if not isinstance(outcome, Exception))
             if not write_back_holds(len(self.servers), decision.already_at_token, raised):
@@ -171,14 +180,18 @@ class QuorumBackend(LockBackend):
             [partial(self.servers[i].release, names, owner, True) for i in indexes],
             enough=0,
             patience=STRAGGLER_PATIENCE,
-            lanes=indexes,
+            lanes=[(i, names.lock) for i in indexes],
         )
 
-    def _late_grant(self, names: LockNames, owner: str, index: int, outcome: Any) -> None:
+    def _late_grant(self, names: LockNames, owner: str, lane: tuple[int, str], outcome: Any) -> None:
         """A server granted an acquire after its round had counted it as failed: give the grant back, unless the
-        lock is ours again by now (then the grant is part of our lease, released with it)."""
+        lock is ours again by now (then the grant is part of our lease, renewed and released with it).
+
+        Safe although the release is by owner, not by grant: this runs while the lane still holds that server for
+        this lock, so no later call of ours about the lock can have reached the server first, and no attempt under
+        way counts that server (its call was refused for the busy lane)."""
         if isinstance(outcome, AcquireResult) and outcome.acquired and (names.lock, owner) not in self._holders:
-            self.servers[index].release(names, owner, True)
+            self.servers[lane[0]].release(names, owner, True)
 
     def cancel_wait(self, names: LockNames, owner: str) -> None:
         return None  # attempts never queue (see the module docstring)
@@ -188,7 +201,7 @@ class QuorumBackend(LockBackend):
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         held = self._holders.pop((names.lock, owner), None)
-        outcomes = self._on_all("release", names, owner, notify)
+        outcomes = self._on_all(names.lock, "release", names, owner, notify)
         verdict = tally_flags(
             [None if isinstance(outcome, Exception) else bool(outcome) for outcome in outcomes],
             held.servers if held is not None else (),
@@ -208,7 +221,7 @@ class QuorumBackend(LockBackend):
         lease = lease_ms / 1000.0
         start = monotonic()
         before = [self._holders.get((lock.lock, owner)) for lock in names]
-        outcomes = self._on_all("renew", names, owner, lease_ms)
+        outcomes = self._on_all("renew", "renew", names, owner, lease_ms)
         now = monotonic()
         in_time = validity_left(lease, now - start) > 0
         kept: list[bool | None] = []
@@ -230,7 +243,7 @@ class QuorumBackend(LockBackend):
         return kept
 
     def is_locked(self, names: LockNames) -> bool:
-        outcomes = self._on_all("is_locked", names)
+        outcomes = self._on_all("is_locked", "is_locked", names)
         answered = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
         if len(answered) < self.majority:
             raise self._unavailable(names.key, "lock query", outcomes)
@@ -242,7 +255,7 @@ class QuorumBackend(LockBackend):
         """Write the owner's description on every server (``hybridlock inspect`` over a quorum reads it from any
         that holds the lock). Best effort like a single server's: raises ``BackendUnavailableError`` only when
         fewer than a majority took it; a hung server is not waited for (``STRAGGLER_PATIENCE``)."""
-        outcomes = self._on_all("describe_owner", key, fields, gone, ttl_ms)
+        outcomes = self._on_all("describe_owner", "describe_owner", key, fields, gone, ttl_ms)
         if sum(1 for outcome in outcomes if not isinstance(outcome, Exception)) < self.majority:
             raise self._unavailable(None, "description of the owner", outcomes)
 
