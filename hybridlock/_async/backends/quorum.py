@@ -39,11 +39,11 @@ Failure modes
   has answered (failures do not count), the others get as long again as that took, and at least
   ``STRAGGLER_PATIENCE`` (20 ms); then they count as failed for that round (``AsyncFanOut`` with ``enough``).
   Each server carries one call per lock at a time (a *lane*: the lock's key on that server; renewals, queries and
-  descriptions have a lane each): while a straggler is out, later calls about that lock are not sent to its server
-  and count as failed there at once. So nothing of ours about a lock can reach a server out of order: a grant that
-  arrives after its round gave up on it is given back, in its lane, before any later call about the lock is sent
-  there, unless the lock is ours by then (and a later round that counts that server cannot exist meanwhile). A
-  straggler ends at its client's socket timeout at the latest: give each URL a short one
+  descriptions, whose order does not matter, are not held back): while a straggler is out, later calls about that
+  lock are not sent to its server and count as failed there at once. So nothing of ours about a lock reaches a
+  server out of order: a grant that arrives after its round gave up on it is given back, in its lane, before any
+  later call about the lock is sent there, unless the lock is ours by then (and no round under way counts that
+  server meanwhile). A straggler ends at its client's socket timeout at the latest: give each URL a short one
   (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise). When fewer than a majority answer, an operation
   takes up to that timeout and then fails.
 * A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
@@ -104,18 +104,19 @@ class AsyncQuorumBackend(AsyncLockBackend):
             server.after_fork_in_child()
         self._fan_out.after_fork_in_child()
 
-    async def _on_all(self, lane: str, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
+    async def _on_all(self, lock: str | None, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
         """``operation(*args)`` on every server at once: one outcome per server (a result, or its error; a server
-        still silent a while after a majority answered counts as failed, its reply going to ``late``). ``lane``
-        names what the calls are about on each server (a lock's key, or an operation over many): a server still
-        busy with an earlier call of the same lane is not sent another (``AsyncFanOut``), so calls about one lock
-        reach each server in the order they were made."""
+        still silent a while after a majority answered counts as failed, its reply going to ``late``). ``lock``: the
+        lock key the calls are about; a server still busy with an earlier call about it is not sent another
+        (``AsyncFanOut``'s lanes), so calls about one lock reach each server in the order they were made. None for
+        calls whose order does not matter (renewals, which only extend our own leases; queries; descriptions):
+        they may overlap (the renewer's round and a renewal by hand)."""
         return await self._fan_out.run(
             [partial(getattr(server, operation), *args) for server in self.servers],
             enough=self.majority,
             patience=STRAGGLER_PATIENCE,
             late=late,
-            lanes=[(index, lane) for index in range(len(self.servers))],
+            lanes=[(index, lock if lock is not None else object()) for index in range(len(self.servers))],
         )
 
     def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
@@ -220,7 +221,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
         lease = lease_ms / 1000.0
         start = monotonic()
         before = [self._holders.get((lock.lock, owner)) for lock in names]
-        outcomes = await self._on_all("renew", "renew", names, owner, lease_ms)
+        outcomes = await self._on_all(None, "renew", names, owner, lease_ms)
         now = monotonic()
         in_time = validity_left(lease, now - start) > 0
         kept: list[bool | None] = []
@@ -242,7 +243,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
         return kept
 
     async def is_locked(self, names: LockNames) -> bool:
-        outcomes = await self._on_all("is_locked", "is_locked", names)
+        outcomes = await self._on_all(None, "is_locked", names)
         answered = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
         if len(answered) < self.majority:
             raise self._unavailable(names.key, "lock query", outcomes)
@@ -254,7 +255,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
         """Write the owner's description on every server (``hybridlock inspect`` over a quorum reads it from any
         that holds the lock). Best effort like a single server's: raises ``BackendUnavailableError`` only when
         fewer than a majority took it; a hung server is not waited for (``STRAGGLER_PATIENCE``)."""
-        outcomes = await self._on_all("describe_owner", "describe_owner", key, fields, gone, ttl_ms)
+        outcomes = await self._on_all(None, "describe_owner", key, fields, gone, ttl_ms)
         if sum(1 for outcome in outcomes if not isinstance(outcome, Exception)) < self.majority:
             raise self._unavailable(None, "description of the owner", outcomes)
 
