@@ -314,6 +314,28 @@ def test_quorum_force_release_frees_every_server_and_another_owner_takes_it_at_o
 
 
 @pytest.mark.quorum
+def test_quorum_force_release_refused_by_every_holding_server_is_a_server_failure(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    urls = [srv.url for srv in quorum_servers]
+    with hybridlock.QuorumLockRegistry(urls, expire_after=30) as holder:
+        lock = holder.obtain("stuck")
+        assert lock.acquire(timeout=5)
+        for url in urls:  # every server now refuses writes (NOREPLICAS): the release script cannot delete
+            with redis.Redis.from_url(url) as client:
+                client.config_set("min-replicas-to-write", 1)
+        try:
+            done = _cli("release", "--force", "--yes", "stuck", *_servers(urls))
+            assert done.returncode == 3, done  # not 1: the lock is held, the servers refused
+            assert done.stdout.count("not released") == len(urls)
+        finally:
+            for url in urls:
+                with redis.Redis.from_url(url) as client:
+                    client.config_set("min-replicas-to-write", 0)
+        lock.release()
+
+
+@pytest.mark.quorum
 def test_quorum_run_holds_the_lock_on_every_server_while_the_command_runs(
     quorum_urls: list[str], tmp_path: Any
 ) -> None:

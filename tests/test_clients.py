@@ -65,6 +65,15 @@ def test_redacted_url_hides_the_password_and_nothing_else():
     assert redacted_url(f"redis://{SECRET}@h") == "redis://***@h"
     assert redacted_url(f"redis://h/0?db=1&password={SECRET}") == "redis://h/0?db=1&password=***"
     assert redacted_url(f"unix://:{SECRET}@/tmp/redis.sock?db=1") == "unix://:***@/tmp/redis.sock?db=1"
+    sentinel = f"redis+sentinel://h:1/mymaster?sentinel_password={SECRET}&db=zz"
+    assert redacted_url(sentinel) == "redis+sentinel://h:1/mymaster?sentinel_password=***&db=zz"
+
+
+def test_an_invalid_sentinel_url_is_refused_without_its_sentinel_password():
+    """Found in review: the sentinels' own password was shown in the error for a bad option."""
+    with pytest.raises(hybridlock.InvalidArgumentError) as caught:
+        hybridlock.LockRegistry(f"redis+sentinel://127.0.0.1:1/mymaster?sentinel_password={SECRET}&db=zz")
+    assert SECRET not in str(caught.value)
 
 
 @pytest.mark.server

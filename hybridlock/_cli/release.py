@@ -183,6 +183,8 @@ def _release_on_quorum(args: argparse.Namespace, servers: list[Server], registry
     if answered < needed:
         print(f"{_PROG}: {_too_few(needed, len(servers), failures.values())}", file=sys.stderr)
         return SERVER_FAILED
+    if not released and any(isinstance(result, CommandError) for result in outcome.values()):
+        return SERVER_FAILED  # every server that held it refused the release: not "not held"
     return RELEASED if released else NOT_HELD
 
 

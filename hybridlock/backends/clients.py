@@ -213,7 +213,7 @@ def server_name(client: Any, family: ClientFamily) -> str:
 # scheme://userinfo@rest. The user info is read as widely as it can be (up to the last "@" before any query), so
 # that a malformed URL, say with an unescaped "/" in its password, still has all of its password hidden.
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^?#]*)@")
-_SECRET_QUERY_ARGS = frozenset({"password", "ssl_password"})
+_SECRET_QUERY_ARGS = frozenset({"password", "ssl_password", "sentinel_password"})
 
 
 def _secrets(url: str) -> tuple[str | None, list[str]]:
