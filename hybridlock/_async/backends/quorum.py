@@ -285,12 +285,12 @@ class AsyncQuorumBackend(AsyncLockBackend):
         raise self._no_read_write(names)
 
     async def aclose(self) -> None:
+        await self._fan_out.aclose()  # first: stragglers still running would meet closed clients
         for server in self.servers:
             try:
                 await server.aclose()
             except HybridLockError:
                 pass  # closing one server must not keep the others open
-        await self._fan_out.aclose()
 
 
 @dataclass(frozen=True)

@@ -286,12 +286,12 @@ class QuorumBackend(LockBackend):
         raise self._no_read_write(names)
 
     def close(self) -> None:
+        self._fan_out.close()  # first: stragglers still running would meet closed clients
         for server in self.servers:
             try:
                 server.close()
             except HybridLockError:
                 pass  # closing one server must not keep the others open
-        self._fan_out.close()
 
 
 @dataclass(frozen=True)
