@@ -108,3 +108,90 @@ def test_a_server_down_at_once_does_not_cut_short_the_wait_for_a_slower_one() ->
         await quorum.aclose()
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+class ExpiringServer(FakeServer):
+    """A fake server whose leases run out, and whose calls of one kind by one owner can be held back or fail."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.leases: dict[str, tuple[str, float]] = {}  # lock -> (owner, expiry)
+        self.held_back: dict[tuple[str, str], asyncio.Event] = {}  # (operation, owner) -> released when set
+        self.failing: set[tuple[str, str]] = set()  # (operation, owner) -> raises, as a socket timeout would
+
+    async def _gate_for(self, operation: str, owner: str) -> None:
+        if (operation, owner) in self.failing:
+            raise TimeoutError("socket timeout")
+        gate = self.held_back.get((operation, owner))
+        if gate is not None:
+            await gate.wait()
+
+    def holder(self, lock: str) -> str | None:
+        lease = self.leases.get(lock)
+        if lease is not None and lease[1] <= time.monotonic():
+            del self.leases[lock]
+            return None
+        return lease[0] if lease else None
+
+    async def try_acquire(self, names: Any, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+        await self._gate_for("acquire", owner)
+        if self.holder(names.lock) in (None, owner):
+            self.leases[names.lock] = (owner, time.monotonic() + (lease_ms or 0) / 1000)
+            self.counter = max(self.counter + 1, int(time.time() * 1e6))
+            return AcquireResult(True, self.counter, None)
+        return AcquireResult(False, None, 0.1)
+
+    async def release(self, names: Any, owner: str, notify: bool) -> bool:
+        await self._gate_for("release", owner)
+        if self.holder(names.lock) == owner:
+            del self.leases[names.lock]
+            return True
+        return False
+
+    async def renew(self, names: Sequence[Any], owner: str, lease_ms: int) -> list[bool | None]:
+        await self._gate_for("renew", owner)
+        renewed: list[bool | None] = []
+        for lock in names:
+            if self.holder(lock.lock) == owner:
+                self.leases[lock.lock] = (owner, time.monotonic() + lease_ms / 1000)
+                renewed.append(True)
+            else:
+                renewed.append(False)
+        return renewed
+
+
+def test_a_renewal_does_not_count_a_server_our_own_give_back_is_about_to_empty() -> None:
+    """Found in review: renewals are not held back by a give-back still on its way to a server, so they could
+    count that server's stale grant as a renewed holder; the give-back then deleted it, and with one more server
+    lost a rival could take a majority while we still believed the lease ours."""
+
+    async def scenario() -> None:
+        servers = [ExpiringServer(f"s{i}") for i in range(3)]
+        mine, rivals = AsyncQuorumBackend(servers), AsyncQuorumBackend(servers)
+        names = lock_names("hybridlock", "k")
+        lease_ms = 300
+        for server in servers[:2]:
+            server.leases[names.lock] = ("P", time.monotonic() + 10)
+        slow_give_back = asyncio.Event()
+        servers[2].held_back["release", "O"] = slow_give_back
+        assert not (await mine.try_acquire(names, "O", lease_ms, False)).acquired  # s2's grant given back, slowly
+        for server in servers[:2]:
+            del server.leases[names.lock]  # the rival lets go
+        assert (await mine.try_acquire(names, "O", lease_ms, False)).acquired  # on s0 and s1 (s2 still busy)
+        servers[0].failing.add(("renew", "O"))  # cut off from s0 from now on
+        await mine.renew([names], "O", lease_ms)  # s1 says yes, s2 says yes from the grant about to go
+        assert 2 not in mine._holders[names.lock, "O"].servers
+        slow_give_back.set()
+        await asyncio.sleep(0.01)
+        servers[2].failing.add(("renew", "O"))
+        believed_until = mine._holders[names.lock, "O"].until
+        while time.monotonic() < believed_until - 0.02:  # our lease on s0 ends meanwhile: nobody renews it there
+            await asyncio.sleep(0.01)
+        rival = await rivals.try_acquire(names, "P", lease_ms, False)
+        assert not (rival.acquired and time.monotonic() < mine._holders[names.lock, "O"].until), (
+            "the rival holds a majority while we still believe the lease ours"
+        )
+        await mine.aclose()
+        await rivals.aclose()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))

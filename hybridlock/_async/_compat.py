@@ -539,6 +539,11 @@ class AsyncFanOut:
             task.add_done_callback(self._stragglers.discard)
         return outcomes  # type: ignore[return-value]  # every slot is filled by now
 
+    def busy(self, lane: Hashable) -> bool:
+        """Whether ``lane`` still carries a call (or its late handler): what that call does has not happened yet,
+        or has not been seen."""
+        return lane in self._busy
+
     async def _in_lane(
         self, lane: Hashable, call: Thunk[T], late: LateHandler | None, abandoned: dict[int, bool], index: int
     ) -> T | Exception:

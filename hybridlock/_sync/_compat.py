@@ -363,8 +363,8 @@ class FanOut:
     Without ``enough`` the first call runs in the calling thread and the others in a small shared pool. With it,
     every call runs in a pool thread (the calling thread only waits, so a hung server never holds it), and a
     straggler's ``late`` handler runs in that thread once its call is done, before the lane takes another call.
-    ``close`` ends the pools' threads once they are idle, drops calls not yet started and makes later runs call
-    in the calling thread; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
+    ``close`` ends the pools' threads once they are idle (calls already handed over still run) and makes later runs
+    call in the calling thread; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
     child), and the next ``run`` starts new ones."""
 
     __slots__ = ("_busy", "_closed", "_guard", "_lanes_pool", "_pool", "_width", "name")
@@ -405,13 +405,19 @@ class FanOut:
         start = time.monotonic()
         for index, call in enumerate(calls):
             lane = lane_of[index]
+            inline = False
             with self._guard:
                 busy = lane in self._busy or self._closed
                 if not busy:
-                    pool = self._lane_executor()
                     self._busy.add(lane)
-                    pool.submit(self._in_lane, fan, index, lane, call)
-            if busy:
+                    try:
+                        self._lane_executor().submit(self._in_lane, fan, index, lane, call)
+                    except RuntimeError:  # no thread to be had (interpreter exit, "can't start new thread")
+                        self._busy.discard(lane)
+                        inline = True
+            if inline:
+                fan.finish(index, _outcome(call))
+            elif busy:
                 fan.finish(index, TimeoutError("an earlier call to this server is still unanswered"))
         with fan.changed:
             deadline: float | None = None
@@ -436,15 +442,30 @@ class FanOut:
             self._lanes_pool = ThreadPoolExecutor(max_workers=self.LANE_THREADS, thread_name_prefix=self.name)
         return self._lanes_pool
 
+    def busy(self, lane: Hashable) -> bool:
+        """Whether ``lane`` still carries a call (or its late handler): what that call does has not happened yet,
+        or has not been seen."""
+        with self._guard:
+            return lane in self._busy
+
     def _in_lane(self, fan: _Round, index: int, lane: Hashable, call: Thunk[Any]) -> None:
+        freed = False
+
+        def free() -> None:
+            nonlocal freed
+            with self._guard:
+                self._busy.discard(lane)
+            freed = True
+
         try:
             outcome = _outcome(call)
-            if not fan.finish(index, outcome) and fan.late is not None:
+            # In time: the lane is free before the caller hears (its next call on the lane must find it free).
+            if not fan.finish(index, outcome, before=free) and fan.late is not None:
                 # Still holding the lane: whatever the handler sends reaches the server before the lane's next call.
                 _outcome(partial(fan.late, lane, outcome))
         finally:
-            with self._guard:
-                self._busy.discard(lane)
+            if not freed:
+                free()
 
     def _executor(self, width: int) -> ThreadPoolExecutor | None:
         """The shared pool, at least ``width`` wide (None once closed)."""
@@ -466,7 +487,9 @@ class FanOut:
             self._pool = self._lanes_pool = None
         for pool in pools:
             if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+                # Calls queued but not started still run (cancelling them would leave their round waiting for
+                # ever, and their lanes busy); each is bounded by its socket timeout.
+                pool.shutdown(wait=False)
 
     def after_fork_in_child(self) -> None:
         self._guard = threading.Lock()
@@ -493,11 +516,14 @@ class _Round:
         self.settled = False  # the caller has its answer: whatever finishes now is late
         self.late = late
 
-    def finish(self, index: int, outcome: Any) -> bool:
-        """Record call ``index``'s outcome; False if the round has settled without it (the outcome is late)."""
+    def finish(self, index: int, outcome: Any, before: Callable[[], None] | None = None) -> bool:
+        """Record call ``index``'s outcome, calling ``before()`` first when it is in time; False if the round has
+        settled without it (the outcome is late, and ``before`` is not called)."""
         with self.changed:
             if self.settled:
                 return False
+            if before is not None:
+                before()
             self.outcomes[index] = outcome
             self.finished += 1
             if not isinstance(outcome, Exception):

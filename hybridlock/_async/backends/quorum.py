@@ -221,12 +221,22 @@ class AsyncQuorumBackend(AsyncLockBackend):
         lease = lease_ms / 1000.0
         start = monotonic()
         before = [self._holders.get((lock.lock, owner)) for lock in names]
+        # A server still carrying an earlier call about a lock (a give-back, a late grant's release, a straggling
+        # write-back) may be about to delete what it holds of ours: its yes to this renewal counts for nothing.
+        # (Renewals do not wait in those lanes, so they can overtake such a call; an acquire round never counts
+        # such a server either.)
+        pending = [
+            {index for index in range(len(self.servers)) if self._fan_out.busy((index, lock.lock))} for lock in names
+        ]
         outcomes = await self._on_all(None, "renew", names, owner, lease_ms)
         now = monotonic()
         in_time = validity_left(lease, now - start) > 0
         kept: list[bool | None] = []
         for index, lock in enumerate(names):
-            flags = [None if isinstance(reply, Exception) else reply[index] for reply in outcomes]
+            flags = [
+                None if isinstance(reply, Exception) or server in pending[index] else reply[index]
+                for server, reply in enumerate(outcomes)
+            ]
             held = before[index]
             verdict = tally_flags(flags, held.servers if held is not None else ())
             if verdict.held and in_time:
