@@ -148,8 +148,46 @@ class EmbeddedCluster:
                 if time.monotonic() > deadline:
                     raise
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the cluster did not settle within {timeout} s")
+                raise TimeoutError(f"the cluster did not settle within {timeout} s: {self._state_report()}")
             time.sleep(0.05)
+
+    def settle_takeover(self, promoted: EmbeddedServer, timeout: float = 60.0) -> None:
+        """Wait until the cluster settles after ``CLUSTER FAILOVER TAKEOVER`` on ``promoted``.
+
+        A takeover claims the slots with a config epoch the replica gives itself, without the other masters'
+        agreement. Seen here (Redis 7.0): after the old master was killed while the replica was stopped, the other
+        nodes kept the dead master as the slots' owner and the promoted node as a master without slots, and stayed
+        that way (``cluster_state:fail``) past a minute. A fresh epoch (``CLUSTER BUMPEPOCH``), broadcast with the
+        slots, wins over the dead master's; so each few seconds without settling, bump it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.wait_healthy(timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+                self.command(promoted, "CLUSTER", "BUMPEPOCH")
+
+    def _state_report(self) -> str:
+        """Each running node's cluster state and what it thinks of every node (for a settling that timed out)."""
+        running = [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+        parts = []
+        for node in running:
+            try:
+                info = self.command(node, "CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                state = next((line for line in text.splitlines() if line.startswith("cluster_state")), "?")
+                known = self.command(node, "CLUSTER", "NODES")
+                lines = (known.decode() if isinstance(known, bytes) else str(known)).splitlines()
+                seen = ", ".join(
+                    f"{fields[1].split('@')[0].rsplit(':', 1)[-1]} {fields[2]} {' '.join(fields[8:]) or '-'}"
+                    for fields in (line.split() for line in lines)
+                )
+                parts.append(f"node {node.port}: {state.strip()}; sees [{seen}]")
+            except Exception as exc:  # a node that does not answer is part of the picture
+                parts.append(f"node {node.port}: {type(exc).__name__}: {exc}")
+        return "; ".join(parts)
 
     def _healthy(self, nodes: list[EmbeddedServer] | None) -> bool:
         running = [node for node in self.nodes if node.process is not None and node.process.poll() is None]
