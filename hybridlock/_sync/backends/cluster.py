@@ -232,6 +232,10 @@ class _ClusterScriptRunner(ScriptRunner):
             replies[index] = Unreached(error)
         return replies
 
+    def suspected(self, node: str) -> bool:
+        """Whether ``node`` was out of reach in a recent batch and has not answered one since."""
+        return self._suspects.get(node, 0.0) > monotonic()
+
     def _on_node(
         self, node: Any, source: str, sha: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
@@ -374,7 +378,7 @@ class RedisClusterBackend(RedisBackend):
         with self._translated(None, "description of the owner"):
             cluster_ready(self.client)
             node = node_for_slot(self.client, key_slot(key.encode()))
-            if self._cluster_scripts._suspects.get(node.name, 0.0) > monotonic():
+            if self._cluster_scripts.suspected(node.name):
                 raise BackendUnavailableError(
                     f"cluster node {node.name} was out of reach a moment ago", key=None, server=self.address
                 )

@@ -106,18 +106,30 @@ class QuorumBackend(LockBackend):
         self._fan_out.after_fork_in_child()
 
     def _on_all(self, lock: str | None, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
-        """``operation(*args)`` on every server at once: one outcome per server (a result, or its error; a server
-        still silent a while after a majority answered counts as failed, its reply going to ``late``). ``lock``: the
-        lock key the calls are about; a server still busy with an earlier call about it is not sent another
-        (``FanOut``'s lanes), so calls about one lock reach each server in the order they were made. None for
-        calls whose order does not matter (renewals, which only extend our own leases; queries; descriptions):
-        they may overlap (the renewer's round and a renewal by hand)."""
+        """``operation(*args)`` on every server at once, a majority's answers awaited (``_on_servers``)."""
+        return self._on_servers(range(len(self.servers)), self.majority, lock, operation, *args, late=late)
+
+    def _on_servers(
+        self,
+        indexes: Sequence[int],
+        enough: int,
+        lock: str | None,
+        operation: str,
+        *args: Any,
+        late: LateHandler | None = None,
+    ) -> list[Any]:
+        """``operation(*args)`` on the servers ``indexes`` at once: one outcome per server (a result, or its error;
+        one still silent ``STRAGGLER_PATIENCE`` or more after ``enough`` of them succeeded counts as failed, its
+        reply going to ``late``). ``lock``: the lock key the calls are about; a server still busy with an earlier
+        call about it is not sent another (``FanOut``'s lanes), so calls about one lock reach each server in the
+        order they were made. None for calls whose order does not matter (renewals, which only extend our own
+        leases; queries; descriptions): they may overlap (the renewer's round and a renewal by hand)."""
         return self._fan_out.run(
-            [partial(getattr(server, operation), *args) for server in self.servers],
-            enough=self.majority,
+            [partial(getattr(self.servers[index], operation), *args) for index in indexes],
+            enough=enough,
             patience=STRAGGLER_PATIENCE,
             late=late,
-            lanes=[(index, lock if lock is not None else object()) for index in range(len(self.servers))],
+            lanes=[(index, lock if lock is not None else object()) for index in indexes],
         )
 
     def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
@@ -156,11 +168,13 @@ class QuorumBackend(LockBackend):
         raised = 0
         if decision.write_back and not write_back_holds(len(self.servers), decision.already_at_token, 0):
             # (When a majority minted the token already, it holds there: raising the others' counters adds nothing.)
-            written = self._fan_out.run(
-                [partial(self.servers[i].raise_fence, names, token) for i in decision.write_back],
-                enough=self.majority - decision.already_at_token,
-                patience=STRAGGLER_PATIENCE,
-                lanes=[(i, names.lock) for i in decision.write_back],
+            written = self._on_servers(
+                decision.write_back,
+                self.majority - decision.already_at_token,
+                names.lock,
+                "raise_fence",
+                names,
+                token,
             )
             raised = sum(1 for outcome in written if not isinstance(outcome, Exception))
             if not write_back_holds(len(self.servers), decision.already_at_token, raised):
@@ -177,12 +191,7 @@ class QuorumBackend(LockBackend):
     def _give_back(self, names: LockNames, owner: str, indexes: Sequence[int]) -> None:
         """Release the grants of a failed attempt (best effort: a grant we cannot reach ends with its lease; one
         that does not answer within ``STRAGGLER_PATIENCE`` is released in its lane, without us waiting)."""
-        self._fan_out.run(
-            [partial(self.servers[i].release, names, owner, True) for i in indexes],
-            enough=0,
-            patience=STRAGGLER_PATIENCE,
-            lanes=[(i, names.lock) for i in indexes],
-        )
+        self._on_servers(indexes, 0, names.lock, "release", names, owner, True)
 
     def _late_grant(self, names: LockNames, owner: str, lane: tuple[int, str], outcome: Any) -> None:
         """A server granted an acquire after its round had counted it as failed: give the grant back, unless the
