@@ -293,7 +293,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         if grant is None:
             self._mutex.release()
             return False
-        self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at)
+        self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at, grant.valid_until)
         try:
             await self._listen_for_contention()
         except BaseException:
@@ -351,16 +351,19 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             await shielded(self._give_back_orphaned_lease)
             raise
 
-    def _start_tenancy(self, me: object, token: int | None, contended: bool, sent_at: float) -> None:
+    def _start_tenancy(
+        self, me: object, token: int | None, contended: bool, sent_at: float, valid_until: float | None = None
+    ) -> None:
         """``me`` holds the lock in a fresh server tenancy, granted to the request sent at ``sent_at`` (the lease
-        counts from there, the hold from now: see ``ServerLease._begin_lease``)."""
+        counts from there, the hold from now: see ``ServerLease._begin_lease``), or, for a lock granted to our place
+        in the queue, valid until ``valid_until``."""
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
         self._contended = contended
         self._passes = 0
         self.last_used = monotonic()
-        self._begin_lease(token, sent_at)
+        self._begin_lease(token, sent_at, valid_until)
 
     async def _listen_for_contention(self) -> None:
         if self._context.config.retain_for and self._contention_watch is None:

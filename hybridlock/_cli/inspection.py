@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from .._core.config import QUEUE_PLACE_KEEP_MS
 from .._core.names import lock_names, owner_key, read_write_names
 
 __all__ = ["glob_matcher", "inspect_locks", "read_locks", "scan_keys"]
@@ -251,10 +252,12 @@ def _plain(
     lapse_of = dict(lapses or ())
     waiting = []
     for member, arrived in queue or ():
-        lapse = lapse_of.get(member)
-        if lapse is None or lapse <= now_ms:
+        # A place lives PLACE_KEEP_MS past its arrival or its last refresh, whichever is later (see scripts.py).
+        lapse = max(arrived + QUEUE_PLACE_KEEP_MS, lapse_of.get(member, 0))
+        if lapse <= now_ms:
             continue  # lapsed: the scripts drop it at their next look
-        entry = _owner(member, descriptions)
+        # A single lock's wait is named "<owner>|<wait id>" (it is granted the lock when its turn comes).
+        entry = _owner(member.partition("|")[0], descriptions)
         entry["queued_at"] = arrived / 1000.0
         entry["place_lapses_in_ms"] = int(lapse - now_ms)
         waiting.append(entry)

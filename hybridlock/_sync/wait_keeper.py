@@ -27,6 +27,7 @@ Failure modes
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from ..errors import HybridLockError
@@ -47,12 +48,21 @@ _STOP_TIMEOUT = 5.0  # seconds stop() waits for a refresh in flight
 
 class WaitingPlace:
     """One wait in progress: the lock whose queue it holds a place in (it may move: a multi-key wait queues for
-    whichever key blocks it)."""
+    whichever key blocks it), the place's name there (None: the owner's id), and since when it is known kept."""
 
-    __slots__ = ("names",)
+    __slots__ = ("kept_at", "name", "names")
 
-    def __init__(self, names: LockNames) -> None:
+    def __init__(self, names: LockNames, name: str | None = None) -> None:
         self.names = names
+        self.name = name
+        #: ``monotonic()`` when the latest request that took or kept the place was sent (an attempt that queued us,
+        #: or a refresh the server confirmed): the place lapses no sooner than ``QUEUE_PLACE_KEEP_MS`` after it.
+        self.kept_at = -math.inf
+
+    def kept(self, sent_at: float) -> None:
+        """A request sent at ``sent_at`` took or kept the place."""
+        if sent_at > self.kept_at:
+            self.kept_at = sent_at
 
 
 class WaitKeeper:
@@ -70,9 +80,10 @@ class WaitKeeper:
         self._stopped = False
         self._next_refresh = 0.0  # monotonic(): when the worker refreshes next
 
-    def begin(self, names: LockNames) -> WaitingPlace:
-        """A wait now holds a place in ``names``'s queue; keep it until ``end``."""
-        place = WaitingPlace(names)
+    def begin(self, names: LockNames, name: str | None = None) -> WaitingPlace:
+        """A wait now holds a place in ``names``'s queue (named ``name``; None: the owner's id); keep it until
+        ``end``."""
+        place = WaitingPlace(names, name)
         with self._guard:
             if self._stopped:
                 return place
@@ -117,10 +128,16 @@ class WaitKeeper:
             wait = self._next_refresh - monotonic()
             if wait > 0:
                 return wait  # woken early (a wait ended, others remain)
-            names = list({place.names.queue: place.names for place in self._places}.values())
+            places = list({(place.names.queue, place.name): place for place in self._places}.values())
         context = self._context
+        sent_at = monotonic()
         try:
-            context.backend.keep_waiting(names, context.client_id)
+            kept = context.backend.keep_waiting(
+                [place.names for place in places], context.client_id, [place.name for place in places]
+            )
+            for place, flag in zip(places, kept, strict=True):
+                if flag:
+                    place.kept(sent_at)
         except HybridLockError:
             logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
         except Exception:  # a bug must not end the worker while waits still count on it

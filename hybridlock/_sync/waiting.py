@@ -7,16 +7,26 @@ then wait only if the epoch is unchanged); how long each wait lasts is ``WaitPol
 blocking attempt that is refused holds a place in the server queue, which the wait keeper keeps alive while we
 wait and which we leave when we give up.
 
+A plain lock's wait on a server that grants (``LockBackend.grants``) holds a place named after the wait
+(``"<owner>|<wait id>"``): whoever frees the lock while that place heads the queue writes our owner id into the lock
+key, mints our token and pushes the grant to our box in the server; we read it there (``await_grant``) and hold the
+lock without another round trip. The grant's lease is provisional: it ends when our place would have lapsed, which
+we know a lower bound of (when the last attempt or refresh that kept the place was sent, plus
+``QUEUE_PLACE_KEEP_MS``), and the renewer extends it before then if we hold the lock that long. Other waits (several
+keys at once, the halves of a read-write lock, a server that cannot grant) are woken and take the lock themselves.
+
 Interrupted waits leave nothing behind: a caller cancelled (or, on threads, interrupted by ``KeyboardInterrupt``)
 while an attempt was in flight may have been granted the lock by it, so the attempt's ``undo`` gives it back, and
-a place in the queue is left; both shielded from a second cancellation.
+a place in the queue is left (giving back a grant made to it meanwhile); both shielded from a second cancellation.
 """
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
+from .._core.config import QUEUE_PLACE_KEEP_MS, lease_drift
 from .._core.names import LockNames
 from .._core.results import AcquireResult
 from ..errors import BackendUnavailableError, HybridLockError
@@ -41,6 +51,21 @@ class Grant(NamedTuple):
     #: a lease counted from here errs early (the safe side), by at most that attempt's round trip. Not the start of
     #: the acquire: the local wait and the refused attempts before it are no part of the lease.
     sent_at: float
+    #: For a lock granted to our place in the queue (see the module docstring): the ``monotonic()`` deadline before
+    #: which its provisional lease certainly runs, which the renewer must extend; None for a lock we took ourselves
+    #: (its lease counts from ``sent_at``).
+    valid_until: float | None = None
+
+
+#: The provisional lease of a grant ends when the granted place would have lapsed: ``QUEUE_PLACE_KEEP_MS`` after the
+#: server last saw the place taken or kept. Counted from when that request was sent, less the drift margin.
+_PLACE_KEEP = QUEUE_PLACE_KEEP_MS / 1000.0
+_PLACE_VALIDITY = _PLACE_KEEP - lease_drift(_PLACE_KEEP)
+
+
+def _new_wait_id() -> str:
+    """A name for one wait's place, unique among the waits of every owner (64 random bits)."""
+    return os.urandom(8).hex()
 
 
 def acquire_remote(
@@ -67,15 +92,25 @@ def acquire_remote(
     (only when the registry has an observer) counts the attempts. Returns the successful result with the time its
     request was sent (``Grant``), or None when not blocking or out of time."""
     backend = context.backend
+    # A plain lock's blocking wait on a server that grants: our place is named after this wait, and a release that
+    # finds it at the head of the queue grants us the lock (see the module docstring).
+    grants = (
+        attempt is None
+        and blocking
+        and backend.grants
+        and context.config.lock_type == "pubsub"
+        and context.config.lease is not None
+    )
+    place_name = f"{context.client_id}|{_new_wait_id()}" if grants else None
     if attempt is None:
 
         def attempt() -> AcquireResult:
-            return backend.try_acquire(names, context.client_id, context.config.lease_ms, blocking)
+            return backend.try_acquire(names, context.client_id, context.config.lease_ms, blocking, place_name)
 
     if give_up is None:
 
         def give_up() -> None:
-            backend.cancel_wait(names, context.client_id)
+            backend.cancel_wait(names, context.client_id, place_name)
 
     if undo is None:
 
@@ -100,20 +135,27 @@ def acquire_remote(
             if queues:
                 target = names if blocked_on is None else blocked_on()
                 if place is None:
-                    place = context.wait_keeper.begin(target)
+                    place = context.wait_keeper.begin(target, place_name)
+                    if grant_wait is not None:
+                        grant_wait.place = place
                 else:
                     place.names = target
+                # The attempt took or kept our place: it lapses no sooner than PLACE_KEEP after it was sent.
+                place.kept(sent_at)
         return result
 
+    grant_wait = _GrantWait(context, names, place_name) if place_name is not None else None
+
     try:
-        result = _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on)
+        result = _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait)
     except BackendUnavailableError:
         raise  # the server is out of reach: what we may hold or hold a place in lapses by itself
     except BaseException:
         if in_flight:
             shielded(partial(_quietly, undo))
         if queued or (in_flight and blocking):
-            # A blocking attempt cut off in flight may have been refused and queued us without our reading it.
+            # A blocking attempt cut off in flight may have been refused and queued us without our reading it; a
+            # grant to our place, read or not, is given back by leaving the queue.
             shielded(partial(_quietly, give_up))
         raise
     finally:
@@ -123,7 +165,30 @@ def acquire_remote(
         if queued:
             shielded(partial(_quietly, give_up))
         return None
-    return Grant(result, sent_at)
+    return Grant(result, sent_at, None if grant_wait is None else grant_wait.valid_until)
+
+
+class _GrantWait:
+    """Reads the grant of the lock to one wait's place (see the module docstring)."""
+
+    def __init__(self, context: LockContext, names: LockNames, place_name: str) -> None:
+        self._context = context
+        self._names = names
+        self._place_name = place_name
+        self.place: WaitingPlace | None = None  # set once an attempt queued us
+        #: Until when the lease of the grant read is certainly ours (None: none read).
+        self.valid_until: float | None = None
+
+    def __call__(self, timeout: float) -> AcquireResult | None:
+        """Wait up to ``timeout`` for the grant (see ``LockBackend.await_grant``)."""
+        context, place = self._context, self.place
+        lease_ms = context.config.lease_ms
+        if place is None or lease_ms is None:  # (never: we wait for a grant only once queued, with a lease)
+            return AcquireResult(False)
+        result = context.backend.await_grant(self._names, context.client_id, self._place_name, timeout, lease_ms)
+        if result is not None and result.acquired:
+            self.valid_until = place.kept_at + _PLACE_VALIDITY
+        return result
 
 
 def _quietly(call: Thunk[object]) -> None:
@@ -140,6 +205,7 @@ def _wait_for_lock(
     deadline: float | None,
     attempt: Thunk[AcquireResult],
     blocked_on: Callable[[], LockNames] | None,
+    wait_for_grant: _GrantWait | None = None,
 ) -> AcquireResult | None:
     backend = context.backend
     policy = context.config.wait_policy
@@ -157,13 +223,24 @@ def _wait_for_lock(
                 return result
             if not blocking:
                 return None
+            if wait_for_grant is not None and backend.grants:
+                # Our place is granted the lock when it heads the queue and the lock is freed; nothing to listen to
+                # but our box. Come back to attempt again at the holder's lease end (a holder that crashed frees
+                # the lock without a release), or at notified_cap when its lease has no end.
+                granted = _await_grant(context, names, deadline, result.holder_ttl, wait_for_grant)
+                if granted is not None and granted.acquired:
+                    return granted
+                if deadline is not None and monotonic() >= deadline:
+                    return None
+                continue
             spurious = spurious + 1 if notified_wakeup else 0
             notified_wakeup = False
             now = monotonic()
             if deadline is not None and now >= deadline:
                 return None
             target = names if blocked_on is None else blocked_on()
-            if context.config.lock_type == "pubsub" and watching != target.channel:
+            # (A wait for a grant that cannot read it polls: a release grants the lock without announcing it.)
+            if context.config.lock_type == "pubsub" and wait_for_grant is None and watching != target.channel:
                 if watch is not None:
                     watch.close()
                 watch, watching = backend.watch(target, context.client_id), target.channel
@@ -194,6 +271,32 @@ def _wait_for_lock(
     finally:
         if watch is not None:
             watch.close()
+
+
+def _await_grant(
+    context: LockContext,
+    names: LockNames,
+    deadline: float | None,
+    holder_ttl: float | None,
+    wait_for_grant: _GrantWait,
+) -> AcquireResult | None:
+    """Wait for a grant to our place (in slices the backend chooses, so that a closed registry is noticed soon),
+    until ``deadline`` or the holder's lease end (``holder_ttl`` seconds from now; None: ``notified_cap``).
+    Returns the grant; a refused result when the server says to attempt again now (a grant to an earlier wait of
+    ours was found: the lock may be ours); None when the time is up (the caller attempts again, or gives up at its
+    deadline)."""
+    policy = context.config.wait_policy
+    until = monotonic() + policy.delay(0, holder_ttl, notified=True)
+    if deadline is not None:
+        until = min(until, deadline)
+    while True:
+        left = until - monotonic()
+        if left <= 0:
+            return None
+        granted = wait_for_grant(left)
+        context.check_open(names.key)
+        if granted is not None:
+            return granted
 
 
 def contention_watch(context: LockContext, names: LockNames) -> ReleaseWatch | None:

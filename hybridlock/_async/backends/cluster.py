@@ -58,7 +58,7 @@ from .._compat import AsyncCondition, AsyncFanOut, monotonic, new_guard, sleep
 from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import AsyncReleaseWatch
 from .pubsub import Subscriber
-from .redis import About, AsyncRedisBackend, ScriptRunner, Unreached, keys_of
+from .redis import About, AsyncRedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
 
 __all__ = ["CLUSTER_SCHEMES", "AsyncRedisClusterBackend", "is_cluster_url", "redis_cluster_client_from_url"]
 
@@ -291,6 +291,7 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         self.confirmation = None
         self._cluster_scripts = _ClusterScriptRunner(self)
         self._scripts = self._cluster_scripts
+        self._blocking_slice = blocking_slice(client)
         self._cluster_mode = True
         self._sharded: bool | None = None  # whether the servers have sharded pub/sub (learnt at first use)
         self._guard = new_guard()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,8 @@ from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentE
 from .._compat import Condition, shielded
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .pubsub import Subscriber
+
+logger = logging.getLogger("hybridlock.backend")
 
 __all__ = [
     "About",
@@ -243,6 +246,7 @@ class RedisBackend(LockBackend):
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
+        self._blocking_slice = blocking_slice(client)
         self._cluster_mode: bool | None = None  # learnt from the server at the first renewal
         # Operations under way, so that close() does not cut a connection from under one (see close).
         self._in_flight = 0
@@ -351,7 +355,11 @@ class RedisBackend(LockBackend):
             required=self.confirmation.replicas,
         )
 
-    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+    grants = True
+
+    def try_acquire(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
+    ) -> AcquireResult:
         reply, acknowledged = self._run_write(
             names,
             "acquire",
@@ -364,6 +372,7 @@ class RedisBackend(LockBackend):
                 names.channel,
                 self._announcement(),
                 int(queue),
+                place or "",
             ),
         )
         if isinstance(reply, int):
@@ -403,7 +412,13 @@ class RedisBackend(LockBackend):
                 with self._translated(names, "release of several locks"):
                     self._scripts.run_many(
                         scripts.RELEASE,
-                        [((n.lock, n.queue, n.queue_until), (owner, n.channel, announcement)) for n in names],
+                        [
+                            (
+                                (n.lock, n.queue, n.queue_until, n.fence),
+                                (owner, n.channel, announcement, scripts.FENCE_COUNTER_TTL_MS),
+                            )
+                            for n in names
+                        ],
                     )
 
             raise self._given_back(keys_of(names), "acquire of several locks", acknowledged, give_back)
@@ -417,40 +432,99 @@ class RedisBackend(LockBackend):
         with self._translated(names, "release"):
             released = self._scripts.run(
                 scripts.RELEASE,
-                (names.lock, names.queue, names.queue_until),
-                (owner, names.channel, self._announcement() if notify else ""),
+                (names.lock, names.queue, names.queue_until, names.fence),
+                (owner, names.channel, self._announcement() if notify else "", scripts.FENCE_COUNTER_TTL_MS),
             )
         return bool(released)
 
-    def cancel_wait(self, names: LockNames, owner: str) -> None:
+    def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         with self._translated(names, "cancel of a wait"):
             self._scripts.run(
                 scripts.CANCEL_WAIT,
-                (names.lock, names.queue, names.queue_until),
-                (owner, names.channel, self._announcement()),
+                (names.lock, names.queue, names.queue_until, names.fence),
+                (owner, names.channel, self._announcement(), scripts.FENCE_COUNTER_TTL_MS, place or ""),
             )
 
-    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         if not names:
             return []
+        named = list(zip(names, places or [None] * len(names), strict=True))
         with self._translated(names, "keep of waiting places"):
             # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
-            groups: dict[int, list[LockNames]] = {}
-            for n in names:
-                groups.setdefault(self._slot_of(n.queue), []).append(n)
-            calls = [([key for n in group for key in (n.queue, n.queue_until)], (owner,)) for group in groups.values()]
+            groups: dict[int, list[tuple[LockNames, str | None]]] = {}
+            for n, place in named:
+                groups.setdefault(self._slot_of(n.queue), []).append((n, place))
+            calls = [
+                (
+                    [key for n, _ in group for key in (n.queue, n.queue_until)],
+                    (owner, *(place or "" for _, place in group)),
+                )
+                for group in groups.values()
+            ]
             if len(calls) == 1:
                 replies = [self._scripts.run(scripts.KEEP_WAITING, *calls[0])]
             else:
                 replies = self._scripts.run_many(scripts.KEEP_WAITING, calls)
-        kept: dict[str, bool] = {}
+        kept: dict[tuple[str, str | None], bool] = {}
         for group, flags in zip(groups.values(), replies, strict=True):
             if isinstance(flags, Unreached):
                 # A cluster node out of reach: not known to be lost, and the next attempt queues again anyway.
-                kept.update((n.queue, True) for n in group)
+                kept.update(((n.queue, place), True) for n, place in group)
             else:
-                kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
-        return [kept[n.queue] for n in names]
+                kept.update(zip(((n.queue, place) for n, place in group), (bool(flag) for flag in flags), strict=True))
+        return [kept[n.queue, place] for n, place in named]
+
+    def await_grant(
+        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
+    ) -> AcquireResult | None:
+        box = f"{names.lock}:grant:{owner}"
+        wait_id = place.rpartition("|")[2]
+        try:
+            with self._translated(names, "wait for a grant"):
+                # BLPOP takes seconds (a fraction since Redis 6); 0 would wait for ever. Kept well inside the
+                # client's socket timeout, which its read of the reply must not run into.
+                reply = self.client.blpop([box], timeout=max(0.001, min(timeout, self._blocking_slice)))
+        except BackendUnavailableError:
+            # The connection broke under the wait (a server restart, CLIENT KILL, a network fault). A grant it had
+            # popped and not delivered left the lock ours all the same: attempt again, which takes it over (or
+            # reports the server unreachable).
+            return AcquireResult(False)
+        except HybridLockError as exc:
+            if not _refused(exc):
+                raise
+            # BLPOP refused (an ACL written for an earlier release): wait as a poller does from now on. Grants to
+            # our places still happen, and an attempt takes a lock granted to us over.
+            if self.grants:
+                self.grants = False
+                logger.warning(
+                    "hybridlock: the lock server %s refused BLPOP (%s): waiters poll instead of reading their grants; "
+                    "allow +blpop for the lock user (see docs/acl.md)",
+                    self.address,
+                    exc.__cause__,
+                )
+            return AcquireResult(False)
+        if reply is None:
+            return None
+        granted, token, contended = _text(reply[1]).split(":")
+        if granted != wait_id:
+            # A grant to an earlier wait of ours, never read (that wait ended without leaving the queue, the server
+            # being out of reach): the lock may be ours by it, and our next attempt takes it over.
+            return AcquireResult(False)
+        if self.confirmation is not None:
+            # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
+            # replicas means the grant before it did too (one replication stream).
+            reply, acknowledged = self._run_write(
+                names, "acquire", scripts.RENEW, (names.lock,), (owner, lease_ms)
+            )
+            if not reply[0]:
+                return AcquireResult(False)  # the grant's lease ended before we read it: attempt again
+            if not self._confirmed(acknowledged):
+                raise self._given_back(
+                    names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
+                )
+        return AcquireResult(True, int(token), None, contended == "1")
 
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
         if not names:
@@ -628,6 +702,33 @@ def keys_of(about: About) -> str | None:
         return None if about is None else about.key
     shown = ", ".join(n.key for n in about[:5])
     return shown if len(about) <= 5 else f"{shown}, ... ({len(about)} keys)"
+
+
+#: The longest BLPOP of a wait for a grant: a closed registry is noticed within it (on threads), and the client's
+#: socket timeout must leave room for it (see ``blocking_slice``).
+GRANT_WAIT_SLICE = 0.5
+
+
+def blocking_slice(client: Any) -> float:
+    """The longest blocking command (BLPOP) worth sending on ``client``: ``GRANT_WAIT_SLICE``, or half the client's
+    socket timeout if that is shorter, so that the wait never runs into it (redis-py would report a timeout, and drop
+    the connection)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:
+        kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None) or {}
+    timeout = kwargs.get("socket_timeout")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        return GRANT_WAIT_SLICE
+    return max(0.001, min(GRANT_WAIT_SLICE, timeout / 2))
+
+
+def _refused(error: HybridLockError) -> bool:
+    """Whether the server refused a command for want of permission (an ACL), rather than failing it."""
+    return "NOPERM" in str(error.__cause__) or "no permissions" in str(error.__cause__)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _rw_result(reply: Sequence[Any]) -> AcquireResult:
