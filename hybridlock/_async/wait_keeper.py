@@ -49,7 +49,7 @@ class WaitingPlace:
     """One wait in progress: the lock whose queue it holds a place in (it may move: a multi-key wait queues for
     whichever key blocks it), the place's name there (None: the owner's id), and since when it is known kept."""
 
-    __slots__ = ("kept_at", "name", "names")
+    __slots__ = ("kept_at", "lost", "name", "names")
 
     def __init__(self, names: LockNames, name: str | None = None) -> None:
         self.names = names
@@ -57,11 +57,15 @@ class WaitingPlace:
         #: ``monotonic()`` when the latest request that took or kept the place was sent (an attempt that queued us,
         #: or a refresh the server confirmed): the place lapses no sooner than ``QUEUE_PLACE_KEEP_MS`` after it.
         self.kept_at = -math.inf
+        #: A refresh found the place gone (lapsed, its queue deleted, or granted the lock): the waiter should attempt
+        #: again rather than wait for a grant or wake-up that may never come.
+        self.lost = False
 
     def kept(self, sent_at: float) -> None:
         """A request sent at ``sent_at`` took or kept the place."""
         if sent_at > self.kept_at:
             self.kept_at = sent_at
+        self.lost = False
 
 
 class WaitKeeper:
@@ -137,6 +141,8 @@ class WaitKeeper:
             for place, flag in zip(places, kept, strict=True):
                 if flag:
                     place.kept(sent_at)
+                elif place.kept_at < sent_at:  # (not taken again by an attempt meanwhile)
+                    place.lost = True
         except HybridLockError:
             logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
         except Exception:  # a bug must not end the worker while waits still count on it

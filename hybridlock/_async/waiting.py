@@ -62,6 +62,12 @@ _PLACE_KEEP = QUEUE_PLACE_KEEP_MS / 1000.0
 _PLACE_VALIDITY = _PLACE_KEEP - lease_drift(_PLACE_KEEP)
 
 
+#: How long the wait for a grant pipelined after a first attempt lasts (then the wait goes on, one BLPOP at a time):
+#: long enough for a busy lock's queue to move on by a few owners, short enough that a cold script cache (which
+#: makes the pop wait its whole timeout for nothing) costs little.
+PIPELINED_WAIT = 0.1
+
+
 def _new_wait_id() -> str:
     """A name for one wait's place, unique among the waits of every owner (64 random bits)."""
     return os.urandom(8).hex()
@@ -78,6 +84,7 @@ async def acquire_remote(
     undo: Thunk[object] | None = None,
     queues: bool = True,
     probe: AcquireProbe | None = None,
+    expect_wait: bool = False,
 ) -> Grant | None:
     """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
@@ -88,8 +95,10 @@ async def acquire_remote(
     the plain lock's release). ``queues``: a refused blocking attempt takes a place in the queue of the lock
     ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
     the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). ``probe``
-    (only when the registry has an observer) counts the attempts. Returns the successful result with the time its
-    request was sent (``Grant``), or None when not blocking or out of time."""
+    (only when the registry has an observer) counts the attempts. ``expect_wait``: the caller expects the lock to be
+    held (its last wait for it was long enough to be granted): a plain lock's first attempt then waits for the grant
+    in the same round trip where the backend can (``LockBackend.acquire_and_await``). Returns the successful result
+    with the time its request was sent (``Grant``), or None when not blocking or out of time."""
     backend = context.backend
     # A plain lock's blocking wait on a server that grants: our place is named after this wait, and a release that
     # finds it at the head of the queue grants us the lock (see the module docstring).
@@ -120,14 +129,21 @@ async def acquire_remote(
     in_flight = False  # an attempt was sent and its reply not yet read
     place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
     sent_at = 0.0  # when the latest attempt's request was sent (attempts run one at a time)
+    grant_wait = _GrantWait(context, names, place_name) if place_name is not None else None
+    # The first attempt waits for the grant in the same round trip when a wait is expected.
+    pipelined = grant_wait is not None and expect_wait and backend.pipelines_waits
 
     async def tracked_attempt() -> AcquireResult:
-        nonlocal queued, place, in_flight, sent_at
+        nonlocal queued, place, in_flight, sent_at, pipelined
         if probe is not None:
             probe.attempt()
         in_flight = True
         sent_at = monotonic()
-        result = await attempt()
+        if pipelined and grant_wait is not None:
+            pipelined = False
+            result = await grant_wait.attempt_and_wait()
+        else:
+            result = await attempt()
         in_flight = False
         if blocking and not result.acquired:
             queued = True
@@ -142,8 +158,6 @@ async def acquire_remote(
                 # The attempt took or kept our place: it lapses no sooner than PLACE_KEEP after it was sent.
                 place.kept(sent_at)
         return result
-
-    grant_wait = _GrantWait(context, names, place_name) if place_name is not None else None
 
     try:
         result = await _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait)
@@ -177,6 +191,16 @@ class _GrantWait:
         self.place: WaitingPlace | None = None  # set once an attempt queued us
         #: Until when the lease of the grant read is certainly ours (None: none read).
         self.valid_until: float | None = None
+        self._pending: AcquireResult | None = None  # what the pipelined attempt's wait read
+
+    async def attempt_and_wait(self) -> AcquireResult:
+        """The first attempt, and if refused a short wait for the grant in the same round trip (see
+        ``LockBackend.acquire_and_await``); what the wait read is returned by the next call."""
+        context = self._context
+        result, self._pending = await context.backend.acquire_and_await(
+            self._names, context.client_id, context.config.lease_ms, self._place_name, PIPELINED_WAIT
+        )
+        return result
 
     async def __call__(self, timeout: float) -> AcquireResult | None:
         """Wait up to ``timeout`` for the grant (see ``LockBackend.await_grant``)."""
@@ -184,7 +208,13 @@ class _GrantWait:
         lease_ms = context.config.lease_ms
         if place is None or lease_ms is None:  # (never: we wait for a grant only once queued, with a lease)
             return AcquireResult(False)
-        result = await context.backend.await_grant(self._names, context.client_id, self._place_name, timeout, lease_ms)
+        result, self._pending = self._pending, None
+        if result is None:
+            if place.lost:
+                return AcquireResult(False)  # our place is gone: nothing will be granted to it; attempt again
+            result = await context.backend.await_grant(
+                self._names, context.client_id, self._place_name, timeout, lease_ms
+            )
         if result is not None and result.acquired:
             self.valid_until = place.kept_at + _PLACE_VALIDITY
         return result

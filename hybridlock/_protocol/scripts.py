@@ -238,13 +238,17 @@ local function leave(queue, expiries, place)
   on_kind('ZREM', queue, place)
   redis.pcall('ZREM', expiries, place)
 end
--- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known). A lock key
+-- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known, or not asked
+-- for: ``with_ttl`` false). A lock key
 -- that is not a string holds no owner's lease: it counts as free (taking the lock overwrites it). A free lock whose
 -- live head is another single lock's wait is granted to it here, so it does not wait for a release that will not
 -- come (the lock became free by expiry, or by an operator's DEL).
-local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owner, place, t, now)
+local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owner, place, t, now, with_ttl)
   if holder and holder ~= owner then
-    return redis.call('PTTL', lock)
+    if with_ttl then
+      return redis.call('PTTL', lock)
+    end
+    return -1
   end
   if not holder then
     local head, lapse, more = live_head(queue, expiries, now)
@@ -268,15 +272,18 @@ ACQUIRE = (
 -- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": queue if refused
 -- ARGV[7]  our place's name: "<owner>|<wait id>" to be granted the lock by whoever frees it, or "" for "<owner>",
 --          to be woken and take it ourselves (see the queue above)
+-- ARGV[8]  "" or our wait id: acquired, we push our own grant to our box too (the caller's BLPOP, pipelined right
+--          after this script to wait for a grant if refused, then returns at once)
 -- returns  token                 acquired, and nobody else queues: the new fencing token, a bare integer (the
 --                                common case: no reply table to build, convert and parse)
 --          {1, token, 1}         acquired; other owners wait in the queue
---          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry),
---                                or free but promised to the queue's head (wait_ms = until its place lapses; a head
---                                to be granted the lock is granted it now). Either way we announce "wanted" on the
---                                channel (a holder passing the lock among its threads, or keeping it idle, lets go
---                                at its next release); with ARGV[6] = "1" we are also queued (KEEP_WAITING keeps
---                                the place while we wait).
+--          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry
+--                                or others already queue: they are served first), or free but promised to the
+--                                queue's head (wait_ms = until its place lapses; a head to be granted the lock is
+--                                granted it now). With ARGV[6] = "1" we are also queued (KEEP_WAITING keeps the
+--                                place while we wait). The first to queue announces "wanted" on the channel (a
+--                                holder passing the lock among its threads, or keeping it idle, lets go at its next
+--                                release; it learns of later waiters when it is granted the lock or takes it).
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout), by a release that failed to reach the server, or by a grant to our wait that we
@@ -288,7 +295,8 @@ local t = redis.call('TIME')
 -- The common case first: nobody queues (no queue key at all) and the key does not exist: SET NX takes it, and we
 -- mint a token. No pruning, no head to look for, no place to leave. (A lock key of another type fails SET NX and
 -- is dealt with below, as missing.)
-if redis.call('EXISTS', KEYS[3]) == 0 then
+local nobody_queued = redis.call('EXISTS', KEYS[3]) == 0
+if nobody_queued then
   local taken
   if ARGV[2] == '0' then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'NX')
@@ -296,7 +304,15 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   end
   if taken then
-    return mint(KEYS[2], ARGV[3], t)
+    local token = mint(KEYS[2], ARGV[3], t)
+    if ARGV[8] ~= nil and ARGV[8] ~= '' then
+      local box = KEYS[1] .. ':grant:' .. ARGV[1]
+      redis.pcall('LPUSH', box, ARGV[8] .. ':' .. string.format('%.0f', token) .. ':0')
+      redis.pcall('PEXPIRE', box, """
+    + str(QUEUE_PLACE_KEEP_MS)
+    + """)
+    end
+    return token
   end
 end
 """
@@ -310,12 +326,16 @@ if place == nil or place == '' then
   place = ARGV[1]
 end
 local held = string_at(KEYS[1])
-local wait_ms = blocked_for(KEYS[1], held, KEYS[2], ARGV[3], KEYS[3], KEYS[4], ARGV[1], place, t, now)
+-- Behind other waiters, we are served in turn: the holder's lease end (for a holder that crashes) matters to the
+-- first of them, and so does our wish to the holder, who learns of the later ones when it is granted or acquires.
+local wait_ms = blocked_for(KEYS[1], held, KEYS[2], ARGV[3], KEYS[3], KEYS[4], ARGV[1], place, t, now, nobody_queued)
 if wait_ms then
   if ARGV[6] == '1' then
     enqueue(KEYS[3], KEYS[4], place, now)
   end
-  announce(ARGV[5], ARGV[4], 'wanted')
+  if nobody_queued then
+    announce(ARGV[5], ARGV[4], 'wanted')
+  end
   return {0, wait_ms}
 end
 if ARGV[2] == '0' then
@@ -325,10 +345,16 @@ else
 end
 local token = mint(KEYS[2], ARGV[3], t)
 leave(KEYS[3], KEYS[4], place)
+local box = KEYS[1] .. ':grant:' .. ARGV[1]
 if held == ARGV[1] then
-  redis.call('DEL', KEYS[1] .. ':grant:' .. ARGV[1])  -- a grant to us not yet read: superseded
+  redis.call('DEL', box)  -- a grant to us not yet read: superseded
 end
-if redis.call('ZCARD', KEYS[3]) > 0 then
+local contended = redis.call('ZCARD', KEYS[3]) > 0
+if ARGV[8] ~= nil and ARGV[8] ~= '' then
+  on_kind('LPUSH', box, ARGV[8] .. ':' .. string.format('%.0f', token) .. ':' .. (contended and 1 or 0))
+  redis.call('PEXPIRE', box, PLACE_KEEP_MS)
+end
+if contended then
   return {1, token, 1}
 end
 return token
@@ -354,7 +380,7 @@ local n = #KEYS / 4
 local now, t = now_ms()
 for i = 1, n do
   local lock, fence, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
-  local wait_ms = blocked_for(lock, string_at(lock), fence, ARGV[3], queue, expiries, ARGV[1], ARGV[1], t, now)
+  local wait_ms = blocked_for(lock, string_at(lock), fence, ARGV[3], queue, expiries, ARGV[1], ARGV[1], t, now, true)
   if wait_ms then
     if ARGV[4] == '1' then
       enqueue(queue, expiries, ARGV[1], now)
@@ -458,21 +484,24 @@ return 0
 
 KEEP_WAITING = (
     """
--- KEEP_WAITING: we still wait; keep each of our places for PLACE_KEEP_MS more (see LockBackend.keep_waiting).
--- KEYS     two per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
---          place -> arrival, place -> refreshed lapse, in server ms), or twice the waiting writers of a read-write
---          lock (a zset: owner -> lapse)
--- ARGV[1]  owner (client_id)     ARGV[1+i]  place i's name ("" for "<owner>")
+-- KEEP_WAITING: we still wait; keep each of our places for PLACE_KEEP_MS more (see LockBackend.keep_waiting), and
+-- serve a plain lock found free (its holder's lease ran out, or its key was deleted): its live head is granted it or
+-- woken, so that waiters told of no lease end do not wait for a release that will not come.
+-- KEYS     four per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
+--          place -> arrival, place -> refreshed lapse, in server ms), its lock key and fencing counter; or twice the
+--          waiting writers of a read-write lock (a zset: owner -> lapse), then twice "" (nothing to serve)
+-- ARGV[1]  owner (client_id)     ARGV[2]  counter TTL in ms     ARGV[3]  "publish" | "spublish" | ""
+-- ARGV[3+2i-1]  place i's name ("" for "<owner>")               ARGV[3+2i]  lock i's channel
 -- returns  {r1, ..., rn}         ri = 1 kept; 0 not ours any more (we left, it lapsed, or we took or were granted
 --                                the lock), and not brought back: our next attempt queues afresh
 """
     + _QUEUE_LIB
     + """
-local now = now_ms()
+local now, t = now_ms()
 local result = {}
-for i = 1, #KEYS / 2 do
-  local queue, expiries = KEYS[2 * i - 1], KEYS[2 * i]
-  local place = ARGV[1 + i]
+for i = 1, #KEYS / 4 do
+  local queue, expiries, lock, fence = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local place = ARGV[2 + 2 * i]
   if place == nil or place == '' then
     place = ARGV[1]
   end
@@ -493,6 +522,9 @@ for i = 1, #KEYS / 2 do
       redis.call('ZREMRANGEBYSCORE', expiries, '-inf', now)
       keep_places(queue, expiries)
       result[i] = 1
+      if not string_at(lock) then
+        serve(lock, fence, ARGV[2], queue, expiries, ARGV[3], ARGV[3 + 2 * i], t, now)
+      end
     end
   end
 end

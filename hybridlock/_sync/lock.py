@@ -157,6 +157,9 @@ class HybridLock(ServerLease, JavaStyleLock):
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[object] = set()
+        # Whether the next remote acquire expects to wait (the last one did): it then waits for its grant in the
+        # same round trip as its attempt (see waiting.acquire_remote).
+        self._expect_wait = False
         self.last_used = monotonic()
 
     # -- what the lock is -----------------------------------------------------------------------------------------
@@ -287,13 +290,17 @@ class HybridLock(ServerLease, JavaStyleLock):
             return entered == _HELD
         try:
             self._context.check_open(self.key)
-            grant = acquire_remote(self._context, self._names, blocking, deadline, probe=probe)
+            grant = acquire_remote(
+                self._context, self._names, blocking, deadline, probe=probe, expect_wait=self._expect_wait
+            )
         except BaseException:
             self._mutex.release()
             raise
         if grant is None:
             self._mutex.release()
             return False
+        # Granted after a wait, or taken with others queued: the next acquire will likely wait too.
+        self._expect_wait = grant.valid_until is not None or grant.result.contended
         self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at, grant.valid_until)
         try:
             self._listen_for_contention()

@@ -318,6 +318,10 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
     async def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
 
+    @property
+    def pipelines_waits(self) -> bool:
+        return False  # a call and a blocking pop in one pipeline would need a node pipeline of their own here
+
     async def _announcement(self) -> str:
         if self._sharded is None:
             self._sharded = await self._has_sharded_pubsub()

@@ -199,6 +199,31 @@ class ScriptRunner:
             return replies
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def run_then_pop(
+        self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
+    ) -> tuple[Any, Any] | None:
+        """Run ``source`` and, pipelined right after it on the same connection, ``BLPOP box timeout``: one round
+        trip, which lasts until the pop returns. Returns both replies; None when the server's script cache was cold
+        (NOSCRIPT: nothing ran, the pop waited out its timeout; the caller runs the script on its own)."""
+        try:
+            return await self._run_then_pop_once(source, keys, args, box, timeout)
+        except self.failed_over:  # once more after a failover, as for every script (see __init__)
+            return await self._run_then_pop_once(source, keys, args, box, timeout)
+
+    async def _run_then_pop_once(
+        self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
+    ) -> tuple[Any, Any] | None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.evalsha(self._digest(source), len(keys), *keys, *args)
+        pipe.blpop([box], timeout=timeout)
+        reply, popped = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, self._no_script):
+            return None
+        for outcome in (reply, popped):
+            if isinstance(outcome, Exception):
+                raise outcome
+        return reply, popped
+
     async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._run_once(source, keys, args)
@@ -356,31 +381,39 @@ class AsyncRedisBackend(AsyncLockBackend):
 
     grants = True
 
+    async def _acquire_args(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None, pushed: str = ""
+    ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        keys = (names.lock, names.fence, names.queue, names.queue_until)
+        args = (
+            owner,
+            lease_ms or 0,
+            scripts.FENCE_COUNTER_TTL_MS,
+            names.channel,
+            await self._announcement(),
+            int(queue),
+            place or "",
+            pushed,
+        )
+        return keys, args
+
+    @staticmethod
+    def _acquire_result(reply: Any) -> AcquireResult:
+        if isinstance(reply, int):
+            return AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
+        if reply[0]:
+            return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
+        pttl = reply[1]
+        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+
     async def try_acquire(
         self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
     ) -> AcquireResult:
-        reply, acknowledged = await self._run_write(
-            names,
-            "acquire",
-            scripts.ACQUIRE,
-            (names.lock, names.fence, names.queue, names.queue_until),
-            (
-                owner,
-                lease_ms or 0,
-                scripts.FENCE_COUNTER_TTL_MS,
-                names.channel,
-                await self._announcement(),
-                int(queue),
-                place or "",
-            ),
-        )
-        if isinstance(reply, int):
-            result = AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
-        elif reply[0]:
-            result = AcquireResult(True, int(reply[1]), None, bool(reply[2]))
-        else:
-            pttl = reply[1]
-            return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+        keys, args = await self._acquire_args(names, owner, lease_ms, queue, place)
+        reply, acknowledged = await self._run_write(names, "acquire", scripts.ACQUIRE, keys, args)
+        result = self._acquire_result(reply)
+        if not result.acquired:
+            return result
         if not self._confirmed(acknowledged):
             raise await self._given_back(
                 names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
@@ -455,10 +488,25 @@ class AsyncRedisBackend(AsyncLockBackend):
             groups: dict[int, list[tuple[LockNames, str | None]]] = {}
             for n, place in named:
                 groups.setdefault(await self._slot_of(n.queue), []).append((n, place))
+            announcement = await self._announcement()
             calls = [
                 (
-                    [key for n, _ in group for key in (n.queue, n.queue_until)],
-                    (owner, *(place or "" for _, place in group)),
+                    [
+                        key
+                        for n, _ in group
+                        # (a read-write lock's waiting writers: one set, and no lock to serve from here)
+                        for key in (
+                            n.queue,
+                            n.queue_until,
+                            *((n.queue, n.queue) if n.queue == n.queue_until else (n.lock, n.fence)),
+                        )
+                    ],
+                    (
+                        owner,
+                        scripts.FENCE_COUNTER_TTL_MS,
+                        announcement,
+                        *(arg for n, place in group for arg in (place or "", n.channel)),
+                    ),
                 )
                 for group in groups.values()
             ]
@@ -475,10 +523,43 @@ class AsyncRedisBackend(AsyncLockBackend):
                 kept.update(zip(((n.queue, place) for n, place in group), (bool(flag) for flag in flags), strict=True))
         return [kept[n.queue, place] for n, place in named]
 
+    @property
+    def pipelines_waits(self) -> bool:
+        """Whether ``acquire_and_await`` saves a round trip here (one server, no replica confirmation)."""
+        return self.confirmation is None
+
+    async def acquire_and_await(
+        self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
+    ) -> tuple[AcquireResult, AcquireResult | None]:
+        if not self.pipelines_waits:
+            return await super().acquire_and_await(names, owner, lease_ms, place, timeout)
+        wait_id = place.rpartition("|")[2]
+        keys, args = await self._acquire_args(names, owner, lease_ms, True, place, wait_id)
+        async with self._translated(names, "acquire"):
+            replies = await self._scripts.run_then_pop(
+                scripts.ACQUIRE, keys, args, _box(names, owner), max(0.001, min(timeout, self._blocking_slice))
+            )
+        if replies is None:  # a cold script cache: the script did not run
+            return await self.try_acquire(names, owner, lease_ms, True, place), None
+        reply, popped = replies
+        result = self._acquire_result(reply)
+        if result.acquired:
+            return result, None  # (the pop took our own grant, pushed by the script)
+        return result, None if popped is None else self._grant_read(popped[1], wait_id)
+
+    def _grant_read(self, grant: Any, wait_id: str) -> AcquireResult:
+        """What a grant popped from our box says: ours (acquired, with its token and whether others queue), or one
+        to an earlier wait of ours, never read (that wait ended without leaving the queue, the server being out of
+        reach): refused, so that the caller attempts again now and takes over the lock that may be ours by it."""
+        granted, token, contended = _text(grant).split(":")
+        if granted != wait_id:
+            return AcquireResult(False)
+        return AcquireResult(True, int(token), None, contended == "1")
+
     async def await_grant(
         self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
     ) -> AcquireResult | None:
-        box = f"{names.lock}:grant:{owner}"
+        box = _box(names, owner)
         wait_id = place.rpartition("|")[2]
         try:
             async with self._translated(names, "wait for a grant"):
@@ -506,12 +587,8 @@ class AsyncRedisBackend(AsyncLockBackend):
             return AcquireResult(False)
         if reply is None:
             return None
-        granted, token, contended = _text(reply[1]).split(":")
-        if granted != wait_id:
-            # A grant to an earlier wait of ours, never read (that wait ended without leaving the queue, the server
-            # being out of reach): the lock may be ours by it, and our next attempt takes it over.
-            return AcquireResult(False)
-        if self.confirmation is not None:
+        result = self._grant_read(reply[1], wait_id)
+        if result.acquired and self.confirmation is not None:
             # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
             # replicas means the grant before it did too (one replication stream).
             reply, acknowledged = await self._run_write(
@@ -523,7 +600,7 @@ class AsyncRedisBackend(AsyncLockBackend):
                 raise await self._given_back(
                     names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
                 )
-        return AcquireResult(True, int(token), None, contended == "1")
+        return result
 
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
         if not names:
@@ -719,6 +796,11 @@ def blocking_slice(client: Any) -> float:
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         return GRANT_WAIT_SLICE
     return max(0.001, min(GRANT_WAIT_SLICE, timeout / 2))
+
+
+def _box(names: LockNames, owner: str) -> str:
+    """The list in which ``owner`` is handed the grants of ``names``'s lock (see ``scripts``)."""
+    return f"{names.lock}:grant:{owner}"
 
 
 def _refused(error: HybridLockError) -> bool:

@@ -96,6 +96,23 @@ class LockBackend(abc.ABC):
         one it left, that lapsed or that ended when it took (or was granted) the lock is not brought back (its next
         attempt queues afresh, at the back). Returns one flag per place: True if kept."""
 
+    def acquire_and_await(
+        self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
+    ) -> tuple[AcquireResult, AcquireResult | None]:
+        """``try_acquire`` queueing under ``place`` (only where ``grants``), then, if refused, ``await_grant`` for up
+        to ``timeout`` seconds: in one round trip where the backend can (``pipelines_waits``), for a waiter that
+        expects to wait. Returns the attempt's result, and what the wait for the grant returned (None when the
+        attempt succeeded, or the time ran out)."""
+        result = self.try_acquire(names, owner, lease_ms, True, place)
+        if result.acquired or lease_ms is None:
+            return result, None
+        return result, self.await_grant(names, owner, place, timeout, lease_ms)
+
+    @property
+    def pipelines_waits(self) -> bool:
+        """Whether ``acquire_and_await`` takes one round trip rather than two."""
+        return False
+
     def await_grant(
         self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
     ) -> AcquireResult | None:

@@ -319,6 +319,10 @@ class RedisClusterBackend(RedisBackend):
     def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
 
+    @property
+    def pipelines_waits(self) -> bool:
+        return False  # a call and a blocking pop in one pipeline would need a node pipeline of their own here
+
     def _announcement(self) -> str:
         if self._sharded is None:
             self._sharded = self._has_sharded_pubsub()
