@@ -112,6 +112,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="short durations and fewer locks: under a minute")
     parser.add_argument("--rounds", type=int, help="rounds per measurement (default: 2 quick, 3 full)")
+    parser.add_argument(
+        "--server-time-cycles",
+        type=int,
+        help="bare acquire + release cycles over which the uncontended workload measures the server's time per "
+        "cycle, once per round (default: 500 quick, 10,000 full)",
+    )
     parser.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
     parser.add_argument(
         "--only",
@@ -134,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds is not None and not 1 <= args.rounds <= 20:
         parser.error("--rounds must be between 1 and 20")
+    if args.server_time_cycles is not None and not 1 <= args.server_time_cycles <= 1_000_000:
+        parser.error("--server-time-cycles must be between 1 and 1,000,000")
     return args
 
 
@@ -157,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings: Settings = QUICK if args.quick else FULL
     if args.rounds is not None:
-        settings = Settings(**{**settings.__dict__, "rounds": args.rounds})
+        settings = dataclasses.replace(settings, rounds=args.rounds)
+    if args.server_time_cycles is not None:
+        settings = dataclasses.replace(settings, server_time_cycles=args.server_time_cycles)
     if args.only or args.workloads:
         groups = {GROUPS[g] for g in _selected(args.only, list(GROUPS), "group")} if args.only else set()
         names = set(_selected(args.workloads, [w.name for w in WORKLOADS], "workload")) if args.workloads else set()
@@ -331,7 +341,12 @@ def _short(value: Any) -> str:
 
 def _params(name: str, s: Settings) -> dict[str, Any]:
     if name == "uncontended":
-        return {"cycles per round": s.uncontended_cycles, "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "cycles per round": s.uncontended_cycles,
+            "bare cycles for the server's time": s.server_time_cycles,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "threads":
         return {"threads": s.threads, "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
     if name == "processes":

@@ -62,6 +62,10 @@ class Settings:
     uncontended_cycles: int = 500
     uncontended_max_s: float = 5.0
     reentrant_depth: int = 100
+    # the server's time per bare acquire + release (after each uncontended round): a loop of this many cycles,
+    # bounded in time too; a long loop spreads the server's periodic work and the machine's noise over more cycles
+    server_time_cycles: int = 10_000
+    server_time_max_s: float = 60.0
     # 1 process x 8 threads, and 4 processes x 2 threads
     threads: int = 8
     processes: int = 4
@@ -102,6 +106,8 @@ QUICK = Settings(
     rounds=2,
     uncontended_cycles=200,
     uncontended_max_s=2.0,
+    server_time_cycles=500,
+    server_time_max_s=10.0,
     contention_s=1.0,
     handoffs=8,
     scale_locks=2_000,
@@ -181,7 +187,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
                     "latency_p99_us": _us(percentile(latencies, 0.99)),
                     "round_trips_per_cycle": trips / n,
                     "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
-                    **_server_time_per_bare_cycle(lock, stats, settings.uncontended_cycles),
+                    **_server_time_per_bare_cycle(lock, stats, settings.server_time_cycles, settings.server_time_max_s),
                 }
             )
         if session.reentrant:
@@ -194,8 +200,9 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         stats.close()
 
 
-def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int) -> dict[str, float]:
-    """The server's time per acquire+release with nothing in between, two ways:
+def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int, max_s: float) -> dict[str, float]:
+    """The server's time per acquire+release with nothing in between, over a loop of ``cycles`` of them (fewer
+    when ``max_s`` seconds run out first), two ways:
 
     * ``server_us_per_cycle``: ``INFO commandstats`` (its ``usec``) summed over every command the cycle sent and
       every command a script ran inside the server, which Redis counts both on its own and within the script's time
@@ -206,13 +213,19 @@ def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int)
     With no critical section, none of it is the counter's. The CPU time also counts the server's own periodic work
     over the loop (small next to thousands of cycles)."""
     before, cpu0 = command_snapshot(stats), _server_cpu(stats)
-    for _ in range(cycles):
+    deadline = time.monotonic() + max_s
+    done = 0
+    while done < cycles:
         lock.acquire()
         lock.release()
+        done += 1
+        if time.monotonic() > deadline:
+            break
     cpu1, after = _server_cpu(stats), command_snapshot(stats)
     return {
-        "server_us_per_cycle": command_delta(before, after).total_usec() / cycles,
-        "server_cpu_us_per_cycle": _us(cpu1 - cpu0) / cycles,
+        "server_time_cycles": done,
+        "server_us_per_cycle": command_delta(before, after).total_usec() / done,
+        "server_cpu_us_per_cycle": _us(cpu1 - cpu0) / done,
     }
 
 
