@@ -3,6 +3,7 @@
     python -m benchmarks.run                       # the full run (about 10 minutes on 2 cores)
     python -m benchmarks.run --quick               # a smoke run (about a minute and a half)
     python -m benchmarks.run --only handoff,rw     # only the workloads of issues 4 and 5
+    python -m benchmarks.run --only prefork        # only N processes x 1 thread (or task) on one key
 
 Writes benchmarks/results/latest.md (also printed), latest.json and latest.png. Exits 1 when a counter check
 failed or a workload raised, 2 when no server could be started.
@@ -30,7 +31,7 @@ import redis
 from benchmarks import report
 from benchmarks.contenders import CONTENDERS, contender_available
 from benchmarks.measure import median_of_rounds
-from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings, Workload
+from benchmarks.workloads import FULL, PREFORK_PROCESSES, QUICK, WORKLOADS, Settings, Workload
 from hybridlock.testing.server import EmbeddedServer, ServerNotFoundError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +46,7 @@ GROUPS = {
     "rw": "rw",
     "issue5": "rw",
     "asyncio": "asyncio",
+    "prefork": "prefork",
 }
 
 
@@ -122,8 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated groups of workloads: core (1-5, issue 3), handoff (6-8, "
-        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too. Combines with --workloads "
-        "(a workload runs if either names it); asyncio (11-14)",
+        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too; asyncio (11-14); prefork (15-17: 8 and 16 "
+        "processes x 1 thread, 8 processes x 1 task). Combines with --workloads (a workload runs if either names it)",
     )
     parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
     parser.add_argument(
@@ -406,6 +408,14 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
             "rounds": s.rounds,
             "lease s": s.lease,
         }
+    if name in PREFORK_PROCESSES:
+        return {
+            "processes": PREFORK_PROCESSES[name],
+            "tasks each" if name.startswith("async") else "threads each": 1,
+            "seconds per round": s.prefork_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "read-mostly":
         return {
             "processes": s.rw_processes,
@@ -432,7 +442,7 @@ def _derived(entry: dict[str, Any]) -> None:
 
 def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
     """Facts worth a line under a table that the columns do not show."""
-    if name in ("processes", "handoff-procs", "async-processes") and row.get("rounds"):
+    if name in ("processes", "handoff-procs", "async-processes", *PREFORK_PROCESSES) and row.get("rounds"):
         waits = "; ".join(" / ".join(f"{w:,.0f}" for w in r["per_process_wait_max_ms"]) for r in row["rounds"])
         shares = "; ".join(" / ".join(f"{n:,}" for n in r["per_process_cycles"]) for r in row["rounds"])
         notes.append(f"{cid}: longest wait per process (ms), round by round: {waits}. Cycles per process: {shares}.")
