@@ -99,9 +99,14 @@ def round_trips_sent() -> int:
     return CountingConnection._total + AsyncCountingConnection._total
 
 
+#: The connection class of the contenders' clients made in this process: ``CountingConnection``, or a subclass of it
+#: (``benchmarks/breakdown.py`` sets one that also timestamps each request and reply, in its own processes only).
+client_connection_class: type[CountingConnection] = CountingConnection
+
+
 def counting_client(url: str) -> redis.Redis:
     # Every contender gets the same client settings: redis-py's defaults, plus the counting connection class.
-    return redis.Redis.from_url(url, connection_class=CountingConnection)
+    return redis.Redis.from_url(url, connection_class=client_connection_class)
 
 
 #: The asyncio clients' pool size: redis.asyncio's default (100 connections).
