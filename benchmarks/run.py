@@ -1,7 +1,7 @@
 """Run hybridlock's benchmark suite: one server, every workload, every lock library, in one run.
 
-    python -m benchmarks.run                       # the full run (about 10 minutes on 2 cores)
-    python -m benchmarks.run --quick               # a smoke run (about a minute and a half)
+    python -m benchmarks.run                       # the full run (about 20 minutes on 2 cores)
+    python -m benchmarks.run --quick               # a smoke run (several minutes)
     python -m benchmarks.run --only handoff,rw     # only the workloads of issues 4 and 5
     python -m benchmarks.run --only prefork        # only N processes x 1 thread (or task) on one key
 
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="short durations and fewer locks: under a minute")
+    parser.add_argument("--quick", action="store_true", help="short durations, fewer locks: a smoke run")
     parser.add_argument("--rounds", type=int, help="rounds per measurement (default: 2 quick, 3 full)")
     parser.add_argument(
         "--server-time-cycles",

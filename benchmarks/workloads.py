@@ -17,7 +17,6 @@ a separate program would, and nothing is inherited from the harness's threads.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import math
 import multiprocessing
@@ -28,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -1816,7 +1815,7 @@ def procs_16x1(contender_id: str, url: str, settings: Settings) -> dict[str, Any
 def _prefork(contender_id: str, url: str, settings: Settings, name: str) -> dict[str, Any]:
     """``PREFORK_PROCESSES[name]`` processes of one thread each cycle on one key for ``settings.prefork_s``
     seconds per round: the multi-process contention workload with one thread per process."""
-    shape = dataclasses.replace(settings, processes=PREFORK_PROCESSES[name], threads_per_process=1)
+    shape = replace(settings, processes=PREFORK_PROCESSES[name], threads_per_process=1)
     return _many_processes(
         contender_id, url, shape, name, settings.prefork_s, settings.contention_max_cycles, PREFORK_METRICS
     )
@@ -1825,7 +1824,7 @@ def _prefork(contender_id: str, url: str, settings: Settings, name: str) -> dict
 def async_procs_8x1(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """8 processes x 1 task (each process its own event loop) on one key, ``settings.prefork_s`` seconds per
     round."""
-    shape = dataclasses.replace(
+    shape = replace(
         settings,
         async_processes=PREFORK_PROCESSES["async-procs-8x1"],
         async_tasks_per_process=1,
