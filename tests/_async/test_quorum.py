@@ -367,7 +367,8 @@ async def test_a_release_right_after_a_straggling_write_back_waits_for_it(
         # ahead), so the acquire writes its token back to all the others.
         ahead = int(time.time() * 1e6) + 60_000_000
         clients[0].set("hybridlock:{k}:fence", ahead)
-        async with hybridlock.AsyncQuorumLockRegistry(urls(quorum_servers), expire_after=30) as registry:
+        patient = [server.url + "?socket_timeout=2&socket_connect_timeout=2" for server in quorum_servers]
+        async with hybridlock.AsyncQuorumLockRegistry(patient, expire_after=30) as registry:
             lock = registry.obtain("k")
             slowest = registry.backend.servers[-1]  # type: ignore[attr-defined]
             raise_fence, gate = slowest.raise_fence, AsyncEvent()
