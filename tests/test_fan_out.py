@@ -1,7 +1,8 @@
 """The fan-out both quorum sides use (``FanOut`` with threads, ``AsyncFanOut`` with tasks): outcomes in order, a
 straggler given up on after ``enough`` answers plus its patience, its late outcome handed on with its lane, a
 lane's backlog bounded (one waiting call at most, for ``queue``), and a round cancelled or interrupted by
-``KeyboardInterrupt`` leaving its calls to finish in their lanes. No server: the calls are plain functions that sleep or block on an event."""
+``KeyboardInterrupt`` leaving its calls to finish in their lanes. No server: the calls are plain functions that
+sleep or block on an event."""
 
 from __future__ import annotations
 
@@ -231,7 +232,8 @@ def test_a_queued_call_waits_for_its_busy_lane_and_follows_the_late_handler() ->
         second = fan.run([partial(queued, "second queued call")], enough=1, lanes=["a"], queue=True)
         unqueued = fan.run([partial(queued, "unqueued call")], enough=1, lanes=["a"])
         assert time.monotonic() - started < 5
-        assert isinstance(second[0], TimeoutError) and "still unanswered" in str(second[0])
+        assert isinstance(second[0], TimeoutError)
+        assert "still unanswered" in str(second[0])
         assert isinstance(unqueued[0], TimeoutError)
         wake.set()
         deadline = time.monotonic() + 5
@@ -265,7 +267,8 @@ def test_an_interrupted_round_leaves_its_calls_to_finish_and_hands_their_outcome
     try:
         with interrupt_after(0.1), pytest.raises(KeyboardInterrupt):
             fan.run([grant, grant], enough=2, late=on_late, lanes=["a", "b"])
-        assert fan.busy("a") and fan.busy("b"), "the calls on the wire were dropped"
+        assert fan.busy("a"), "the calls on the wire were dropped"
+        assert fan.busy("b"), "the calls on the wire were dropped"
         threading.Timer(0.1, wake.set).start()
         released = fan.run([lambda: order.append("release") or "released"], enough=1, lanes=["a"], queue=True)
         assert released == ["released"]
@@ -306,7 +309,8 @@ def test_the_async_twin_lets_a_cancelled_round_s_calls_finish_and_queues_behind_
         round_.cancel()
         with pytest.raises(asyncio.CancelledError):
             await round_
-        assert fan.busy("a") and fan.busy("b"), "the calls on the wire were cancelled"
+        assert fan.busy("a"), "the calls on the wire were cancelled"
+        assert fan.busy("b"), "the calls on the wire were cancelled"
         queued = asyncio.ensure_future(fan.run([release], enough=1, lanes=["a"], queue=True))
         await asyncio.sleep(0.01)
         assert not queued.done(), "the release was refused (or sent) instead of waiting for its lane"
@@ -320,7 +324,8 @@ def test_the_async_twin_lets_a_cancelled_round_s_calls_finish_and_queues_behind_
                 break
             await asyncio.sleep(0.01)
         assert sorted(late) == [("a", "grant"), ("b", "grant")]
-        assert not fan.busy("a") and not fan.busy("b")
+        assert not fan.busy("a")
+        assert not fan.busy("b")
 
         # aclose cancels a straggler with a call waiting behind it: both end, and the lane is free.
         never = asyncio.Event()
