@@ -508,10 +508,11 @@ class FanOut:
                 # waiting to hear from this lane hears a failure (or it would wait for ever), and the lane frees.
                 with self._guard:
                     stranded = [] if heard else [(fan, index)]
-                    for waiting in (handed, self._waiting.pop(lane, None)):
-                        if waiting is not None:
-                            stranded.append((waiting[0], waiting[1]))
-                    self._busy.discard(lane)
+                    if not freed or handed is not None:  # the lane is still ours (else another call may hold it)
+                        for waiting in (handed, self._waiting.pop(lane, None)):
+                            if waiting is not None:
+                                stranded.append((waiting[0], waiting[1]))
+                        self._busy.discard(lane)
                 for round_, at in stranded:
                     round_.finish(at, TimeoutError("the thread carrying this call was interrupted"))
                 raise
