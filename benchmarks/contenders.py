@@ -99,9 +99,14 @@ def round_trips_sent() -> int:
     return CountingConnection._total + AsyncCountingConnection._total
 
 
+#: The connection class of the contenders' clients made in this process: ``CountingConnection``, or a subclass of it
+#: (``benchmarks/breakdown.py`` sets one that also timestamps each request and reply, in its own processes only).
+client_connection_class: type[CountingConnection] = CountingConnection
+
+
 def counting_client(url: str) -> redis.Redis:
     # Every contender gets the same client settings: redis-py's defaults, plus the counting connection class.
-    return redis.Redis.from_url(url, connection_class=CountingConnection)
+    return redis.Redis.from_url(url, connection_class=client_connection_class)
 
 
 #: The asyncio clients' pool size: redis.asyncio's default (100 connections).
@@ -132,6 +137,9 @@ class Session:
     uses_server: ClassVar[bool] = True
     #: Whether a second acquire by the holding thread counts up instead of blocking.
     reentrant: ClassVar[bool] = False
+    #: Whether holders of one key's ``lock`` may be inside together (a read lock): the contention workloads then
+    #: read the counter (one GET) instead of incrementing it, and its count cannot check exclusion.
+    shared: ClassVar[bool] = False
     #: Whether the library renews held leases on its own (else ``renew_by_hand`` is how a user would do it).
     renews_itself: ClassVar[bool] = False
     #: Whether its locks are awaited (an :class:`AsyncSession`, used from one event loop's tasks).
@@ -256,6 +264,26 @@ class HybridlockReadWriteSession(HybridlockSession):
         # One object per key, shared by the threads: the process's reader threads share one remote read hold.
         rw = self.registry.obtain_read_write(key)
         return rw.read_lock(), rw.write_lock()
+
+
+class HybridlockWriteSession(HybridlockSession):
+    id = "hybridlock-write"
+    title = "hybridlock read-write lock, write half"
+
+    def lock(self, key: str) -> LockLike:
+        # The write half of the key's one read-write lock, shared by the threads of the process.
+        return self.registry.obtain_read_write(key).write_lock()
+
+
+class HybridlockReadSession(HybridlockSession):
+    id = "hybridlock-read"
+    title = "hybridlock read-write lock, read half (shared)"
+    # Readers are let in together: with nobody writing, every read acquire is granted at once.
+    shared = True
+
+    def lock(self, key: str) -> LockLike:
+        # The read half of the key's one read-write lock: the process's reader threads share one read hold.
+        return self.registry.obtain_read_write(key).read_lock()
 
 
 class PerThreadHoldsSession(Session):
@@ -576,6 +604,8 @@ CONTENDERS: dict[str, type[Session]] = {
         HybridlockStrictFifoSession,
         HybridlockRetainSession,
         HybridlockReadWriteSession,
+        HybridlockWriteSession,
+        HybridlockReadSession,
         PerThreadHoldsSession,
         AsyncHybridlockSession,
         AsyncRedisPySession,

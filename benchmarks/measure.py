@@ -151,10 +151,13 @@ class CommandCounts:
     calls: Mapping[str, int]
     usec: Mapping[str, int]
 
-    def total(self, *, counter_increments: int = 0) -> int:
-        """Lock commands executed: everything but the harness's own, less the counter's GET and SET."""
+    def total(self, *, counter_increments: int = 0, counter_reads: int = 0) -> int:
+        """Lock commands executed: the calls of every command in the window, those a client sent (a script's EVAL or
+        EVALSHA once per call) and those a script ran inside the server (each also counted under its own name),
+        but the harness's own (``INFO``, connection handshakes), less the counter's: a GET and a SET per increment,
+        a GET per read."""
         calls = sum(n for name, n in self.calls.items() if name not in _HARNESS_COMMANDS)
-        return calls - 2 * counter_increments
+        return calls - 2 * counter_increments - counter_reads
 
     def scripts(self) -> int:
         """Script invocations (EVAL, EVALSHA and their read-only forms, FCALL): each is one client command."""

@@ -76,7 +76,7 @@ def table(workload: Mapping[str, Any], titles: Mapping[str, str]) -> list[str]:
 
 def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The targets of issues 3 and 4 and of the asyncio API, as this run measured them (issue 5 sets none: its
-    workload is reported)."""
+    workload is reported), and the prefork workloads' headline numbers, reported."""
     w = results["workloads"]
 
     def med(workload: str, cid: str, key: str) -> float | None:
@@ -303,6 +303,56 @@ def targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         f"pause {_number(med('async-loop', aio, 'gc_pause_max_ms'), 1)} ms)",
         None if lag is None else lag < 10.0,
     )
+
+    # Prefork workers: N processes of one thread (or task) on one key. Reported, each against the peers of the
+    # same run, for a change to the wake-up path between processes to be measured against.
+    issue[0] = "prefork"
+    for workload, shape in (("procs-8x1", "8 processes x 1 thread"), ("procs-16x1", "16 processes x 1 thread")):
+        c = med(workload, BASELINE, "cycles_per_s")
+        add(
+            f"{shape}: throughput, longest wait and Jain's index reported",
+            "; ".join(
+                f"{_name(cid)} {_number(med(workload, cid, 'cycles_per_s'), 0)} "
+                f"cycles/s, longest wait {_number(med(workload, cid, 'wait_max_ms'), 0)} ms, Jain "
+                f"{_number(med(workload, cid, 'jain'), 3)}"
+                for cid in (BASELINE, "redis-py", "python-redis-lock")
+            ),
+            None if c is None else "reported",
+        )
+    kinds = (("plain", BASELINE), ("write", "hybridlock-write"), ("read", "hybridlock-read"))
+    cmds = med("procs-8x1", BASELINE, "server_cmds_per_cycle")
+    add(
+        "8 processes x 1 thread: server commands and round trips per cycle reported, per lock kind",
+        "; ".join(
+            f"{kind} {_number(med('procs-8x1', cid, 'server_cmds_per_cycle'), 1)} cmds, "
+            f"{_number(med('procs-8x1', cid, 'round_trips_per_cycle'), 2)} round trips"
+            for kind, cid in kinds
+        )
+        + f" (redis-py: {_number(med('procs-8x1', 'redis-py', 'server_cmds_per_cycle'), 1)}, "
+        f"{_number(med('procs-8x1', 'redis-py', 'round_trips_per_cycle'), 2)}; python-redis-lock: "
+        f"{_number(med('procs-8x1', 'python-redis-lock', 'server_cmds_per_cycle'), 1)}, "
+        f"{_number(med('procs-8x1', 'python-redis-lock', 'round_trips_per_cycle'), 2)})",
+        None if cmds is None else "reported",
+    )
+    cpu = med("procs-8x1", BASELINE, "server_cpu_us_per_cycle")
+    add(
+        "8 processes x 1 thread: server main-thread CPU per cycle reported (the critical section's GET and SET "
+        "included)",
+        f"{_number(cpu, 1)} µs (redis-py: {_number(med('procs-8x1', 'redis-py', 'server_cpu_us_per_cycle'), 1)}, "
+        f"python-redis-lock: {_number(med('procs-8x1', 'python-redis-lock', 'server_cpu_us_per_cycle'), 1)})",
+        None if cpu is None else "reported",
+    )
+    c = med("async-procs-8x1", aio, "cycles_per_s")
+    add(
+        "asyncio, 8 processes x 1 task: throughput, longest wait and Jain's index reported",
+        "; ".join(
+            f"{_name(cid)} {_number(med('async-procs-8x1', cid, 'cycles_per_s'), 0)} "
+            f"cycles/s, longest wait {_number(med('async-procs-8x1', cid, 'wait_max_ms'), 0)} ms, Jain "
+            f"{_number(med('async-procs-8x1', cid, 'jain'), 3)}"
+            for cid in (aio, peer, "pottery-async")
+        ),
+        None if c is None else "reported",
+    )
     return out
 
 
@@ -325,9 +375,9 @@ def markdown(results: Mapping[str, Any]) -> str:
         "",
         "Numbers are medians over the rounds. In parentheses: **hybridlock's value ÷ this lock's**, measured in "
         "the same run (in each table, hybridlock is the first row: with hand-off on, its default, in 6-8, its "
-        "read-write lock in 9, its asyncio API in 11-14). ↓ marks columns where lower is better (a ratio below 1 "
-        "favours hybridlock), ↑ where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row with an "
-        "error or a wrong count.",
+        "read-write lock in 9, its asyncio API in 11-14 and 17). ↓ marks columns where lower is better (a ratio "
+        "below 1 favours hybridlock), ↑ where higher is better (a ratio above 1 favours hybridlock). ⚠ marks a row "
+        "with an error or a wrong count.",
         "",
         "## Targets",
         "",
@@ -422,6 +472,9 @@ _WORKLOAD_PANELS: dict[str, tuple[str, ...]] = {
     "async-tasks": ("cycles_per_s", "wait_max_ms"),
     "async-processes": ("cycles_per_s", "wait_max_ms", "jain"),
     "async-loop": ("lateness_max_ms", "lateness_own_max_ms"),
+    "procs-8x1": ("cycles_per_s", "wait_max_ms", "jain", "server_cmds_per_cycle", "server_cpu_us_per_cycle"),
+    "procs-16x1": ("cycles_per_s", "wait_max_ms", "jain", "server_cmds_per_cycle", "server_cpu_us_per_cycle"),
+    "async-procs-8x1": ("cycles_per_s", "wait_max_ms", "jain", "server_cmds_per_cycle", "server_cpu_us_per_cycle"),
 }
 # Metrics whose bars read better on a log scale (waits spanning milliseconds to seconds).
 _LOG_METRICS = frozenset(
@@ -499,6 +552,10 @@ _PANELS = (
     ("async-processes", "jain", False),
     ("async-loop", "lateness_max_ms", True),
     ("async-loop", "lateness_own_max_ms", False),
+    ("procs-8x1", "cycles_per_s", False),
+    ("procs-8x1", "server_cmds_per_cycle", False),
+    ("procs-16x1", "cycles_per_s", False),
+    ("async-procs-8x1", "cycles_per_s", False),
 )
 
 _SHORT = {
@@ -512,12 +569,19 @@ _SHORT = {
     "hybridlock-fifo": "hybridlock\nstrict FIFO",
     "hybridlock-retain": "hybridlock\nretain_for",
     "hybridlock-rw": "hybridlock\nread-write",
+    "hybridlock-write": "hybridlock\nwrite half",
+    "hybridlock-read": "hybridlock\nread half",
     "per-thread-holds": "per-thread\nread holds",
     "hybridlock-async": "hybridlock\nasyncio",
     "redis-py-async": "redis-py\nasyncio",
     "pottery-async": "pottery\nAIORedlock",
     "asyncio-lock": "asyncio.Lock",
 }
+
+
+def _name(cid: str) -> str:
+    """A contender's short name on one line."""
+    return _SHORT.get(cid, cid).replace("-\n", "-").replace("\n", " ")
 
 
 def write_chart(results: Mapping[str, Any], path: Path) -> None:

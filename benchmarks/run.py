@@ -1,8 +1,9 @@
 """Run hybridlock's benchmark suite: one server, every workload, every lock library, in one run.
 
-    python -m benchmarks.run                       # the full run (about 10 minutes on 2 cores)
-    python -m benchmarks.run --quick               # a smoke run (about a minute and a half)
+    python -m benchmarks.run                       # the full run (about 20 minutes on 2 cores)
+    python -m benchmarks.run --quick               # a smoke run (several minutes)
     python -m benchmarks.run --only handoff,rw     # only the workloads of issues 4 and 5
+    python -m benchmarks.run --only prefork        # only N processes x 1 thread (or task) on one key
 
 Writes benchmarks/results/latest.md (also printed), latest.json and latest.png. Exits 1 when a counter check
 failed or a workload raised, 2 when no server could be started.
@@ -30,7 +31,7 @@ import redis
 from benchmarks import report
 from benchmarks.contenders import CONTENDERS, contender_available
 from benchmarks.measure import median_of_rounds
-from benchmarks.workloads import FULL, QUICK, WORKLOADS, Settings, Workload
+from benchmarks.workloads import FULL, PREFORK_PROCESSES, QUICK, WORKLOADS, Settings, Workload
 from hybridlock.testing.server import EmbeddedServer, ServerNotFoundError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +46,7 @@ GROUPS = {
     "rw": "rw",
     "issue5": "rw",
     "asyncio": "asyncio",
+    "prefork": "prefork",
 }
 
 
@@ -110,14 +112,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="short durations and fewer locks: under a minute")
+    parser.add_argument("--quick", action="store_true", help="short durations, fewer locks: a smoke run")
     parser.add_argument("--rounds", type=int, help="rounds per measurement (default: 2 quick, 3 full)")
+    parser.add_argument(
+        "--server-time-cycles",
+        type=int,
+        help="bare acquire + release cycles over which the uncontended workload measures the server's time per "
+        "cycle, once per round (default: 500 quick, 10,000 full)",
+    )
     parser.add_argument("--workloads", help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
     parser.add_argument(
         "--only",
         help="comma-separated groups of workloads: core (1-5, issue 3), handoff (6-8, "
-        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too. Combines with --workloads "
-        "(a workload runs if either names it); asyncio (11-14)",
+        "issue 4), rw (9, issue 5); issue3, issue4, issue5 work too; asyncio (11-14); prefork (15-17: 8 and 16 "
+        "processes x 1 thread, 8 processes x 1 task). Combines with --workloads (a workload runs if either names it)",
     )
     parser.add_argument("--contenders", help="comma-separated subset of: " + ", ".join(CONTENDERS))
     parser.add_argument(
@@ -134,6 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds is not None and not 1 <= args.rounds <= 20:
         parser.error("--rounds must be between 1 and 20")
+    if args.server_time_cycles is not None and not 1 <= args.server_time_cycles <= 1_000_000:
+        parser.error("--server-time-cycles must be between 1 and 1,000,000")
     return args
 
 
@@ -157,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings: Settings = QUICK if args.quick else FULL
     if args.rounds is not None:
-        settings = Settings(**{**settings.__dict__, "rounds": args.rounds})
+        settings = dataclasses.replace(settings, rounds=args.rounds)
+    if args.server_time_cycles is not None:
+        settings = dataclasses.replace(settings, server_time_cycles=args.server_time_cycles)
     if args.only or args.workloads:
         groups = {GROUPS[g] for g in _selected(args.only, list(GROUPS), "group")} if args.only else set()
         names = set(_selected(args.workloads, [w.name for w in WORKLOADS], "workload")) if args.workloads else set()
@@ -331,7 +343,12 @@ def _short(value: Any) -> str:
 
 def _params(name: str, s: Settings) -> dict[str, Any]:
     if name == "uncontended":
-        return {"cycles per round": s.uncontended_cycles, "rounds": s.rounds, "lease s": s.lease}
+        return {
+            "cycles per round": s.uncontended_cycles,
+            "bare cycles for the server's time": s.server_time_cycles,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "threads":
         return {"threads": s.threads, "seconds per round": s.contention_s, "rounds": s.rounds, "lease s": s.lease}
     if name == "processes":
@@ -391,6 +408,14 @@ def _params(name: str, s: Settings) -> dict[str, Any]:
             "rounds": s.rounds,
             "lease s": s.lease,
         }
+    if name in PREFORK_PROCESSES:
+        return {
+            "processes": PREFORK_PROCESSES[name],
+            "tasks each" if name.startswith("async") else "threads each": 1,
+            "seconds per round": s.prefork_s,
+            "rounds": s.rounds,
+            "lease s": s.lease,
+        }
     if name == "read-mostly":
         return {
             "processes": s.rw_processes,
@@ -417,7 +442,7 @@ def _derived(entry: dict[str, Any]) -> None:
 
 def _notes(name: str, cid: str, row: dict[str, Any], notes: list[str]) -> None:
     """Facts worth a line under a table that the columns do not show."""
-    if name in ("processes", "handoff-procs", "async-processes") and row.get("rounds"):
+    if name in ("processes", "handoff-procs", "async-processes", *PREFORK_PROCESSES) and row.get("rounds"):
         waits = "; ".join(" / ".join(f"{w:,.0f}" for w in r["per_process_wait_max_ms"]) for r in row["rounds"])
         shares = "; ".join(" / ".join(f"{n:,}" for n in r["per_process_cycles"]) for r in row["rounds"])
         notes.append(f"{cid}: longest wait per process (ms), round by round: {waits}. Cycles per process: {shares}.")

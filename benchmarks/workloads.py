@@ -1,7 +1,9 @@
 """The workloads. Each takes a contender id and the server URL, and returns one result row for the tables.
 
 Five measure the plain lock against its peers (issue 3), three the local hand-off between threads of one process
-(issue 4), one a read-mostly load on a read-write lock (issue 5).
+(issue 4), one a read-mostly load on a read-write lock (issue 5), four the asyncio API, and three ("prefork") N
+processes of one thread or task each on one key, where every hand-over goes through the cross-process wake-up
+path.
 
 Every critical section increments a shared counter non-atomically (``measure.Counter``: GET then SET in Redis;
 ``measure.LocalCounter``: a Python int read, ``time.sleep(0)``, written back), and every workload checks at the end
@@ -25,9 +27,9 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -62,6 +64,10 @@ class Settings:
     uncontended_cycles: int = 500
     uncontended_max_s: float = 5.0
     reentrant_depth: int = 100
+    # the server's time per bare acquire + release (after each uncontended round): a loop of this many cycles,
+    # bounded in time too; a long loop spreads the server's periodic work and the machine's noise over more cycles
+    server_time_cycles: int = 10_000
+    server_time_max_s: float = 60.0
     # 1 process x 8 threads, and 4 processes x 2 threads
     threads: int = 8
     processes: int = 4
@@ -96,12 +102,16 @@ class Settings:
     many_keys: int = 1_000
     many_threads: int = 64
     many_s: float = 5.0
+    # prefork: N processes x 1 thread (or task) on one key (N: PREFORK_PROCESSES), seconds per round
+    prefork_s: float = 5.0
 
 
 QUICK = Settings(
     rounds=2,
     uncontended_cycles=200,
     uncontended_max_s=2.0,
+    server_time_cycles=500,
+    server_time_max_s=10.0,
     contention_s=1.0,
     handoffs=8,
     scale_locks=2_000,
@@ -110,6 +120,7 @@ QUICK = Settings(
     local_s=0.5,
     async_s=1.0,
     many_s=1.0,
+    prefork_s=1.0,
 )
 FULL = Settings(rounds=3)
 
@@ -181,7 +192,7 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
                     "latency_p99_us": _us(percentile(latencies, 0.99)),
                     "round_trips_per_cycle": trips / n,
                     "server_cmds_per_cycle": delta.total(counter_increments=counter.increments - increments0) / n,
-                    **_server_time_per_bare_cycle(lock, stats, settings.uncontended_cycles),
+                    **_server_time_per_bare_cycle(lock, stats, settings.server_time_cycles, settings.server_time_max_s),
                 }
             )
         if session.reentrant:
@@ -194,8 +205,9 @@ def uncontended(contender_id: str, url: str, settings: Settings) -> dict[str, An
         stats.close()
 
 
-def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int) -> dict[str, float]:
-    """The server's time per acquire+release with nothing in between, two ways:
+def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int, max_s: float) -> dict[str, float]:
+    """The server's time per acquire+release with nothing in between, over a loop of ``cycles`` of them (fewer
+    when ``max_s`` seconds run out first), two ways:
 
     * ``server_us_per_cycle``: ``INFO commandstats`` (its ``usec``) summed over every command the cycle sent and
       every command a script ran inside the server, which Redis counts both on its own and within the script's time
@@ -206,13 +218,19 @@ def _server_time_per_bare_cycle(lock: LockLike, stats: redis.Redis, cycles: int)
     With no critical section, none of it is the counter's. The CPU time also counts the server's own periodic work
     over the loop (small next to thousands of cycles)."""
     before, cpu0 = command_snapshot(stats), _server_cpu(stats)
-    for _ in range(cycles):
+    deadline = time.monotonic() + max_s
+    done = 0
+    while done < cycles:
         lock.acquire()
         lock.release()
+        done += 1
+        if time.monotonic() > deadline:
+            break
     cpu1, after = _server_cpu(stats), command_snapshot(stats)
     return {
-        "server_us_per_cycle": command_delta(before, after).total_usec() / cycles,
-        "server_cpu_us_per_cycle": _us(cpu1 - cpu0) / cycles,
+        "server_time_cycles": done,
+        "server_us_per_cycle": command_delta(before, after).total_usec() / done,
+        "server_cpu_us_per_cycle": _us(cpu1 - cpu0) / done,
     }
 
 
@@ -293,14 +311,16 @@ def _contend(
     """Run ``threads`` threads, each cycling on ``key`` until ``duration`` has passed (or ``max_cycles``).
 
     Returns the raw material of a round: every acquire's wait, each thread's cycle count, the start and end on the
-    system-wide monotonic clock, and the errors seen. ``before_start`` runs in the calling thread just before the
-    threads are let go (a multi-process barrier, say)."""
+    system-wide monotonic clock, whether the holders shared the lock (``session.shared``: then each cycle read the
+    counter instead of incrementing it), and the errors seen. ``before_start`` runs in the calling thread just
+    before the threads are let go (a multi-process barrier, say)."""
     locks = [session.lock(key) for _ in range(threads)]
     waits: list[list[float]] = [[] for _ in range(threads)]
     errors: list[str] = []
+    section = _section(session, counter)
 
     def step(index: int) -> None:
-        waits[index].append(_cycle(locks[index], counter.increment))
+        waits[index].append(_cycle(locks[index], section))
 
     start, end = _cycling_threads(threads, step, duration, max_cycles, before_start, errors)
     return {
@@ -308,8 +328,19 @@ def _contend(
         "end": end,
         "waits": [w for mine in waits for w in mine],
         "per_thread": [len(mine) for mine in waits],
+        "shared": session.shared,
         "errors": errors,
     }
+
+
+def _section(session: Session, counter: Counter | LocalCounter) -> Callable[[], Any]:
+    """The critical section of a contention cycle: increment the counter, or, under a lock whose holders are let in
+    together (a read lock), read it, which is what readers do and what they may do together."""
+    if not session.shared:
+        return counter.increment
+    if not isinstance(counter, Counter):
+        raise TypeError(f"{session.id}: a shared lock's cycles read a Redis counter")
+    return counter.read
 
 
 def _cycling_threads(
@@ -356,7 +387,11 @@ def _cycling_threads(
     return start, end
 
 
-def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, increments: int) -> dict[str, Any]:
+def _contention_round(
+    parts: Sequence[dict[str, Any]], trips: int, delta: Any, increments: int, reads: int = 0
+) -> dict[str, Any]:
+    """A contention round's results from its parts: ``increments`` and ``reads`` are the counter's GET + SET pairs
+    and lone GETs in the server, left out of the server commands."""
     waits = [w for part in parts for w in part["waits"]]
     per_thread = [n for part in parts for n in part["per_thread"]]
     cycles = sum(per_thread)
@@ -372,7 +407,9 @@ def _contention_round(parts: Sequence[dict[str, Any]], trips: int, delta: Any, i
         "fairness": min(per_thread) / mean if mean else math.nan,
         "per_thread_cycles": per_thread,
         "round_trips_per_cycle": trips / cycles if cycles else math.nan,
-        "server_cmds_per_cycle": delta.total(counter_increments=increments) / cycles if cycles else math.nan,
+        "server_cmds_per_cycle": (
+            delta.total(counter_increments=increments, counter_reads=reads) / cycles if cycles else math.nan
+        ),
     }
 
 
@@ -497,7 +534,7 @@ def _contention_child(
 
     def prepare(s: Settings, session: Session, counter: Counter) -> tuple[int, _ChildRound]:
         for _ in range(s.threads_per_process):
-            _cycle(session.lock(key), counter.increment)
+            _cycle(session.lock(key), _section(session, counter))
 
         def run_round(round_no: int, before_start: Callable[[], None]) -> dict[str, Any]:
             return _contend(
@@ -510,7 +547,7 @@ def _contention_child(
                 before_start=before_start,
             )
 
-        return s.threads_per_process, run_round
+        return 0 if session.shared else s.threads_per_process, run_round
 
     _child_rounds(contender_id, url, settings, index, barrier, results, key, prepare)
 
@@ -557,6 +594,17 @@ def _child_rounds(
             counter.close()
 
 
+class _RawRound(NamedTuple):
+    """One round of a multi-process workload as the harness saw it."""
+
+    #: Each child's report, in child order (fewer than the children when one failed or hung).
+    parts: list[dict[str, Any]]
+    #: The server's command counts over the round.
+    delta: CommandCounts
+    #: CPU seconds of the server's main thread over the round.
+    server_cpu_s: float
+
+
 def _run_children(
     contender_id: str,
     url: str,
@@ -567,14 +615,15 @@ def _run_children(
     round_s: float,
     stats: redis.Redis,
     errors: list[str],
-) -> tuple[int, list[tuple[list[dict[str, Any]], CommandCounts]]]:
+) -> tuple[int, list[_RawRound]]:
     """Start ``processes`` children running ``target(contender_id, url, settings, index, barrier, results,
     *extra)``. Each reports ("ready", index, cycles of its warm-up), then per round ("round", index, round_no,
     part) after the barrier let all of them go at once.
 
-    Returns the warm-up cycles and, per round, the parts (in child order) with the server's command counts over
-    the round. A round that came back short (a child failed or hung) is returned too, so its cycles can be
-    counted, and ends the loop; so does a part that reports errors."""
+    Returns the warm-up cycles and, per round, the parts (in child order) with the server's command counts and its
+    main thread's CPU seconds over the round (from just before the barrier to the last child's report). A round
+    that came back short (a child failed or hung) is returned too, so its cycles can be counted, and ends the loop;
+    so does a part that reports errors."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(processes + 1)
     results = context.Queue()
@@ -588,19 +637,19 @@ def _run_children(
         for i in range(processes)
     ]
     warm = 0
-    rounds: list[tuple[list[dict[str, Any]], CommandCounts]] = []
+    rounds: list[_RawRound] = []
     try:
         for child in children:
             child.start()
         for message in _collect(results, "ready", processes, _SLACK, errors):
             warm += message[2]
         for _ in range(settings.rounds if not errors else 0):
-            before = command_snapshot(stats)
+            before, cpu0 = command_snapshot(stats), _server_cpu(stats)
             barrier.wait(timeout=_SLACK)
             got = _collect(results, "round", processes, round_s + _SLACK, errors)
-            delta = command_delta(before, command_snapshot(stats))
+            cpu1, delta = _server_cpu(stats), command_delta(before, command_snapshot(stats))
             parts = [m[3] for m in sorted(got, key=lambda m: m[1])]
-            rounds.append((parts, delta))
+            rounds.append(_RawRound(parts, delta, cpu1 - cpu0))
             if len(parts) != processes or errors or any(part["errors"] for part in parts):
                 break
     except threading.BrokenBarrierError:
@@ -650,7 +699,9 @@ def _many_processes(
         # Per process: its cycles (Jain's index over them), and the longest wait any of its threads saw.
         per_process = [sum(part["per_thread"]) for part in parts]
         trips = sum(part["round_trips"] for part in parts)
-        result = _contention_round(parts, trips, delta, sum(per_process))
+        cycles = sum(per_process)
+        reads = cycles if any(part["shared"] for part in parts) else 0
+        result = _contention_round(parts, trips, delta, cycles - reads, reads)
         result["round"] = round_no
         result["per_process_cycles"] = per_process
         result["jain"] = jain_index(per_process)
@@ -667,7 +718,7 @@ def _many_processes(
         settings.processes,
         duration,
         metrics,
-        lambda part: sum(part["per_thread"]),
+        lambda part: 0 if part["shared"] else sum(part["per_thread"]),
         summarize,
     )
 
@@ -687,7 +738,9 @@ def _processes_row(
 ) -> dict[str, Any]:
     """A multi-process workload's row: runs the children (``_run_children``), counts every part's counter
     ``increments`` (of short rounds too) for the counter check, and has ``summarize(round_no, parts, delta)``
-    turn each round in which every child reported into a result."""
+    turn each round in which every child reported into a result; to which it adds the CPU time of the server's
+    main thread over the round, in all (``server_cpu_ms``) and, when the result counts its ``cycles``, per cycle
+    (``server_cpu_us_per_cycle``)."""
     counter = Counter(url, f"bench-counter:{counter_key}:{contender_id}")
     stats = redis.Redis.from_url(url)
     errors: list[str] = []
@@ -696,12 +749,16 @@ def _processes_row(
     finally:
         stats.close()
     rounds: list[dict[str, Any]] = []
-    for round_no, (parts, delta) in enumerate(raw):
+    for round_no, (parts, delta, server_cpu_s) in enumerate(raw):
         for part in parts:
             errors += part["errors"]
             cycles_run += increments(part)
         if len(parts) == processes:
-            rounds.append(summarize(round_no, parts, delta))
+            result = summarize(round_no, parts, delta)
+            result["server_cpu_ms"] = _ms(server_cpu_s)
+            if result.get("cycles"):
+                result["server_cpu_us_per_cycle"] = _us(server_cpu_s) / result["cycles"]
+            rounds.append(result)
     try:
         return _row(rounds, metrics, counter, cycles_run, errors)
     finally:
@@ -1278,6 +1335,7 @@ def read_mostly(contender_id: str, url: str, settings: Settings) -> dict[str, An
         lock_commands = delta.total() - reads - 2 * writes
         return {
             "round": round_no,
+            "cycles": cycles,
             "reads": reads,
             "writes": writes,
             "elapsed_s": elapsed,
@@ -1652,12 +1710,12 @@ def _async_contention_child(
     index: int,
     barrier: Any,
     results: Any,
+    key: str = "async-procs",
 ) -> None:
-    """A child process of the multi-process asyncio workload: its own event loop, session and
-    ``async_tasks_per_process`` tasks, one round per barrier (waited for off the loop, so the library's
-    background tasks keep running)."""
+    """A child process of the multi-process asyncio workloads: its own event loop, session and
+    ``async_tasks_per_process`` tasks cycling on ``key`` (and incrementing the counter of that name), one round per
+    barrier (waited for off the loop, so the library's background tasks keep running)."""
     s = Settings(**settings)
-    key = "async-procs"
 
     async def main() -> None:
         session = make_session(contender_id, url, s.lease)
@@ -1690,7 +1748,12 @@ def _async_contention_child(
 def async_processes(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
     """``settings.async_processes`` processes x ``settings.async_tasks_per_process`` tasks on one key: throughput,
     each process's longest wait, and Jain's index over the processes' cycles."""
+    return _async_many_processes(contender_id, url, settings, "async-procs", ASYNC_PROCESSES_METRICS)
 
+
+def _async_many_processes(
+    contender_id: str, url: str, settings: Settings, key: str, metrics: Sequence[Metric]
+) -> dict[str, Any]:
     def summarize(round_no: int, parts: list[dict[str, Any]], delta: CommandCounts) -> dict[str, Any]:
         per_process = [sum(part["per_thread"]) for part in parts]
         trips = sum(part["round_trips"] for part in parts)
@@ -1709,15 +1772,65 @@ def async_processes(contender_id: str, url: str, settings: Settings) -> dict[str
         contender_id,
         url,
         settings,
-        "async-procs",
+        key,
         _async_contention_child,
-        (),
+        (key,),
         settings.async_processes,
         settings.async_s,
-        ASYNC_PROCESSES_METRICS,
+        metrics,
         lambda part: sum(part["per_thread"]),
         summarize,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 15.-17. prefork: N processes of one thread (or one task) each on one key, as a prefork server's workers are
+
+
+PREFORK_METRICS = (
+    Metric("cycles_per_s", "cycles/s", "higher", 0),
+    Metric("jain", "Jain's index over processes", "higher", 3),
+    Metric("wait_max_ms", "longest wait (ms)", "lower", 0),
+    Metric("wait_p50_ms", "wait p50 (ms)", "lower", 2),
+    Metric("wait_p99_ms", "wait p99 (ms)", "lower", 1),
+    Metric("server_cmds_per_cycle", "server cmds / cycle", "lower", 2),
+    Metric("round_trips_per_cycle", "round trips / cycle", "lower", 2),
+    Metric("server_cpu_us_per_cycle", "server CPU µs / cycle", "lower", 1),
+)
+
+#: The prefork workloads' process counts, by workload name.
+PREFORK_PROCESSES = {"procs-8x1": 8, "procs-16x1": 16, "async-procs-8x1": 8}
+
+
+def procs_8x1(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """8 processes x 1 thread on one key."""
+    return _prefork(contender_id, url, settings, "procs-8x1")
+
+
+def procs_16x1(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """16 processes x 1 thread on one key."""
+    return _prefork(contender_id, url, settings, "procs-16x1")
+
+
+def _prefork(contender_id: str, url: str, settings: Settings, name: str) -> dict[str, Any]:
+    """``PREFORK_PROCESSES[name]`` processes of one thread each cycle on one key for ``settings.prefork_s``
+    seconds per round: the multi-process contention workload with one thread per process."""
+    shape = replace(settings, processes=PREFORK_PROCESSES[name], threads_per_process=1)
+    return _many_processes(
+        contender_id, url, shape, name, settings.prefork_s, settings.contention_max_cycles, PREFORK_METRICS
+    )
+
+
+def async_procs_8x1(contender_id: str, url: str, settings: Settings) -> dict[str, Any]:
+    """8 processes x 1 task (each process its own event loop) on one key, ``settings.prefork_s`` seconds per
+    round."""
+    shape = replace(
+        settings,
+        async_processes=PREFORK_PROCESSES["async-procs-8x1"],
+        async_tasks_per_process=1,
+        async_s=settings.prefork_s,
+    )
+    return _async_many_processes(contender_id, url, shape, "async-procs-8x1", PREFORK_METRICS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1754,7 +1867,7 @@ class Workload:
     #: Variants that take part here besides the main contenders (by id).
     extra: tuple[str, ...] = ()
     #: Which set of workloads this belongs to (``--only``): "core" (issue 3), "handoff" (issue 4), "rw" (issue 5),
-    #: "asyncio".
+    #: "asyncio", "prefork".
     group: str = "core"
     #: When set, exactly these contenders take part (by id, in table order) instead of the main ones.
     contenders: tuple[str, ...] | None = None
@@ -1774,6 +1887,20 @@ _HANDOFF_LABELS = (("hybridlock", "hybridlock (hand-off on)"),)
 # The asyncio workloads: hybridlock's asyncio API against redis-py's and pottery's, and asyncio.Lock as the floor
 # where the workload stays in one process.
 _ASYNC_CONTENDERS = ("hybridlock-async", "redis-py-async", "pottery-async", "asyncio-lock")
+# The prefork workloads: the plain lock and each half of the read-write lock against the peers.
+_PREFORK_CONTENDERS = ("hybridlock", "hybridlock-write", "hybridlock-read", "redis-py", "python-redis-lock", "pottery")
+_PREFORK_DESCRIPTION = (
+    "Eight processes of one thread each (each its own client, and registry), as a prefork server's workers are, "
+    "cycle on one key for a fixed time; the critical section is the Redis counter (GET, then SET). Jain's index is "
+    "over the processes' cycle counts, (Σx)² / (n·Σx²): 1 = equal shares, 1/8 = one process took all. Server "
+    "cmds / cycle: the calls of every command in INFO commandstats over the round (a script's EVALSHA once per "
+    "call, and each command it ran inside the server), less the harness's own (INFO, connection handshakes) and "
+    "the critical section's GET and SET; round trips are counted on the client. Server CPU µs / cycle: the CPU "
+    "time of the server's main thread (INFO cpu, user + system) over the round, per cycle, the critical section's "
+    "two commands included. hybridlock's read-write lock takes part with each half alone: the write half excludes "
+    "as the plain lock does; the read half lets every reader in at once, so its row (critical section: one GET) "
+    "waits for nobody and shows what taking and giving back a shared read hold costs with 8 processes at it."
+)
 
 WORKLOADS = (
     Workload(
@@ -1993,6 +2120,42 @@ WORKLOADS = (
         in_process=True,
         group="asyncio",
         contenders=_ASYNC_CONTENDERS,
+        baseline="hybridlock-async",
+        interleave=True,
+    ),
+    Workload(
+        "procs-8x1",
+        "15. Prefork: 8 processes x 1 thread, one key",
+        _PREFORK_DESCRIPTION,
+        procs_8x1,
+        PREFORK_METRICS,
+        in_process=False,
+        group="prefork",
+        contenders=_PREFORK_CONTENDERS,
+        interleave=True,
+    ),
+    Workload(
+        "procs-16x1",
+        "16. Prefork: 16 processes x 1 thread, one key",
+        "As 15., with sixteen processes (Jain's index: 1/16 = one process took all).",
+        procs_16x1,
+        PREFORK_METRICS,
+        in_process=False,
+        group="prefork",
+        contenders=_PREFORK_CONTENDERS,
+        interleave=True,
+    ),
+    Workload(
+        "async-procs-8x1",
+        "17. asyncio prefork: 8 processes x 1 task, one key",
+        "As 15., each process running one task in an event loop of its own, on a redis.asyncio client: hybridlock's "
+        "AsyncLockRegistry against redis-py's asyncio Lock and pottery's AIORedlock. In parentheses: hybridlock "
+        "(asyncio) ÷ that row.",
+        async_procs_8x1,
+        PREFORK_METRICS,
+        in_process=False,
+        group="prefork",
+        contenders=_ASYNC_CONTENDERS[:3],
         baseline="hybridlock-async",
         interleave=True,
     ),

@@ -1,18 +1,22 @@
-"""Cancellation at every await point of acquire and release, on a real server: whatever the step a task is
-cancelled at, it leaves nothing behind (no lease held by nobody, no place in a server queue, no local mutex stuck).
+"""Cancellation at every await point of acquire and release, on one real server and on a quorum of three: whatever
+the step a task is cancelled at, it leaves nothing behind (no lease held by nobody, no place in a server queue, no
+local mutex stuck), and another owner gets the lock at once.
 
-The sweep: for n = 0, 1, 2, ... start the attempt, let the event loop run n steps, cancel it, and check the server's
+The sweep: for n = 0, 1, 2, ... start the attempt, let the event loop run n steps, cancel it, and check the servers'
 keys and the local state; stop once an attempt ran to its end before the cancel came. A round trip spans several
-loop steps, so the sweep lands in every await, and at several moments of each. Anything a cancelled task gives
-back is given back shielded before its ``CancelledError`` reaches the canceller, so the checks run at once.
-Also: a task cancelled inside ``async with lock:`` releases it, and a lease its holder forgets ends and is reported.
+loop steps, so the sweep lands in every await, and at several moments of each; a variant drops the pooled
+connections first, so that every call reconnects and the sweep lands inside the reconnects too. Anything a
+cancelled task gives back is given back shielded before its ``CancelledError`` reaches the canceller, so the
+checks run at once (over a quorum: on a majority at once; a call to the last server may still be finishing in its
+lane, followed by the give-back, so that one gets ``SETTLE`` seconds). Also: a task cancelled inside
+``async with lock:`` releases it, and a lease its holder forgets ends and is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,8 +28,9 @@ from tests._async.helpers import EXCLUSIVE, KINDS, Kind, kinds
 
 pytestmark = pytest.mark.server
 
-MAX_STEPS = 400  # no attempt here needs more loop steps than this to finish (the sweep fails if one does)
+MAX_STEPS = 600  # no attempt here needs more loop steps than this to finish (the sweep fails if one does)
 WAITING_STEPS = 120  # how far the sweep goes into a wait that cannot end
+SETTLE = 2.0  # seconds a quorum's last server may take to settle after a cancel (a call finishing in its lane)
 
 
 def server_state(client: redis.Redis) -> dict[bytes, Any]:
@@ -45,6 +50,61 @@ def server_state(client: redis.Redis) -> dict[bytes, Any]:
         else:
             state[key] = kind
     return state
+
+
+class Store:
+    """Where the swept locks live: one server, or a quorum of three independent ones; with an admin client each."""
+
+    def __init__(self, name: str, urls: list[str], clients: list[redis.Redis]) -> None:
+        self.name = name
+        self.urls = urls
+        self.clients = clients
+        self.majority = len(clients) // 2 + 1
+
+    def registry(self, **options: Any) -> hybridlock.AsyncLockRegistry:
+        if self.name == "quorum":
+            return hybridlock.AsyncQuorumLockRegistry(self.urls, **options)
+        return hybridlock.AsyncLockRegistry(self.urls[0], **options)
+
+    def skip_unless_supports(self, kind: Kind) -> None:
+        if self.name == "quorum" and kind.name in ("write", "read"):
+            pytest.skip("read-write locks are refused over a quorum (tests/_async/test_quorum.py checks it)")
+
+    def state(self) -> list[dict[bytes, Any]]:
+        return [server_state(client) for client in self.clients]
+
+    async def expect(self, expected: list[dict[bytes, Any]], when: str) -> None:
+        """Every server's state is ``expected``: at once on a majority (all of one server), on every server within
+        ``SETTLE`` seconds."""
+        state = self.state()
+        settled = sum(1 for have, want in zip(state, expected, strict=True) if have == want)
+        assert settled >= self.majority, f"{when}: {state}"
+        deadline = time.monotonic() + SETTLE
+        while state != expected:
+            assert time.monotonic() < deadline, f"{when}, still after {SETTLE} s: {state}"
+            await asyncio.sleep(0.01)
+            state = self.state()
+
+    def drop_connections(self) -> None:
+        """Close every client connection but the admin's (as a server ``timeout``, a proxy reset or a failover
+        would): the next call of each registry reconnects first."""
+        for client in self.clients:
+            client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+
+
+@pytest.fixture(params=["redis", pytest.param("quorum", marks=pytest.mark.quorum)])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "redis":
+        server: EmbeddedServer = request.getfixturevalue("server")
+        yield Store("redis", [server.url], [request.getfixturevalue("redis_client")])
+        return
+    urls: list[str] = request.getfixturevalue("quorum_urls")  # (flushed)
+    clients = [redis.Redis.from_url(url) for url in urls]
+    try:
+        yield Store("quorum", urls, clients)
+    finally:
+        for client in clients:
+            client.close()
 
 
 def mutexes_of(lock: Any) -> list[Any]:
@@ -88,20 +148,26 @@ async def sweep(
     return max_steps
 
 
+@pytest.mark.parametrize("reconnect", [False, True], ids=["warm", "reconnecting"])
 @kinds()
 async def test_cancelled_anywhere_in_an_uncontended_acquire_and_release(
-    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
+    store: Store, kind: Kind, reconnect: bool
 ) -> None:
-    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+    store.skip_unless_supports(kind)
+    async with store.registry() as mine, store.registry() as theirs:
         lock = kind.make(mine, "k")
         rival = kind.rival(theirs, "k")
 
         async def attempt() -> None:
+            if reconnect:
+                store.drop_connections()
             assert await lock.acquire(timeout=5)
+            if reconnect:
+                store.drop_connections()  # the release reconnects first: a cancel can land before it is sent
             await lock.release()
 
         async def check(steps: int) -> None:
-            assert server_state(redis_client) == {}, f"left behind after a cancel at step {steps}"
+            await store.expect([{}] * len(store.clients), f"left behind after a cancel at step {steps}")
             assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
             assert await rival.acquire(blocking=False), f"another owner could not take it after step {steps}"
             await rival.release()
@@ -111,17 +177,16 @@ async def test_cancelled_anywhere_in_an_uncontended_acquire_and_release(
 
 
 @kinds()
-async def test_cancelled_anywhere_while_waiting_for_another_owner(
-    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
-) -> None:
-    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+async def test_cancelled_anywhere_while_waiting_for_another_owner(store: Store, kind: Kind) -> None:
+    store.skip_unless_supports(kind)
+    async with store.registry() as mine, store.registry() as theirs:
         lock = kind.make(mine, "k")
         rival = kind.rival(theirs, "k")
         assert await rival.acquire(timeout=5)
-        held_state = server_state(redis_client)
+        held_state = store.state()
 
         async def check(steps: int) -> None:
-            assert server_state(redis_client) == held_state, f"a wait cancelled at step {steps} left a trace"
+            await store.expect(held_state, f"a wait cancelled at step {steps} left a trace")
             assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
 
         await sweep(lambda: lock.acquire(timeout=0.5), check, max_steps=WAITING_STEPS, must_finish=False)
@@ -131,12 +196,11 @@ async def test_cancelled_anywhere_while_waiting_for_another_owner(
 
 
 @kinds()
-async def test_cancelled_anywhere_as_another_owner_releases_to_it(
-    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
-) -> None:
+async def test_cancelled_anywhere_as_another_owner_releases_to_it(store: Store, kind: Kind) -> None:
     # The test's task holds the rival (another owner); the swept task waits for it in the server and is cancelled
     # n steps after the release that wakes it.
-    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+    store.skip_unless_supports(kind)
+    async with store.registry() as mine, store.registry() as theirs:
         lock = kind.make(mine, "k")
         rival = kind.rival(theirs, "k")
 
@@ -149,7 +213,7 @@ async def test_cancelled_anywhere_as_another_owner_releases_to_it(
             await rival.release()
 
         async def check(steps: int) -> None:
-            assert server_state(redis_client) == {}, f"left behind after a cancel at step {steps}"
+            await store.expect([{}] * len(store.clients), f"left behind after a cancel at step {steps}")
             assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
             assert await rival.acquire(timeout=1), f"another owner could not take it after step {steps}"
 
@@ -159,12 +223,11 @@ async def test_cancelled_anywhere_as_another_owner_releases_to_it(
 
 
 @kinds(*EXCLUSIVE)
-async def test_cancelled_anywhere_as_a_task_here_hands_the_lock_over(
-    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
-) -> None:
+async def test_cancelled_anywhere_as_a_task_here_hands_the_lock_over(store: Store, kind: Kind) -> None:
     # The test's task holds the lock; the swept task of the same registry waits on the local mutex and is cancelled
     # n steps after the release that hands the lock (and perhaps the lease) to it.
-    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+    store.skip_unless_supports(kind)
+    async with store.registry() as mine, store.registry() as theirs:
         lock = kind.make(mine, "k")
         rival = kind.rival(theirs, "k")
 
@@ -178,7 +241,7 @@ async def test_cancelled_anywhere_as_a_task_here_hands_the_lock_over(
             await lock.release()
 
         async def check(steps: int) -> None:
-            assert server_state(redis_client) == {}, f"left behind after a cancel at step {steps}"
+            await store.expect([{}] * len(store.clients), f"left behind after a cancel at step {steps}")
             assert not any(m.locked() for m in mutexes_of(lock)), f"local mutex stuck after step {steps}"
             assert await rival.acquire(blocking=False), f"another owner could not take it after step {steps}"
             await rival.release()
@@ -193,10 +256,9 @@ async def test_cancelled_anywhere_as_a_task_here_hands_the_lock_over(
 
 
 @pytest.mark.parametrize("kind", [KINDS[name] for name in ("plain", "write", "read", "multi")], ids=str)
-async def test_a_holder_cancelled_inside_async_with_releases(
-    server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
-) -> None:
-    async with hybridlock.AsyncLockRegistry(server.url) as mine, hybridlock.AsyncLockRegistry(server.url) as theirs:
+async def test_a_holder_cancelled_inside_async_with_releases(store: Store, kind: Kind) -> None:
+    store.skip_unless_supports(kind)
+    async with store.registry() as mine, store.registry() as theirs:
         lock = kind.make(mine, "k")
         inside = asyncio.Event()
 
@@ -210,7 +272,7 @@ async def test_a_holder_cancelled_inside_async_with_releases(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert server_state(redis_client) == {}
+        await store.expect([{}] * len(store.clients), "left behind by the cancelled holder")
         rival = kind.rival(theirs, "k")
         assert await rival.acquire(blocking=False), "the cancelled holder's lease was left behind"
         await rival.release()

@@ -460,9 +460,8 @@ class AsyncFanOut:
     """Runs several calls at once, each in its *lane* (a server, or a server and a key): one task each here, threads
     on the sync side (``FanOut``). For a quorum, which asks N independent servers the same thing.
 
-    ``await run(calls)`` returns one outcome per call, in order: its result, or the ``Exception`` it raised (a
-    ``BaseException`` such as a cancellation is not caught: it cancels the calls still running and propagates).
-    Each call must bound its own time (a socket timeout).
+    ``await run(calls)`` returns one outcome per call, in order: its result, or the ``Exception`` it raised. Each
+    call must bound its own time (a socket timeout).
 
     With ``enough``, a hung server costs less than its socket timeout: once ``enough`` calls have *succeeded* (a
     failure does not count: the others may still be needed), the others get as long again as that took, and at
@@ -470,19 +469,27 @@ class AsyncFanOut:
     outcome, and left to finish. ``late(lane, outcome)`` then receives its outcome (a quorum gives back a grant that
     came too late to count). ``lanes[i]`` is call ``i``'s lane (any hashable; by default ``i``).
 
-    A lane carries one call at a time: a call whose lane is still busy (a straggler, or its ``late`` handler, has
-    not finished) is not sent, and its outcome is a ``TimeoutError`` at once. So a hung server gathers no backlog,
-    and calls of one lane reach the server in the order they were made, a late handler's own calls included:
-    nothing sent later can overtake a straggler (a quorum relies on that: a give-back must not land after the same
-    owner's next grant).
+    A lane carries one call at a time, so calls of one lane reach the server in the order they were made, a late
+    handler's own calls included: nothing sent later can overtake a straggler (a quorum relies on that: a give-back
+    must not land after the same owner's next grant). A call whose lane is still busy (a straggler, or its ``late``
+    handler, has not finished) is not sent, and its outcome is a ``TimeoutError`` at once, so a hung server gathers
+    no backlog; with ``queue``, it waits instead, and is sent once the lane is free (the calls ahead of it bound
+    its wait: each bounds its own time). A lane holds one waiting call at most: a call that would wait behind
+    another waiting one is refused (a quorum queues only its releases, and the one waiting covers the next).
+
+    A round whose caller is cancelled (or, on threads, interrupted) leaves its calls already sent to finish in
+    their lanes, as stragglers: their outcomes go to ``late``, and the lane stays busy until then. Cutting them
+    off would not unsend them: the server would still run what it received, after whatever the caller sends
+    next on another connection.
 
     ``aclose`` cancels the stragglers still running; ``after_fork_in_child`` forgets them."""
 
-    __slots__ = ("_busy", "_stragglers", "name")
+    __slots__ = ("_busy", "_stragglers", "_waiting", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._busy: set[Hashable] = set()  # lanes with a call (or its late handler) still running
+        self._waiting: dict[Hashable, asyncio.Future[None]] = {}  # lane -> its waiting call's turn (set: its go)
         self._stragglers: set[asyncio.Task[Any]] = set()
 
     async def run(
@@ -493,6 +500,7 @@ class AsyncFanOut:
         patience: float = 0.0,
         late: LateHandler | None = None,
         lanes: Sequence[Hashable] | None = None,
+        queue: bool = False,
     ) -> list[T | Exception]:
         if enough is None:
             return list(await asyncio.gather(*(_outcome(call) for call in calls)))
@@ -501,14 +509,19 @@ class AsyncFanOut:
         running: dict[asyncio.Task[Any], int] = {}
         abandoned: dict[int, bool] = {}  # call index -> its round gave up on it (shared with its lane's task)
         start = time.monotonic()
+        loop = asyncio.get_running_loop()
         for index, call in enumerate(calls):
             lane = lane_of[index]
+            turn: asyncio.Future[None] | None = None
             if lane in self._busy:
-                outcomes[index] = TimeoutError("an earlier call to this server is still unanswered")
+                if not queue or lane in self._waiting:
+                    outcomes[index] = TimeoutError("an earlier call to this server is still unanswered")
+                    continue
+                turn = self._waiting[lane] = loop.create_future()  # before any await: the lane's next call
             else:
                 self._busy.add(lane)  # taken here, before any await: no other run can slip in
-                task = asyncio.ensure_future(self._in_lane(lane, call, late, abandoned, index))
-                running[task] = index
+            task = asyncio.ensure_future(self._in_lane(lane, call, late, abandoned, index, turn))
+            running[task] = index
         pending = set(running)
         succeeded = sum(1 for outcome in outcomes if outcome is not None and not isinstance(outcome, Exception))
         try:
@@ -527,26 +540,48 @@ class AsyncFanOut:
                     if not isinstance(outcome, Exception):
                         succeeded += 1
         except BaseException:
-            for task in pending:
-                task.cancel()
+            # Cancelled: what was sent is on the wire already; let it finish in its lane, its outcome going to
+            # ``late`` (a grant is given back), and let the caller's cleanup queue behind it.
+            self._abandon(pending, running, abandoned)
             raise
         waited = (time.monotonic() - start) * 1000
+        self._abandon(pending, running, abandoned)
         for task in pending:
-            index = running[task]
-            abandoned[index] = True
-            outcomes[index] = TimeoutError(f"no answer in {waited:.0f} ms, when enough others had answered")
-            self._stragglers.add(task)  # a reference, so the task is not collected mid-way
-            task.add_done_callback(self._stragglers.discard)
+            outcomes[running[task]] = TimeoutError(f"no answer in {waited:.0f} ms, when enough others had answered")
         return outcomes  # type: ignore[return-value]  # every slot is filled by now
 
+    def _abandon(
+        self, pending: set[asyncio.Task[Any]], running: dict[asyncio.Task[Any], int], abandoned: dict[int, bool]
+    ) -> None:
+        """Make the calls of ``pending`` stragglers: their outcomes go to the late handler."""
+        for task in pending:
+            abandoned[running[task]] = True
+            self._stragglers.add(task)  # a reference, so the task is not collected mid-way
+            task.add_done_callback(self._stragglers.discard)
+
     def busy(self, lane: Hashable) -> bool:
-        """Whether ``lane`` still carries a call (or its late handler): what that call does has not happened yet,
-        or has not been seen."""
+        """Whether ``lane`` still carries a call (or its late handler, or a call waiting for it): what that call
+        does has not happened yet, or has not been seen."""
         return lane in self._busy
 
     async def _in_lane(
-        self, lane: Hashable, call: Thunk[T], late: LateHandler | None, abandoned: dict[int, bool], index: int
+        self,
+        lane: Hashable,
+        call: Thunk[T],
+        late: LateHandler | None,
+        abandoned: dict[int, bool],
+        index: int,
+        turn: asyncio.Future[None] | None,
     ) -> T | Exception:
+        if turn is not None:
+            try:
+                await turn  # the lane is handed over by the call ahead (_free), still busy
+            except BaseException:
+                if self._waiting.get(lane) is turn:
+                    del self._waiting[lane]  # never had the lane
+                elif turn.done() and not turn.cancelled():
+                    self._free(lane)  # handed the lane as we were cancelled (aclose): pass it on
+                raise
         try:
             outcome = await _outcome(call)
             if abandoned.get(index) and late is not None:
@@ -554,6 +589,14 @@ class AsyncFanOut:
                 await _outcome(partial(late, lane, outcome))
             return outcome
         finally:
+            self._free(lane)
+
+    def _free(self, lane: Hashable) -> None:
+        """The lane's call is done: hand the lane to the call waiting for it, if any, else free it."""
+        turn = self._waiting.pop(lane, None)
+        if turn is not None and not turn.done():
+            turn.set_result(None)
+        else:
             self._busy.discard(lane)
 
     async def aclose(self) -> None:
@@ -566,6 +609,7 @@ class AsyncFanOut:
     def after_fork_in_child(self) -> None:
         self._stragglers = set()
         self._busy = set()
+        self._waiting = {}
 
 
 async def _outcome(call: Thunk[T]) -> T | Exception:

@@ -34,7 +34,7 @@ from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
 from ..errors import LockNotOwnedError, LockUpgradeError
-from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_loop
+from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_loop, shielded
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
@@ -241,7 +241,9 @@ class AsyncReadLock(_Half):
             was_lost = self._give_back_lease()
         released = False
         try:
-            released = await self._give_back(self._context.client_id)
+            # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
+            # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
+            released = await shielded(partial(self._give_back, self._context.client_id))
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -354,7 +356,9 @@ class AsyncWriteLock(_Half):
             was_lost = self._give_back_lease()
         released = False
         try:
-            released = await self._give_back(self._context.client_id)
+            # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
+            # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
+            released = await shielded(partial(self._give_back, self._context.client_id))
         finally:
             with rw._cond:
                 self._end_lease()

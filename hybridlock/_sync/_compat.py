@@ -357,17 +357,19 @@ class FifoMutex:
 @final
 class FanOut:
     """Runs several calls at once, each in its *lane*. The thread twin of ``AsyncFanOut`` (read its docstring): same
-    outcomes, in order, an ``Exception`` in place of a result, and the same ``enough``, ``patience``, ``late`` and
-    ``lanes``, one call at a time per lane.
+    outcomes, in order, an ``Exception`` in place of a result, and the same ``enough``, ``patience``, ``late``,
+    ``lanes`` and ``queue``, one call at a time per lane. A round interrupted in the calling thread (by
+    ``KeyboardInterrupt``) leaves its calls to finish in their lanes, their outcomes going to ``late``.
 
     Without ``enough`` the first call runs in the calling thread and the others in a small shared pool. With it,
     every call runs in a pool thread (the calling thread only waits, so a hung server never holds it), and a
-    straggler's ``late`` handler runs in that thread once its call is done, before the lane takes another call.
-    ``close`` ends the pools' threads once they are idle (calls already handed over still run) and makes later runs
-    call in the calling thread; ``after_fork_in_child`` forgets the parent's pools (their threads do not exist in the
-    child), and the next ``run`` starts new ones."""
+    straggler's ``late`` handler runs in that thread once its call is done, before the lane takes another call; a
+    call waiting for its lane (``queue``) runs in the thread of the call ahead, once that is done (no thread waits
+    for a lane). ``close`` ends the pools' threads once they are idle (calls already handed over still run) and
+    makes later runs call in the calling thread; ``after_fork_in_child`` forgets the parent's pools (their threads
+    do not exist in the child), and the next ``run`` starts new ones."""
 
-    __slots__ = ("_busy", "_closed", "_guard", "_lanes_pool", "_pool", "_width", "name")
+    __slots__ = ("_busy", "_closed", "_guard", "_lanes_pool", "_pool", "_waiting", "_width", "name")
 
     #: Threads for calls with ``enough``, started as needed. A hung server holds one per lane (one per key over a
     #: quorum) until its socket timeout; more calls than this at once wait for a thread.
@@ -380,6 +382,8 @@ class FanOut:
         self._width = 0
         self._lanes_pool: ThreadPoolExecutor | None = None
         self._busy: set[Hashable] = set()  # lanes with a call (or its late handler) still running (under _guard)
+        # Lane -> the call waiting for it (its round, index and call), run next in the lane's thread (under _guard).
+        self._waiting: dict[Hashable, tuple[_Round, int, Thunk[Any]]] = {}
         self._closed = False  # then calls run one after another in the caller's thread: no pool to leak
 
     def run(
@@ -390,6 +394,7 @@ class FanOut:
         patience: float = 0.0,
         late: LateHandler | None = None,
         lanes: Sequence[Hashable] | None = None,
+        queue: bool = False,
     ) -> list[T | Exception]:
         if enough is None or self._closed:
             if len(calls) <= 1 or self._closed:
@@ -401,14 +406,37 @@ class FanOut:
             first = _outcome(calls[0])
             return [first, *(future.result() for future in futures)]
         fan = _Round(len(calls), enough, late)
+        try:
+            return self._run_round(fan, calls, enough, patience, lanes, queue)
+        finally:
+            # Whatever ends the round (a KeyboardInterrupt too): calls still out are late from now on, so a grant
+            # that comes after is handed to ``late`` instead of being recorded for a caller who is gone.
+            with fan.changed:
+                fan.settled = True
+
+    def _run_round(
+        self,
+        fan: _Round,
+        calls: Sequence[Thunk[T]],
+        enough: int,
+        patience: float,
+        lanes: Sequence[Hashable] | None,
+        queue: bool,
+    ) -> list[T | Exception]:
         lane_of = list(range(len(calls)) if lanes is None else lanes)
         start = time.monotonic()
         for index, call in enumerate(calls):
             lane = lane_of[index]
-            inline = False
+            inline = refused = False
             with self._guard:
-                busy = lane in self._busy or self._closed
-                if not busy:
+                if self._closed:
+                    refused = True
+                elif lane in self._busy:
+                    if queue and lane not in self._waiting:
+                        self._waiting[lane] = (fan, index, call)  # the call ahead's thread runs it next
+                    else:
+                        refused = True
+                else:
                     self._busy.add(lane)
                     try:
                         self._lane_executor().submit(self._in_lane, fan, index, lane, call)
@@ -417,7 +445,7 @@ class FanOut:
                         inline = True
             if inline:
                 fan.finish(index, _outcome(call))
-            elif busy:
+            elif refused:
                 fan.finish(index, TimeoutError("an earlier call to this server is still unanswered"))
         with fan.changed:
             deadline: float | None = None
@@ -443,29 +471,52 @@ class FanOut:
         return self._lanes_pool
 
     def busy(self, lane: Hashable) -> bool:
-        """Whether ``lane`` still carries a call (or its late handler): what that call does has not happened yet,
-        or has not been seen."""
+        """Whether ``lane`` still carries a call (or its late handler, or a call waiting for it): what that call
+        does has not happened yet, or has not been seen."""
         with self._guard:
             return lane in self._busy
 
     def _in_lane(self, fan: _Round, index: int, lane: Hashable, call: Thunk[Any]) -> None:
-        freed = False
+        """Run ``call`` in ``lane``, then the call waiting for the lane, if any, and so on; then free the lane."""
+        current: tuple[_Round, int, Thunk[Any]] | None = (fan, index, call)
+        while current is not None:
+            fan, index, call = current
+            handed: tuple[_Round, int, Thunk[Any]] | None = None  # the waiting call the lane was passed to
+            freed = heard = False
 
-        def free() -> None:
-            nonlocal freed
-            with self._guard:
-                self._busy.discard(lane)
-            freed = True
+            def free() -> None:
+                nonlocal freed, handed
+                with self._guard:
+                    handed = self._waiting.pop(lane, None)
+                    if handed is None:
+                        self._busy.discard(lane)
+                freed = True
 
-        try:
-            outcome = _outcome(call)
-            # In time: the lane is free before the caller hears (its next call on the lane must find it free).
-            if not fan.finish(index, outcome, before=free) and fan.late is not None:
-                # Still holding the lane: whatever the handler sends reaches the server before the lane's next call.
-                _outcome(partial(fan.late, lane, outcome))
-        finally:
-            if not freed:
-                free()
+            try:
+                outcome = _outcome(call)
+                # In time: the lane is passed on before the caller hears (its next call on the lane must find it
+                # free, or busy with a call made before).
+                in_time = fan.finish(index, outcome, before=free)
+                heard = True
+                if not in_time and fan.late is not None:
+                    # Still holding the lane: whatever the handler sends reaches the server before its next call.
+                    _outcome(partial(fan.late, lane, outcome))
+                if not freed:
+                    free()
+            except BaseException:
+                # Not the call's own error (those are outcomes): this thread is going down. Every round still
+                # waiting to hear from this lane hears a failure (or it would wait for ever), and the lane frees.
+                with self._guard:
+                    stranded = [] if heard else [(fan, index)]
+                    if not freed or handed is not None:  # the lane is still ours (else another call may hold it)
+                        for waiting in (handed, self._waiting.pop(lane, None)):
+                            if waiting is not None:
+                                stranded.append((waiting[0], waiting[1]))
+                        self._busy.discard(lane)
+                for round_, at in stranded:
+                    round_.finish(at, TimeoutError("the thread carrying this call was interrupted"))
+                raise
+            current = handed
 
     def _executor(self, width: int) -> ThreadPoolExecutor | None:
         """The shared pool, at least ``width`` wide (None once closed)."""
@@ -497,6 +548,7 @@ class FanOut:
         self._lanes_pool = None
         self._closed = False
         self._busy = set()
+        self._waiting = {}
 
 
 _PENDING: Any = object()  # an outcome not in yet (a call may well return None)

@@ -35,7 +35,7 @@ from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
 from ..errors import LockNotOwnedError, LockUpgradeError
-from ._compat import Condition, current_owner, monotonic, refuse_in_event_loop
+from ._compat import Condition, current_owner, monotonic, refuse_in_event_loop, shielded
 from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .lock import JavaStyleLock
@@ -242,7 +242,9 @@ class ReadLock(_Half):
             was_lost = self._give_back_lease()
         released = False
         try:
-            released = self._give_back(self._context.client_id)
+            # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
+            # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
+            released = shielded(partial(self._give_back, self._context.client_id))
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -355,7 +357,9 @@ class WriteLock(_Half):
             was_lost = self._give_back_lease()
         released = False
         try:
-            released = self._give_back(self._context.client_id)
+            # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
+            # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
+            released = shielded(partial(self._give_back, self._context.client_id))
         finally:
             with rw._cond:
                 self._end_lease()

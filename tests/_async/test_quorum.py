@@ -16,6 +16,7 @@ import pytest
 import redis
 
 import hybridlock
+from hybridlock._async._compat import AsyncEvent
 from hybridlock.testing import EmbeddedServer
 
 from .._proxy import FaultProxy
@@ -352,3 +353,47 @@ async def test_a_lock_granted_after_a_wait_longer_than_its_lease_has_a_whole_lea
             assert valid_until is not None
             assert granted + 0.5 < valid_until <= granted + lease, (valid_until - granted, "counts the wait")
             assert not lost
+
+
+async def test_a_release_right_after_a_straggling_write_back_waits_for_it(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    """A server whose fencing write-back straggles (the acquire returns once a majority holds the token) is still
+    busy with it when the holder releases: the RELEASE waits for the write-back there and follows it, instead of
+    being refused and leaving our lease on that server for the whole lease."""
+    clients = [redis.Redis.from_url(server.url) for server in quorum_servers]
+    try:
+        # The first server mints far above the others (tokens follow the clock, in microseconds: this is a minute
+        # ahead), so the acquire writes its token back to all the others.
+        ahead = int(time.time() * 1e6) + 60_000_000
+        clients[0].set("hybridlock:{k}:fence", ahead)
+        patient = [server.url + "?socket_timeout=2&socket_connect_timeout=2" for server in quorum_servers]
+        async with hybridlock.AsyncQuorumLockRegistry(patient, expire_after=30) as registry:
+            lock = registry.obtain("k")
+            slowest = registry.backend.servers[-1]  # type: ignore[attr-defined]
+            raise_fence, gate = slowest.raise_fence, AsyncEvent()
+
+            async def held_back(names: Any, token: int) -> None:  # the write-back is slow to reach the last server
+                await gate.wait(10)
+                await raise_fence(names, token)
+
+            slowest.raise_fence = held_back
+            try:
+                assert await lock.acquire(timeout=5)
+                token = lock.fencing_token
+                assert token == ahead + 1
+                assert clients[-1].exists("hybridlock:{k}"), "the last server must hold the lease (it was granted)"
+                await lock.release()
+            finally:
+                gate.set()
+            deadline = time.monotonic() + 5
+            while clients[-1].exists("hybridlock:{k}"):
+                assert time.monotonic() < deadline, (
+                    f"our lease stayed on the server of the straggling write-back, "
+                    f"PTTL {clients[-1].pttl('hybridlock:{k}')} ms"
+                )
+                await sleep(0.01)
+            assert int(clients[-1].get("hybridlock:{k}:fence") or 0) == token  # the write-back went first
+    finally:
+        for client in clients:
+            client.close()

@@ -40,12 +40,16 @@ Failure modes
   ``STRAGGLER_PATIENCE`` (20 ms); then they count as failed for that round (``AsyncFanOut`` with ``enough``).
   Each server carries one call per lock at a time (a *lane*: the lock's key on that server; renewals, queries and
   descriptions, whose order does not matter, are not held back): while a straggler is out, later calls about that
-  lock are not sent to its server and count as failed there at once. So nothing of ours about a lock reaches a
-  server out of order: a grant that arrives after its round gave up on it is given back, in its lane, before any
-  later call about the lock is sent there, unless the lock is ours by then (and no round under way counts that
-  server meanwhile). A straggler ends at its client's socket timeout at the latest: give each URL a short one
-  (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise). When fewer than a majority answer, an operation
-  takes up to that timeout and then fails.
+  lock are not sent to its server and count as failed there at once, except releases (and give-backs), which wait
+  for it and follow it. So nothing of ours about a lock reaches a server out of order: a grant that arrives after
+  its round gave up on it is given back, in its lane, before any later call about the lock is sent there, unless
+  the lock is ours by then (and no round under way counts that server meanwhile). A straggler ends at its client's
+  socket timeout at the latest: give each URL a short one (``redis://host:6379/0?socket_timeout=0.5``; 5 s
+  otherwise). When fewer than a majority answer, an operation takes up to that timeout and then fails (a release
+  that waits in a lane: up to that of the call ahead too).
+* A caller cancelled (or, on threads, interrupted by ``KeyboardInterrupt``) while its calls are out: they are on
+  the wire already, so they are left to finish in their lanes as stragglers (a grant among them is given back
+  there), and the attempt's undo, a release, waits behind them in each lane.
 * A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
   ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock held across it lives on the others.
 """
@@ -104,9 +108,13 @@ class AsyncQuorumBackend(AsyncLockBackend):
             server.after_fork_in_child()
         self._fan_out.after_fork_in_child()
 
-    async def _on_all(self, lock: str | None, operation: str, *args: Any, late: LateHandler | None = None) -> list[Any]:
+    async def _on_all(
+        self, lock: str | None, operation: str, *args: Any, late: LateHandler | None = None, queue: bool = False
+    ) -> list[Any]:
         """``operation(*args)`` on every server at once, a majority's answers awaited (``_on_servers``)."""
-        return await self._on_servers(range(len(self.servers)), self.majority, lock, operation, *args, late=late)
+        return await self._on_servers(
+            range(len(self.servers)), self.majority, lock, operation, *args, late=late, queue=queue
+        )
 
     async def _on_servers(
         self,
@@ -116,12 +124,14 @@ class AsyncQuorumBackend(AsyncLockBackend):
         operation: str,
         *args: Any,
         late: LateHandler | None = None,
+        queue: bool = False,
     ) -> list[Any]:
         """``operation(*args)`` on the servers ``indexes`` at once: one outcome per server (a result, or its error;
         one still silent ``STRAGGLER_PATIENCE`` or more after ``enough`` of them succeeded counts as failed, its
         reply going to ``late``). ``lock``: the lock key the calls are about; a server still busy with an earlier
         call about it is not sent another (``AsyncFanOut``'s lanes), so calls about one lock reach each server in the
-        order they were made. None for calls whose order does not matter (renewals, which only extend our own
+        order they were made; with ``queue`` (releases), the call waits there for the earlier one instead, and is
+        sent once it is done. None for calls whose order does not matter (renewals, which only extend our own
         leases; queries; descriptions): they may overlap (the renewer's round and a renewal by hand)."""
         return await self._fan_out.run(
             [partial(getattr(self.servers[index], operation), *args) for index in indexes],
@@ -129,6 +139,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
             patience=STRAGGLER_PATIENCE,
             late=late,
             lanes=[(index, lock if lock is not None else object()) for index in indexes],
+            queue=queue,
         )
 
     def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
@@ -191,8 +202,9 @@ class AsyncQuorumBackend(AsyncLockBackend):
 
     async def _give_back(self, names: LockNames, owner: str, indexes: Sequence[int]) -> None:
         """Release the grants of a failed attempt (best effort: a grant we cannot reach ends with its lease; one
-        that does not answer within ``STRAGGLER_PATIENCE`` is released in its lane, without us waiting)."""
-        await self._on_servers(indexes, 0, names.lock, "release", names, owner, True)
+        that does not answer within ``STRAGGLER_PATIENCE`` is released in its lane, without us waiting, after any
+        earlier call still under way there: a straggling write-back, say)."""
+        await self._on_servers(indexes, 0, names.lock, "release", names, owner, True, queue=True)
 
     async def _late_grant(self, names: LockNames, owner: str, lane: tuple[int, str], outcome: Any) -> None:
         """A server granted an acquire after its round had counted it as failed: give the grant back, unless the
@@ -213,8 +225,11 @@ class AsyncQuorumBackend(AsyncLockBackend):
         return [False] * len(names)  # no places to keep: attempts never queue
 
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        """Release on every server; where an earlier call about the lock is still under way (a straggler of this
+        lease's write-back, or of an attempt cut off by a cancel or an interrupt, whose undo this is), the RELEASE
+        waits for it and follows it (``queue``), so it cannot be refused there or overtaken by it."""
         held = self._holders.pop((names.lock, owner), None)
-        outcomes = await self._on_all(names.lock, "release", names, owner, notify)
+        outcomes = await self._on_all(names.lock, "release", names, owner, notify, queue=True)
         verdict = tally_flags(
             [None if isinstance(outcome, Exception) else bool(outcome) for outcome in outcomes],
             held.servers if held is not None else (),
