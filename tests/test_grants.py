@@ -160,17 +160,17 @@ def test_giving_up_just_as_the_lock_is_granted_gives_it_back(server, redis_clien
     try:
         assert backend.try_acquire(names, "holder", 30_000, False).acquired
         for owner in ("a", "b"):
-            refused = backend.try_acquire(names, owner, 30_000, True, f"{owner}|w{owner}")
+            refused = backend.try_acquire(names, owner, 30_000, True, f"{owner}|w{owner}|30000")
             assert not refused.acquired
         assert backend.release(names, "holder", notify=True)
         assert redis_client.get(KEY_NAME) == b"a"  # granted to the head, unread
-        backend.cancel_wait(names, "a", "a|wa")  # "a" gives up before reading it
+        backend.cancel_wait(names, "a", "a|wa|30000")  # "a" gives up before reading it
         assert redis_client.get(KEY_NAME) == b"b"  # given back: granted to the next in line
         assert not redis_client.exists(f"{KEY_NAME}:grant:a")
-        granted = backend.await_grant(names, "b", "b|wb", 1.0, 30_000)
+        granted = backend.await_grant(names, "b", "b|wb|30000", 1.0, 30_000)
         assert granted is not None
         assert granted.acquired
-        backend.cancel_wait(names, "b", "b|wb")  # read, then given up (an interrupted acquire): given back too
+        backend.cancel_wait(names, "b", "b|wb|30000")  # read, then given up (an interrupted acquire): given back too
         assert not redis_client.exists(KEY_NAME)
     finally:
         backend.close()
@@ -264,9 +264,9 @@ def test_the_asyncio_backend_reads_grants_too(server, redis_client):
         backend = AsyncRedisBackend(redis.asyncio.Redis.from_url(server.url), owns_client=True)
         try:
             assert (await backend.try_acquire(names, "holder", 30_000, False)).acquired
-            assert not (await backend.try_acquire(names, "a", 30_000, True, "a|w")).acquired
+            assert not (await backend.try_acquire(names, "a", 30_000, True, "a|w|30000")).acquired
             assert await backend.release(names, "holder", notify=True)
-            granted = await backend.await_grant(names, "a", "a|w", 1.0, 30_000)
+            granted = await backend.await_grant(names, "a", "a|w|30000", 1.0, 30_000)
             assert granted is not None
             assert granted.acquired
             assert await backend.release(names, "a", notify=True)

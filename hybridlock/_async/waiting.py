@@ -21,7 +21,8 @@ a place in the queue is left (giving back a grant made to it meanwhile); both sh
 
 from __future__ import annotations
 
-import os
+import itertools
+import math
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -62,15 +63,30 @@ _PLACE_KEEP = QUEUE_PLACE_KEEP_MS / 1000.0
 _PLACE_VALIDITY = _PLACE_KEEP - lease_drift(_PLACE_KEEP)
 
 
+def grant_valid_until(kept_at: float, unread_since: float, lease: float) -> float:
+    """Until when a lease granted to our place (see the module docstring) is certainly ours: the server ended it
+    when the place would have lapsed, ``QUEUE_PLACE_KEEP_MS`` after the last request that took or kept the place
+    (sent at ``kept_at``), or ``lease`` after the grant if that is sooner. The grant came after that request, and
+    after ``unread_since``: a look at our box (a blocking pop that came back empty) saw no grant until then. Each
+    bound is counted from when its request was sent, less its drift margin (see ``RegistryConfig.valid_until``)."""
+    granted_after = max(kept_at, unread_since)
+    return min(kept_at + _PLACE_VALIDITY, granted_after + lease - lease_drift(lease))
+
+
 #: How long the wait for a grant pipelined after a first attempt lasts (then the wait goes on, one BLPOP at a time):
 #: long enough for a busy lock's queue to move on by a few owners, short enough that a cold script cache (which
 #: makes the pop wait its whole timeout for nothing) costs little.
 PIPELINED_WAIT = 0.1
 
 
+_wait_ids = itertools.count(1)
+
+
 def _new_wait_id() -> str:
-    """A name for one wait's place, unique among the waits of every owner (64 random bits)."""
-    return os.urandom(8).hex()
+    """A name for one wait's place, never used twice by an owner (a registry lives in one process; a forked child
+    is another owner). It only tells an owner's waits apart, so that a grant to one that ended unread is not taken
+    for the grant of the next: it need not be secret (only a write to the lock's keys grants anything)."""
+    return f"{next(_wait_ids):x}"
 
 
 async def acquire_remote(
@@ -109,7 +125,7 @@ async def acquire_remote(
         and context.config.lock_type == "pubsub"
         and context.config.lease is not None
     )
-    place_name = f"{context.client_id}|{_new_wait_id()}" if grants else None
+    place_name = f"{context.client_id}|{_new_wait_id()}|{context.config.lease_ms}" if grants else None
     if attempt is None:
 
         async def attempt() -> AcquireResult:
@@ -192,15 +208,25 @@ class _GrantWait:
         #: Until when the lease of the grant read is certainly ours (None: none read).
         self.valid_until: float | None = None
         self._pending: AcquireResult | None = None  # what the pipelined attempt's wait read
+        self._unread_since = -math.inf  # no grant was pushed to our box before this (see _looked)
 
     async def attempt_and_wait(self) -> AcquireResult:
         """The first attempt, and if refused a short wait for the grant in the same round trip (see
         ``LockBackend.acquire_and_await``); what the wait read is returned by the next call."""
         context = self._context
+        timeout = min(PIPELINED_WAIT, context.backend.grant_wait_limit)
+        sent_at = monotonic()
         result, self._pending = await context.backend.acquire_and_await(
-            self._names, context.client_id, context.config.lease_ms, self._place_name, PIPELINED_WAIT
+            self._names, context.client_id, context.config.lease_ms, self._place_name, timeout
         )
+        if not result.acquired and self._pending is None:
+            self._looked(sent_at, timeout)
         return result
+
+    def _looked(self, sent_at: float, timeout: float) -> None:
+        """A blocking pop sent at ``sent_at`` found our box empty for its whole ``timeout``: any grant to come is
+        pushed later than that (by the server's clock, whose rate may differ by the drift margin's 1 %)."""
+        self._unread_since = max(self._unread_since, sent_at + timeout * 0.99)
 
     async def __call__(self, timeout: float) -> AcquireResult | None:
         """Wait up to ``timeout`` for the grant (see ``LockBackend.await_grant``)."""
@@ -212,11 +238,15 @@ class _GrantWait:
         if result is None:
             if place.lost:
                 return AcquireResult(False)  # our place is gone: nothing will be granted to it; attempt again
+            timeout = min(timeout, context.backend.grant_wait_limit)
+            sent_at = monotonic()
             result = await context.backend.await_grant(
                 self._names, context.client_id, self._place_name, timeout, lease_ms
             )
+            if result is None:
+                self._looked(sent_at, timeout)
         if result is not None and result.acquired:
-            self.valid_until = place.kept_at + _PLACE_VALIDITY
+            self.valid_until = grant_valid_until(place.kept_at, self._unread_since, lease_ms / 1000.0)
         return result
 
 

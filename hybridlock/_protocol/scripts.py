@@ -130,10 +130,11 @@ end
 # While the queue is not empty a free lock goes to its head only: no herd of retries, and no owner waits behind
 # newcomers.
 #
-# A place is named "<owner>" or "<owner>|<wait id>". The second kind is a single lock's wait, and is *granted* the
-# lock: whoever frees the lock while that place heads the queue (a release, a wait given up, an attempt finding the
-# lock free) writes the waiter's owner id into the lock key itself, with a provisional lease that ends when the
-# place would have lapsed, mints its fencing token, removes the place and pushes "<wait id>:<token>:<contended>"
+# A place is named "<owner>" or "<owner>|<wait id>|<lease in ms>". The second kind is a single lock's wait, and is
+# *granted* the lock: whoever frees the lock while that place heads the queue (a release, a wait given up, an attempt
+# finding the lock free, a refresh) writes the waiter's owner id into the lock key itself, with a provisional lease
+# that ends when the place would have lapsed (or after the waiter's own lease, if sooner), mints its fencing token,
+# removes the place and pushes "<wait id>:<token>:<contended>"
 # onto the waiter's grant box, ``<lock key>:grant:<owner>`` (a list in the lock's slot, read with BLPOP). The waiter
 # does not need an acquire of its own after the wake-up, and nothing but a write to a key of the lock's slot can
 # grant it anything: a message on a channel never does. The first kind (an owner taking several locks at once,
@@ -195,22 +196,22 @@ local function live_head(queue, expiries, now, firsts)
   return nil
 end
 -- Hand the free lock to ``place``, the live head of the queue (lapsing at ``lapse``), if it is a single lock's wait
--- ("<owner>|<wait id>"): the lock key becomes the waiter's, until its place would have lapsed (the waiter knows a
--- lower bound of that instant, and extends the lease at once if it holds it longer); its token is minted, its place
--- removed, and the grant pushed to its box. Returns whether it did; the caller then wakes a head it did not grant.
+-- ("<owner>|<wait id>|<lease in ms>"): the lock key becomes the waiter's, with a provisional lease that ends when its
+-- place would have lapsed, or after its own lease if that is sooner (the waiter knows a lower bound of both, and has
+-- the lease extended before then if it holds the lock longer); its token is minted, its place removed, and the
+-- grant pushed to its box. Returns whether it did; the caller then wakes a head it did not grant.
 local function grant(lock, fence, fence_ttl, queue, place, lapse, more, t, now)
-  local bar = string.find(place, '|', 1, true)
-  if not bar then
+  local grantee, wait_id, own = string.match(place, '^([^|]+)|([^|]+)|(%d+)$')
+  if not grantee then
     return false
   end
-  local grantee = string.sub(place, 1, bar - 1)
-  local lease = lapse - now
+  local lease = math.min(lapse - now, tonumber(own))
   redis.call('SET', lock, grantee, 'PX', lease)
   local token = mint(fence, fence_ttl, t)
   redis.call('ZREM', queue, place)
   local box = lock .. ':grant:' .. grantee
   -- %.0f writes an integral double out in full (tostring would switch to exponent notation past 14 digits).
-  on_kind('LPUSH', box, string.sub(place, bar + 1) .. ':' .. string.format('%.0f', token) .. ':' .. (more and 1 or 0))
+  on_kind('LPUSH', box, wait_id .. ':' .. string.format('%.0f', token) .. ':' .. (more and 1 or 0))
   redis.call('PEXPIRE', box, lease)
   return true
 end
@@ -270,7 +271,8 @@ ACQUIRE = (
 -- KEYS[3]  queue (zset)          KEYS[4]  queue expiries (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
 -- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": queue if refused
--- ARGV[7]  our place's name: "<owner>|<wait id>" to be granted the lock by whoever frees it, or "" for "<owner>",
+-- ARGV[7]  our place's name: "<owner>|<wait id>|<lease in ms>" to be granted the lock by whoever frees it, or ""
+--          for "<owner>",
 --          to be woken and take it ourselves (see the queue above)
 -- ARGV[8]  "" or our wait id: acquired, we push our own grant to our box too (the caller's BLPOP, pipelined right
 --          after this script to wait for a grant if refused, then returns at once)

@@ -113,15 +113,20 @@ class LockBackend(abc.ABC):
         """Whether ``acquire_and_await`` takes one round trip rather than two."""
         return False
 
+    @property
+    def grant_wait_limit(self) -> float:
+        """The longest wait ``await_grant`` and ``acquire_and_await`` may be asked for at once (their callers wait
+        longer in several)."""
+        return 0.5
+
     def await_grant(
         self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
     ) -> AcquireResult | None:
-        """Wait up to ``timeout`` seconds (or less: a backend may return early with None) for the lock to be granted
-        to ``place`` (a wait of ``owner`` queued by ``try_acquire``; only where ``grants``). Returns the grant
-        (acquired, with its token and whether others queue; with replica confirmation, confirmed like an acquire
-        and its lease extended to ``lease_ms``); a refused result when the caller should attempt again now (a grant
-        to an earlier wait of ``owner`` was found instead, and the lock may be ours by it); None when the time ran
-        out."""
+        """Wait ``timeout`` seconds (at most ``grant_wait_limit``) for the lock to be granted to ``place`` (a wait of
+        ``owner`` queued by ``try_acquire``; only where ``grants``). Returns the grant (acquired, with its token and
+        whether others queue; with replica confirmation, confirmed like an acquire and its lease extended to
+        ``lease_ms``); a refused result when the caller should attempt again now (a grant to an earlier wait of
+        ``owner`` was found instead, and the lock may be ours by it); None when no grant came in that time."""
         raise NotImplementedError
 
     def can_acquire_together(self, names: Sequence[LockNames]) -> bool:

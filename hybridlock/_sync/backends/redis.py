@@ -529,16 +529,20 @@ class RedisBackend(LockBackend):
         """Whether ``acquire_and_await`` saves a round trip here (one server, no replica confirmation)."""
         return self.confirmation is None
 
+    @property
+    def grant_wait_limit(self) -> float:
+        return self._blocking_slice
+
     def acquire_and_await(
         self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
     ) -> tuple[AcquireResult, AcquireResult | None]:
         if not self.pipelines_waits:
             return super().acquire_and_await(names, owner, lease_ms, place, timeout)
-        wait_id = place.rpartition("|")[2]
+        wait_id = place.split("|")[1]
         keys, args = self._acquire_args(names, owner, lease_ms, True, place, wait_id)
         with self._translated(names, "acquire"):
             replies = self._scripts.run_then_pop(
-                scripts.ACQUIRE, keys, args, _box(names, owner), max(0.001, min(timeout, self._blocking_slice))
+                scripts.ACQUIRE, keys, args, _box(names, owner), max(0.001, timeout)
             )
         if replies is None:  # a cold script cache: the script did not run
             return self.try_acquire(names, owner, lease_ms, True, place), None
@@ -561,12 +565,12 @@ class RedisBackend(LockBackend):
         self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
     ) -> AcquireResult | None:
         box = _box(names, owner)
-        wait_id = place.rpartition("|")[2]
+        wait_id = place.split("|")[1]
         try:
             with self._translated(names, "wait for a grant"):
                 # BLPOP takes seconds (a fraction since Redis 6); 0 would wait for ever. Kept well inside the
                 # client's socket timeout, which its read of the reply must not run into.
-                reply = self.client.blpop([box], timeout=max(0.001, min(timeout, self._blocking_slice)))
+                reply = self.client.blpop([box], timeout=max(0.001, timeout))
         except BackendUnavailableError:
             # The connection broke under the wait (a server restart, CLIENT KILL, a network fault). A grant it had
             # popped and not delivered left the lock ours all the same: attempt again, which takes it over (or
