@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 import hybridlock
 from hybridlock._cli.inspection import glob_matcher
@@ -449,6 +450,31 @@ def test_passwords_are_never_printed(server):
     for result in (run, inspect):
         assert "sekrit" not in result.stdout + result.stderr
         assert "127.0.0.1:1" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "what"), [("", "no password was given"), (":sekrit-wrong@", "the password given was refused")]
+)
+def test_a_refused_login_is_told_as_such_by_every_command(own_server, userinfo, what):
+    with redis.Redis.from_url(own_server.url) as admin:
+        admin.config_set("requirepass", "sekrit-right")
+    url = f"redis://{userinfo}127.0.0.1:{own_server.port}/0"
+    for args, status in (
+        (("run", "k", "--", "true"), EXIT_FAILED),
+        (("inspect", "k"), 3),
+        (("list",), 3),
+        (("release", "--force", "--yes", "k"), 3),
+    ):
+        result = _cli(own_server, *args, HYBRIDLOCK_SERVER_URL=url)
+        assert result.returncode == status, result
+        assert "authentication failed" in result.stderr, result.stderr
+        assert "for user 'default'" in result.stderr
+        assert what in result.stderr
+        assert "redis://user:password@host:port/db" in result.stderr
+        assert f"127.0.0.1:{own_server.port}" in result.stderr
+        assert "sekrit" not in result.stdout + result.stderr
+        assert "unreachable" not in result.stderr
         assert "Traceback" not in result.stderr
 
 
