@@ -179,9 +179,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             print(f"{PROG}: {command[0]}: command not found ({exc.strerror})", file=sys.stderr)
-            return 127
+            return 127  # as run.py's EXIT_NOT_FOUND (this file imports nothing of the package)
         print(f"{PROG}: {command[0]}: cannot run it ({exc.strerror})", file=sys.stderr)
-        return 126
+        return 126  # EXIT_CANNOT_RUN
     for number in early:
         keeper.send(number)
     while keeper.status is None:
