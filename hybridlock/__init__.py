@@ -28,6 +28,7 @@ if _TYPE_CHECKING:
     from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
 
 from .errors import (
+    AuthenticationFailedError,
     BackendUnavailableError,
     ClientSettingsWarning,
     EventLoopBlockedError,
@@ -56,6 +57,7 @@ __all__ = [
     "AsyncReadLock",
     "AsyncReadWriteLock",
     "AsyncWriteLock",
+    "AuthenticationFailedError",
     "BackendUnavailableError",
     "ClientSettingsWarning",
     "EventLoopBlockedError",

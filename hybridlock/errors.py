@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuthenticationFailedError",
     "BackendUnavailableError",
     "ClientSettingsWarning",
     "EventLoopBlockedError",
@@ -104,6 +105,32 @@ class BackendUnavailableError(HybridLockError, ConnectionError):
     The operation did not take the lock: an ``acquire`` that raises this has released the local lock, and a
     ``release`` that raises this has released the local lock (the server key then ends with its lease).
     """
+
+
+class AuthenticationFailedError(BackendUnavailableError):
+    """The server refused to log the client in (a wrong or missing password, an unknown or disabled user), or, for a
+    Sentinel-managed service, the sentinels did. ``user`` is the user the client logged in as (``"default"`` when it
+    named none; None when a credential provider chose it); the message says who refused it and how to give the
+    password (in the URL, or to the client), never the password itself.
+
+    A ``BackendUnavailableError`` (and so a ``ConnectionError``, as the client library's own authentication error
+    is), with the same promise: nothing was taken, and the local lock is released. Unlike an unreachable server it
+    does not go away by itself: the settings must change."""
+
+    def __init__(
+        self, message: str, *, key: str | None = None, server: str | None = None, user: str | None = None
+    ) -> None:
+        self.user = user
+        super().__init__(message, key=key, server=server)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_authentication, (self.message, self.key, self.server, self.user))
+
+
+def _rebuild_authentication(
+    message: str, key: str | None, server: str | None, user: str | None
+) -> AuthenticationFailedError:
+    return AuthenticationFailedError(message, key=key, server=server, user=user)
 
 
 class ReplicationNotConfirmedError(BackendUnavailableError):

@@ -38,7 +38,16 @@ from ..._core.config import ReplicaConfirmation
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
-from ...backends.clients import ClientFamily, asyncio_client_family, is_cluster_client, library_family, server_name
+from ...backends.clients import (
+    ClientFamily,
+    Login,
+    asyncio_client_family,
+    is_cluster_client,
+    library_family,
+    login_of,
+    login_refused,
+    server_name,
+)
 from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError, ReplicationNotConfirmedError
 from .._compat import AsyncCondition, shielded
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
@@ -63,10 +72,15 @@ def client_address(client: Any) -> str:
 
 @contextlib.contextmanager
 def translated_errors(
-    key: str | None, server: str, operation: str = "request", family: ClientFamily | None = None
+    key: str | None,
+    server: str,
+    operation: str = "request",
+    family: ClientFamily | None = None,
+    login: Login | None = None,
 ) -> Iterator[None]:
     """The one place where the client library's exceptions become hybridlock's, naming the operation, the key and
-    the server. ``family``: the client's library (``clients.asyncio_client_family``; default redis-py's).
+    the server. ``family``: the client's library (``clients.asyncio_client_family``; default redis-py's); ``login``:
+    what the client logs in with (``clients.login_of``), for a refused login's message.
 
     A plain context manager on both sides: it only catches, so ``with`` around an ``await`` is all it needs, and a
     cancellation (not a client error) passes through untouched.
@@ -78,17 +92,35 @@ def translated_errors(
     try:
         yield
     except BaseException as exc:
-        error = translated_error(exc, key, server, operation, family)
+        error = translated_error(exc, key, server, operation, family, login)
         if error is None:
             raise
         raise error from exc
 
 
 def translated_error(
-    exc: BaseException, key: str | None, server: str, operation: str, family: ClientFamily
+    exc: BaseException,
+    key: str | None,
+    server: str,
+    operation: str,
+    family: ClientFamily,
+    login: Login | None = None,
 ) -> HybridLockError | None:
     """What ``translated_errors`` raises in place of ``exc`` (chained to it); None for an exception that is not the
-    client library's (a cancellation, a bug), which passes through untouched."""
+    client library's (a cancellation, a bug), which passes through untouched. A refused login (the server's, or a
+    Sentinel service's sentinels') is an ``AuthenticationFailedError`` saying how to give the password."""
+    refused = login_refused(exc, family, login or Login(), operation=operation, key=key, server=server)
+    if refused is not None:
+        return refused
+    if isinstance(exc, family.master_not_found):
+        # The client's own text is the repr of every sentinel client it asked: say what it means instead.
+        sentinels = f" ({', '.join(login.sentinels)})" if login is not None and login.sentinels else ""
+        return BackendUnavailableError(
+            f"no master found during {operation}: the sentinels{sentinels} could not be reached, or none knows a "
+            "master for the service",
+            key=key,
+            server=server,
+        )
     if isinstance(exc, family.unavailable):
         return BackendUnavailableError(f"lock server unreachable during {operation}: {exc}", key=key, server=server)
     if isinstance(exc, family.busy_loading):
@@ -238,6 +270,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             )
         self.client = client
         self.address = server_name(client, self._family)
+        self.login = login_of(client)  # for a refused login's message
         self.confirmation = confirmation
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
@@ -265,7 +298,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             with self._errors_at(about, operation):
                 yield
         except BaseException as exc:
-            error = translated_error(exc, keys_of(about), self.address, operation, self._family)
+            error = translated_error(exc, keys_of(about), self.address, operation, self._family, self.login)
             if error is None:
                 raise
             raise error from exc

@@ -65,7 +65,7 @@ from typing import Any
 from ..._core.config import lease_drift
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
+from ...errors import AuthenticationFailedError, BackendUnavailableError, HybridLockError, InvalidArgumentError
 from .._compat import FanOut, LateHandler, monotonic, shielded
 from .base import AcquireResult, LockBackend
 from .redis import RedisBackend
@@ -144,17 +144,28 @@ class QuorumBackend(LockBackend):
         )
 
     def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
+        errors = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
         failures = [
             f"{server.address}: {_reason(outcome)}"
             for server, outcome in zip(self.servers, outcomes, strict=True)
             if isinstance(outcome, Exception)
         ]
-        return BackendUnavailableError(
+        message = (
             f"fewer than a majority ({self.majority} of {len(self.servers)}) of the quorum's servers answered the "
-            f"{operation}; failed: {'; '.join(failures)}",
-            key=key,
-            server=self.address,
+            f"{operation}; failed: {'; '.join(failures)}"
         )
+        if errors and all(isinstance(error, AuthenticationFailedError) for error in errors):
+            # Only refused logins cost the majority: a setting to fix, not a wait for servers to come back.
+            users = {error.user for error in errors if isinstance(error, AuthenticationFailedError)}
+            user = users.pop() if len(users) == 1 else None
+            who = f" for user {user!r}" if user is not None else ""
+            return AuthenticationFailedError(
+                f"authentication failed at {len(errors)} of the quorum's {len(self.servers)} servers{who}: {message}",
+                key=key,
+                server=self.address,
+                user=user,
+            )
+        return BackendUnavailableError(message, key=key, server=self.address)
 
     # -- plain locks -----------------------------------------------------------------------------------------------
 
