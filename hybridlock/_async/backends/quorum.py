@@ -60,7 +60,7 @@ from typing import Any
 from ..._core.config import lease_drift
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
+from ...errors import BackendUnavailableError, FencingCounterError, HybridLockError, InvalidArgumentError
 from .._compat import AsyncFanOut, LateHandler, monotonic, shielded
 from .base import AcquireResult, AsyncLockBackend
 from .redis import AsyncRedisBackend
@@ -131,18 +131,25 @@ class AsyncQuorumBackend(AsyncLockBackend):
             lanes=[(index, lock if lock is not None else object()) for index in indexes],
         )
 
-    def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
+    def _unavailable(
+        self, key: str | None, operation: str, outcomes: Sequence[Any], *, counter: str | None = None
+    ) -> HybridLockError:
+        """The error for a round that fewer than a majority answered, naming every failed server with its failure:
+        ``BackendUnavailableError``, or ``FencingCounterError`` when some server refused the key's fencing counter
+        (``counter``: its key name) and no majority is left without those servers."""
         failures = [
             f"{server.address}: {_reason(outcome)}"
             for server, outcome in zip(self.servers, outcomes, strict=True)
             if isinstance(outcome, Exception)
         ]
-        return BackendUnavailableError(
+        message = (
             f"fewer than a majority ({self.majority} of {len(self.servers)}) of the quorum's servers answered the "
-            f"{operation}; failed: {'; '.join(failures)}",
-            key=key,
-            server=self.address,
+            f"{operation}; failed: {'; '.join(failures)}"
         )
+        refused = [outcome for outcome in outcomes if isinstance(outcome, FencingCounterError)]
+        if refused and counter is not None:
+            return FencingCounterError(message, key=key, server=self.address, counter=counter, value=refused[0].value)
+        return BackendUnavailableError(message, key=key, server=self.address)
 
     # -- plain locks -----------------------------------------------------------------------------------------------
 
@@ -160,26 +167,29 @@ class AsyncQuorumBackend(AsyncLockBackend):
             if decision.granted:
                 await shielded(partial(self._give_back, names, owner, decision.granted))
             if decision.reachable < self.majority:
-                raise self._unavailable(names.key, "acquire", outcomes)
+                raise self._unavailable(names.key, "acquire", outcomes, counter=names.fence)
             return AcquireResult(False, None, decision.holder_ttl)
         token = decision.token
         assert token is not None
-        raised = 0
-        if decision.write_back and not write_back_holds(len(self.servers), decision.already_at_token, 0):
-            # (When a majority minted the token already, it holds there: raising the others' counters adds nothing.)
+        counted: tuple[int, ...] = ()
+        if not write_back_holds(len(self.servers), decision.already_at_token, 0):
+            # (When a majority minted the token already, it holds there: nothing needs counting.)
+            counted = decision.write_back
             written = await self._on_servers(
-                decision.write_back,
-                self.majority - decision.already_at_token,
-                names.lock,
-                "raise_fence",
-                names,
-                token,
+                counted, self.majority - decision.already_at_token, names.lock, "raise_fence", names, token
             )
             raised = sum(1 for outcome in written if not isinstance(outcome, Exception))
             if not write_back_holds(len(self.servers), decision.already_at_token, raised):
                 await shielded(partial(self._give_back, names, owner, decision.granted))
-                failed = dict(zip(decision.write_back, written, strict=True))
+                failed = dict(zip(counted, written, strict=True))
                 raise self._unavailable(names.key, "fencing write-back", [failed.get(i) for i in range(len(outcomes))])
+        # Then, best effort and not counted, every other server that answered: the token then survives lost
+        # counters on as many servers as possible ("Lost counters" in hybridlock._core.quorum). A separate round
+        # trip, and only when some server answered without being counted above (it refused us, or a majority
+        # minted the token already): a refuser counted among the calls above could cut a needed one short.
+        spare = tuple(i for i in decision.write_back if i not in counted) + decision.also_raise
+        if spare:
+            await self._on_servers(spare, 0, names.lock, "raise_fence", names, token)
         if validity_left(lease, monotonic() - start) <= 0:
             # The replies came back too late to leave any of the lease: as if refused (the caller retries).
             await shielded(partial(self._give_back, names, owner, decision.granted))

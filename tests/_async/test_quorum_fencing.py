@@ -1,0 +1,131 @@
+"""Quorum fencing tokens on real servers whose clocks differ: a counter lost on fewer than a majority of the servers
+does not send tokens back ("Lost counters" in ``hybridlock._core.quorum``), and a counter outside the exact range
+is refused by the servers that hold it while the others go on.
+
+The clocks are skewed by an ``LD_PRELOAD`` shim built with gcc at test time (``tests/_skew.py``; skipped, saying
+why, without gcc). Written for asyncio; ``tests/_sync/test_quorum_fencing.py`` is generated from it.
+``tests/test_quorum_model.py`` checks the bound on lost counters by model, and that it cannot be widened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import hybridlock
+from hybridlock.testing import EmbeddedServer
+
+from .._skew import server_clock_us, skewed_server
+
+pytestmark = [pytest.mark.server, pytest.mark.quorum, pytest.mark.timeout(90)]
+
+FAST = "?socket_timeout=0.5&socket_connect_timeout=0.5"
+SKEW = 10.0  # seconds the first server's clock runs ahead: far more than the test takes, far less than a lease
+LEASE = 30.0
+FENCE = "hybridlock:{k}:fence"
+
+
+@pytest.fixture(params=[3, 5], ids=["N=3", "N=5"])
+def skewed_quorum(request: pytest.FixtureRequest, clock_shim: str) -> Iterator[list[EmbeddedServer]]:
+    """N servers; the first one's clock runs ``SKEW`` seconds ahead of the others'. Each stopped at the end."""
+    servers = [skewed_server(clock_shim, SKEW)]
+    try:
+        for _ in range(request.param - 1):
+            servers.append(EmbeddedServer().start())
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def urls(servers: list[EmbeddedServer]) -> list[str]:
+    return [server.url + FAST for server in servers]
+
+
+def counter(server: EmbeddedServer) -> int | None:
+    with redis.Redis(port=server.port) as client:
+        value = client.get(FENCE)
+    return None if value is None else int(value)
+
+
+async def test_a_lost_counter_on_a_minority_with_a_fast_server_down_does_not_send_tokens_back(
+    skewed_quorum: list[EmbeddedServer],
+) -> None:
+    """The fast server mints the token T1 of an acquire granted by a bare majority (the rest refuse it: another
+    owner holds them); the counters of every other server of that majority but one are lost (deleted, as a lock
+    user may, or evicted); the fast server goes down. The next majority is the servers that refused plus those
+    that lost their counter: none of them minted T1 and the survivors' clocks are 10 s behind it, yet its token
+    is higher, because the write-back reached the servers that refused too (they answered)."""
+    n = len(skewed_quorum)
+    majority = n // 2 + 1
+    fast, rest = skewed_quorum[0], skewed_quorum[1:]
+    granting, refusing = rest[: majority - 1], rest[majority - 1 :]  # with ``fast``: exactly a majority
+    assert server_clock_us(fast) > server_clock_us(rest[0]) + 5_000_000
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls(refusing), expire_after=LEASE) as other,
+        hybridlock.AsyncQuorumLockRegistry(urls(skewed_quorum), expire_after=LEASE) as first,
+        hybridlock.AsyncQuorumLockRegistry(urls(skewed_quorum), expire_after=LEASE) as second,
+    ):
+        busy = other.obtain("k")
+        assert await busy.acquire(timeout=5)  # the refusing servers are held by another owner
+        x = first.obtain("k")
+        assert await x.acquire(timeout=5)  # granted by ``fast`` and ``granting`` only
+        t1 = x.fencing_token
+        assert t1 is not None
+        assert t1 >= server_clock_us(rest[0]) + 5_000_000, "the token should come from the fast clock"
+        kept = [counter(server) for server in skewed_quorum]
+        await busy.release()
+        await x.release()
+        lost = granting[: n - majority]  # fewer than a majority lose it: one of 3, two of 5
+        for server in lost:
+            with redis.Redis(port=server.port) as client:
+                assert client.delete(FENCE) == 1
+        fast.kill()
+        y = second.obtain("k")
+        assert await y.acquire(timeout=5)
+        t2 = y.fencing_token
+        await y.release()
+        assert t2 is not None
+        assert t2 > t1, f"token went back: {t2} after {t1} ({(t1 - t2) / 1e6:.1f} s)"
+        # Because every server that answered X's acquire kept T1: those that granted, and those that refused.
+        assert kept == [t1] * n
+        # The write-back of Y's acquire restored the lost counters.
+        assert all((counter(server) or 0) >= t2 for server in rest)
+
+
+async def test_a_counter_beyond_the_exact_range_on_a_minority_is_a_failed_server_for_that_key(
+    skewed_quorum: list[EmbeddedServer],
+) -> None:
+    """A minority of servers hold a counter at 2^53 + 1 (written by a lock user): they refuse to mint, so they
+    count as failed for that key, and the majority left grants with a token from its own counters. On a majority,
+    acquire raises ``FencingCounterError`` naming the key, the quorum, the counter and each server's failure, and
+    leaves no lease behind."""
+    n = len(skewed_quorum)
+    corrupt = str(2**53 + 1)
+    async with hybridlock.AsyncQuorumLockRegistry(urls(skewed_quorum), expire_after=LEASE) as registry:
+        lock = registry.obtain("k")
+        for server in skewed_quorum[1 : 1 + n // 2]:  # a minority, the fast server not among them
+            with redis.Redis(port=server.port) as client:
+                client.set(FENCE, corrupt)
+        assert await lock.acquire(timeout=5)
+        token = lock.fencing_token
+        assert token is not None
+        assert token < 2**53 - 1
+        await lock.release()
+        with redis.Redis(port=skewed_quorum[0].port) as client:
+            client.set(FENCE, corrupt)  # now a majority
+        with pytest.raises(hybridlock.FencingCounterError) as caught:
+            await lock.acquire(timeout=2)
+        error = caught.value
+        assert error.key == "k"
+        assert error.counter == FENCE
+        assert error.value == corrupt
+        for server in skewed_quorum:
+            assert f"127.0.0.1:{server.port}" in str(error.server)
+        assert "2**53 - 1" in str(error)
+        assert not lock.is_held_by_current_thread()
+        for server in skewed_quorum:
+            with redis.Redis(port=server.port) as client:
+                assert not client.exists("hybridlock:{k}"), "a lease was left behind"
