@@ -45,7 +45,7 @@ from hybridlock._core.quorum import QuorumAcquire, majority, tally_acquire, tall
 from hybridlock._core.results import AcquireResult
 
 LEASE = 100_000  # µs: the lease every client asks for (0.1 s)
-SKEW = 20_000  # µs: how far a server's clock may be from real time, either way, at any reading
+SKEW = 20_000  # µs: how far a server's clock may be from real time, either way, at any reading (2 * SKEW < LEASE)
 DRIFT = round(lease_drift(LEASE / 1e6) * 1e6)
 CLIENTS = ("a", "b", "c")
 #: Which servers a client reaches in one operation: often all, else any subset (a partition).

@@ -1,6 +1,8 @@
 """Quorum fencing tokens on real servers whose clocks differ: a counter lost on fewer than a majority of the servers
-does not send tokens back ("Lost counters" in ``hybridlock._core.quorum``), and a counter outside the exact range
-is refused by the servers that hold it while the others go on.
+does not send tokens back ("Lost counters" in ``hybridlock._core.quorum``), a counter outside the exact range is
+refused by the servers that hold it while the others go on, and the delayed-restart rule's arithmetic: the rejoin
+delay is a whole ``expire_after`` whatever ``max_hold`` says, and it keeps tokens higher only while it exceeds
+twice the clock skew.
 
 The clocks are skewed by an ``LD_PRELOAD`` shim built with gcc at test time (``tests/_skew.py``; skipped, saying
 why, without gcc). Written for asyncio; ``tests/_sync/test_quorum_fencing.py`` is generated from it.
@@ -9,6 +11,7 @@ why, without gcc). Written for asyncio; ``tests/_sync/test_quorum_fencing.py`` i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +20,9 @@ import redis
 import hybridlock
 from hybridlock.testing import EmbeddedServer
 
+from .._proxy import FaultProxy
 from .._skew import server_clock_us, skewed_server
+from ._compat import sleep
 
 pytestmark = [pytest.mark.server, pytest.mark.quorum, pytest.mark.timeout(90)]
 
@@ -129,3 +134,76 @@ async def test_a_counter_beyond_the_exact_range_on_a_minority_is_a_failed_server
         for server in skewed_quorum:
             with redis.Redis(port=server.port) as client:
                 assert not client.exists("hybridlock:{k}"), "a lease was left behind"
+
+
+@pytest.mark.parametrize(
+    ("skew", "higher"),
+    [(0.3, True), (3.0, False)],
+    ids=["twice-the-skew-below-the-delay", "twice-the-skew-above-the-delay"],
+)
+async def test_the_delayed_restart_keeps_tokens_higher_only_while_it_exceeds_twice_the_skew(
+    clock_shim: str, skew: float, higher: bool
+) -> None:
+    """The rule's clock floor, alone: ``X`` acquires on ``{A, B}`` (``A``'s clock ``skew`` ahead; ``C`` cut off from
+    ``X``, so it never sees the token), ``B`` is restarted empty under the rule (out for the longest lease, 1 s, and
+    a little more), ``A`` goes down. The next majority, ``{B, C}``, keeps no counter at least ``T1``: only ``B``'s
+    clock, a rejoin delay ``D`` after it went down, can be above it. ``T1`` is at most ``skew`` ahead of real time
+    and ``B``'s clock ``D`` later reads about ``D`` more, so tokens stay higher when ``D > 2 * skew`` (bounding the
+    skew of every clock, here ``B``'s and ``C``'s are exact) and go back when the skew exceeds the delay: the
+    tables' "within the lease" was not enough, the rule needs a delay above twice the skew."""
+    lease = 1.0
+    a = skewed_server(clock_shim, skew)
+    b, c = EmbeddedServer().start(), EmbeddedServer().start()
+    proxy = FaultProxy(c.port)
+    try:
+        cut_off_from_c = [a.url + FAST, b.url + FAST, proxy.url + FAST]
+        async with (
+            hybridlock.AsyncQuorumLockRegistry(cut_off_from_c, expire_after=lease) as first,
+            hybridlock.AsyncQuorumLockRegistry(urls([a, b, c]), expire_after=lease) as second,
+        ):
+            proxy.partition()
+            x = first.obtain("k")
+            assert await x.acquire(timeout=5)
+            t1 = x.fencing_token
+            assert t1 is not None
+            await x.release()
+            assert counter(c) is None, "C should have missed the token"
+            port = b.port
+            b.kill()
+            b.stop()
+            down_at = time.monotonic()
+            await sleep(lease + 0.3)  # the delayed-restart rule: out for the longest lease (and a margin)
+            b.start(port=port)  # empty: no persistence
+            assert time.monotonic() - down_at >= lease
+            a.kill()
+            y = second.obtain("k")
+            assert await y.acquire(timeout=5)
+            t2 = y.fencing_token
+            await y.release()
+        assert t2 is not None
+        if higher:
+            assert t2 > t1, f"token went back by {(t1 - t2) / 1e6:.2f} s"
+        else:
+            assert t2 < t1, "the clock floor covered a skew above the rejoin delay: the test shows nothing"
+    finally:
+        proxy.close()
+        for server in (a, b, c):
+            server.stop()
+
+
+async def test_max_hold_does_not_shorten_what_the_servers_hold() -> None:
+    """``max_hold`` stops renewing; the lease the servers hold still runs a whole ``expire_after`` from the last
+    grant or renewal, so the delayed-restart rule's delay is the longest ``expire_after``, never ``max_hold``."""
+    servers = [EmbeddedServer().start() for _ in range(3)]
+    try:
+        async with hybridlock.AsyncQuorumLockRegistry(urls(servers), expire_after=3, max_hold=0.3) as registry:
+            lock = registry.obtain("k")
+            assert await lock.acquire(timeout=5)
+            await sleep(0.6)  # past max_hold
+            for server in servers:
+                with redis.Redis(port=server.port) as client:
+                    assert client.pttl("hybridlock:{k}") > 1_500, "a server's lease ended with max_hold"
+            await lock.release()
+    finally:
+        for server in servers:
+            server.stop()
