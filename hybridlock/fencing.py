@@ -33,9 +33,10 @@ from .errors import InvalidArgumentError
 
 __all__ = ["MAX_TOKEN", "fenced_set"]
 
-#: The largest fencing token: 2^53 - 1, the largest integer a Lua script (whose numbers are doubles) counts and
-#: compares exactly. ``fenced_set`` refuses a token above it, and the lock scripts never mint one.
 MAX_TOKEN = scripts.MAX_TOKEN
+"""The largest fencing token: 2^53 - 1, the largest integer a Lua script (whose numbers are doubles) counts and
+compares exactly. ``fenced_set`` refuses a token above it, and the lock scripts never mint one: a counter at or
+above it makes ``acquire`` raise ``FencingCounterError``."""
 
 
 def fenced_set(

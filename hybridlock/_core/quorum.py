@@ -60,8 +60,9 @@ A key's counter can also go on one server while the server stays up: deleted by 
 (``allkeys-*`` policies, and ``volatile-*`` ones too: counters carry a TTL), or overwritten with something that is
 not a number. That server then mints from its clock alone, which may be behind ``T`` by up to twice the clock skew
 (``T`` may come from a server whose clock runs ahead). The claim above rests on ``s``'s counter, so it no longer
-covers a later majority that meets ``W`` only in such a server: nothing it can see is at least ``T`` (the
-reproduction: ``W = {A, B}`` with ``A`` 10 s ahead, ``B``'s counter deleted, ``A`` down, a round on ``{B, C}``).
+covers a later majority that meets ``W`` only in such a server: nothing it can see is at least ``T`` (for
+instance ``W = {A, B}`` with ``A``'s clock 10 s ahead, ``C`` refusing, ``B``'s counter deleted, ``A`` down, then
+a round on ``{B, C}``).
 
 What covers lost counters is redundancy, so the write-back goes to every server that answered the acquire round:
 the granting servers that minted less (counted, as above) and, best effort and never counted (for the reason
@@ -87,22 +88,28 @@ a lost counter from one its server never had (a new key, or one whose acquisitio
 that refused rounds with a missing counter would refuse every new key while one server is down, and would also
 refuse the covered case above (``C`` keeps ``T``) without being able to tell it from this one. Detecting a loss
 needs a record that outlives it, and any key the lock users may delete or the server may evict is not one.
+``tests/_async/test_quorum_fencing.py`` shows the covered case on real servers (one clock 10 s ahead);
+``tests/test_quorum_model.py`` loses counters within the bound, and finds a token going back beyond it.
 
 Restarts without persistence
 ----------------------------
 A server that restarts empty has lost its counters and its leases; the claim above used ``s``'s counter, and
 exclusion used its lease. Both are restored by the **delayed-restart rule**: *a restarted server must not rejoin
-(accept connections from lock clients) until the longest lease in use has passed since it went down.*
+(accept connections from lock clients) until the longest lease in use, and more than twice the clock skew, have
+passed since it went down.*
 
 * Exclusion: every lease it held had ended by then, so counting it again gives nobody a second majority.
 * Tokens (the clock floor): a restarted server mints ``max(1, its clock)``. Every token minted up to a time
-  ``t`` is at most ``t + skew + 1`` µs, where ``skew`` bounds how far any server's clock is ahead of real time:
+  ``t`` is at most ``t + skew + 1`` µs, where ``skew`` bounds how far any server's clock is from real time,
+  ahead or behind:
   a mint is ``max(counter + 1, clock)``, every counter came from an earlier mint or write-back, and acquisitions
   on one server are more than a microsecond apart (each is a script run plus a round trip). A server that went
   down at ``t_down`` and rejoins at ``t_down + D`` reads a clock of at least ``t_down + D - skew``, which is above
   every token minted before it went down when ``D > 2 * skew + 1 µs``. With ``D`` at least the longest lease
-  (0.1 s or more) and clocks kept within milliseconds by NTP this holds with a wide margin. Tokens minted while
-  it was down came from majorities without it, whose write-backs the claim above covers.
+  (0.1 s or more) and clocks kept within milliseconds by NTP this holds with a wide margin; a skew of half the
+  lease or more needs a longer ``D`` (``tests/_async/test_quorum_fencing.py``: 0.3 s of skew under a 1.3 s delay
+  keeps tokens higher, 3 s sends them back). Tokens minted while it was down came from majorities without it,
+  whose write-backs the claim above covers.
 
 What the rule asks of operators: keep a server that lost its data out, after it stopped, for at least the longest
 lease any client may hold there: the largest ``expire_after`` of the registries using these servers (or passed

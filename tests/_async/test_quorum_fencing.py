@@ -144,13 +144,13 @@ async def test_a_counter_beyond_the_exact_range_on_a_minority_is_a_failed_server
 async def test_the_delayed_restart_keeps_tokens_higher_only_while_it_exceeds_twice_the_skew(
     clock_shim: str, skew: float, higher: bool
 ) -> None:
-    """The rule's clock floor, alone: ``X`` acquires on ``{A, B}`` (``A``'s clock ``skew`` ahead; ``C`` cut off from
-    ``X``, so it never sees the token), ``B`` is restarted empty under the rule (out for the longest lease, 1 s, and
-    a little more), ``A`` goes down. The next majority, ``{B, C}``, keeps no counter at least ``T1``: only ``B``'s
-    clock, a rejoin delay ``D`` after it went down, can be above it. ``T1`` is at most ``skew`` ahead of real time
-    and ``B``'s clock ``D`` later reads about ``D`` more, so tokens stay higher when ``D > 2 * skew`` (bounding the
-    skew of every clock, here ``B``'s and ``C``'s are exact) and go back when the skew exceeds the delay: the
-    tables' "within the lease" was not enough, the rule needs a delay above twice the skew."""
+    """The rule's clock floor alone carries the order: ``X`` acquires on ``{A, B}`` (``A``'s clock ``skew`` ahead;
+    ``C`` cut off from ``X``, so it never stores the token), ``B`` is restarted empty under the rule (out for the
+    longest lease, 1 s, plus 0.3 s), then ``A`` goes down. No server of the next majority, ``{B, C}``, keeps a
+    counter of at least ``T1``; only ``B``'s clock can be above it. ``T1`` is up to one skew ahead of real time and
+    ``B``'s clock, read a delay ``D`` later, up to one skew behind, so tokens stay higher when ``D`` exceeds twice
+    the skew (here ``B``'s clock is exact, so it takes a skew above ``D`` to send them back): "any skew within the
+    lease", as the tables had it, is not enough."""
     lease = 1.0
     a = skewed_server(clock_shim, skew)
     b, c = EmbeddedServer().start(), EmbeddedServer().start()

@@ -10,7 +10,11 @@ one ``RedisBackend`` per server running the same scripts as a single server does
 * acquire: ACQUIRE on every server (never queueing: see below); with a majority granted, ``T`` = the largest
   token minted, then RAISE_FENCE to ``T`` on the granting servers that minted less; the attempt counts only if a
   majority of servers holds ``T`` and the lease is still valid (lease - elapsed - drift > 0). A failed attempt
-  gives back every grant it got.
+  gives back every grant it got. Then, best effort and not counted, RAISE_FENCE on every other server that
+  answered (those that refused), so that ``T`` survives a lost counter ("Lost counters" in
+  ``hybridlock._core.quorum``): one more parallel round trip, only when some server refused (contention) or a
+  majority minted ``T`` already. Uncontended, an acquire costs what it did: N ACQUIRE, then RAISE_FENCE on the
+  granting servers that minted less (two parallel round trips).
 * renew: RENEW on every server; a lease is extended if a majority renewed it and the replies came back while the
   renewed lease is valid. If not, but the servers that renewed it and the silent ones among its last holders are a
   majority, it stays ours, not extended, until the last holders' deadline (the renewal is reported unreachable,
@@ -47,8 +51,13 @@ Failure modes
   server meanwhile). A straggler ends at its client's socket timeout at the latest: give each URL a short one
   (``redis://host:6379/0?socket_timeout=0.5``; 5 s otherwise). When fewer than a majority answer, an operation
   takes up to that timeout and then fails.
-* A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
-  ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock held across it lives on the others.
+* A server restarted without persistence must stay out for the longest lease first, and for more than twice the
+  clock skew (the delayed-restart rule in ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock
+  held across it lives on the others.
+* A key's fencing counter lost on one server (deleted, evicted): tokens stay higher while the servers that lost it
+  and those the last acquisition's write-back missed are fewer than a majority; the next acquisition that reaches
+  it restores it. A counter at or above 2^53 - 1 makes its server refuse the key (``FencingCounterError``), which
+  counts as that server failing; when that leaves no majority, acquire raises ``FencingCounterError``.
 """
 
 from __future__ import annotations
