@@ -22,6 +22,8 @@ from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.sentinel import SentinelService
 from hybridlock.testing.server import EmbeddedServer
 
+from ._skew import build_clock_shim
+
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[EmbeddedServer]:
@@ -126,6 +128,13 @@ def quorum_urls(session_quorum_servers: list[EmbeddedServer]) -> list[str]:
         with redis.Redis.from_url(srv.url) as client:
             client.flushall()
     return [srv.url for srv in session_quorum_servers]
+
+
+@pytest.fixture(scope="session")
+def clock_shim(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A shared object that shifts a server's wall clock (``tests/_skew.py``), built with gcc once per session; the
+    test is skipped, saying why, when gcc is missing."""
+    return build_clock_shim(tmp_path_factory.mktemp("clock-shim"))
 
 
 @pytest.fixture

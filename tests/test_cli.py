@@ -497,6 +497,20 @@ def _inspect(server: Any, *keys: str) -> list[dict[str, Any]]:
     return locks
 
 
+def test_inspect_shows_a_fencing_counter_out_of_range_as_refused(server, redis_client):
+    """A counter a lock user set at or above 2^53 - 1 makes every acquire raise FencingCounterError: inspect shows
+    the number (also when written as ``1e19``, which the scripts read as a number too) and says so."""
+    redis_client.set("hybridlock:{huge}:fence", str(2**53 + 1))
+    redis_client.set("hybridlock:{exponent}:fence", "1e19")
+    redis_client.set("hybridlock:{fine}:fence", "12345")
+    counters = {state["key"]: state["fencing_counter"] for state in _inspect(server, "huge", "exponent", "fine")}
+    assert counters == {"huge": 2**53 + 1, "exponent": 10**19, "fine": 12345}
+    text = _cli(server, "inspect", "huge", "fine")
+    assert text.returncode == 0, text.stderr
+    assert f"fencing counter: {2**53 + 1} (at or above 2**53 - 1: every acquire is refused" in text.stdout
+    assert "fencing counter: 12345\n" in text.stdout
+
+
 def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_registry):
     holder = make_registry(expire_after=3.0)  # renewed every second: described by then
     waiters = [make_registry(), make_registry()]

@@ -48,7 +48,13 @@ from ...backends.clients import (
     login_refused,
     server_name,
 )
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError, ReplicationNotConfirmedError
+from ...errors import (
+    BackendUnavailableError,
+    FencingCounterError,
+    HybridLockError,
+    InvalidArgumentError,
+    ReplicationNotConfirmedError,
+)
 from .._compat import AsyncCondition, shielded
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
@@ -400,6 +406,8 @@ class AsyncRedisBackend(AsyncLockBackend):
         )
         if isinstance(reply, int):
             result = AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
+        elif reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names, reply[1], "acquire")
         elif reply[0]:
             result = AcquireResult(True, int(reply[1]), None, bool(reply[2]))
         else:
@@ -428,6 +436,8 @@ class AsyncRedisBackend(AsyncLockBackend):
             *(n.channel for n in names),
         ]
         reply, acknowledged = await self._run_write(names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args)
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names[reply[2] - 1], reply[1], "acquire of several locks")
         if reply[0] and not self._confirmed(acknowledged):
             announcement = await self._announcement()
 
@@ -561,6 +571,8 @@ class AsyncRedisBackend(AsyncLockBackend):
             (names.writer, names.readers, names.writers_waiting, names.fence),
             (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, await self._announcement(), int(wait)),
         )
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names, reply[1], "write acquire")
         if reply[0] and not self._confirmed(acknowledged):
             raise await self._given_back(
                 names.key, "write acquire", acknowledged, lambda: self.release_write(names, owner)
@@ -619,9 +631,18 @@ class AsyncRedisBackend(AsyncLockBackend):
             await pipe.execute()
 
     async def raise_fence(self, names: LockNames, token: int) -> None:
-        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back)."""
+        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back).
+        ``FencingCounterError`` when the counter holds a number outside the exact range (left alone)."""
         async with self._translated(names, "fencing write-back"):
-            await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+            reply = await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+        if reply != 1:
+            raise self._out_of_range(names, reply[1], "fencing write-back")
+
+    def _out_of_range(self, names: LockNames | ReadWriteNames, stored: Any, operation: str) -> FencingCounterError:
+        """A script refused the fencing counter of ``names`` (``{OUT_OF_RANGE, stored}``): see ``scripts``."""
+        return scripts.fencing_counter_error(
+            stored, key=names.key, counter=names.fence, server=self.address, operation=operation
+        )
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)

@@ -49,7 +49,13 @@ from ...backends.clients import (
     login_refused,
     server_name,
 )
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError, ReplicationNotConfirmedError
+from ...errors import (
+    BackendUnavailableError,
+    FencingCounterError,
+    HybridLockError,
+    InvalidArgumentError,
+    ReplicationNotConfirmedError,
+)
 from .._compat import Condition, shielded
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .pubsub import Subscriber
@@ -401,6 +407,8 @@ class RedisBackend(LockBackend):
         )
         if isinstance(reply, int):
             result = AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
+        elif reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names, reply[1], "acquire")
         elif reply[0]:
             result = AcquireResult(True, int(reply[1]), None, bool(reply[2]))
         else:
@@ -429,6 +437,8 @@ class RedisBackend(LockBackend):
             *(n.channel for n in names),
         ]
         reply, acknowledged = self._run_write(names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args)
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names[reply[2] - 1], reply[1], "acquire of several locks")
         if reply[0] and not self._confirmed(acknowledged):
             announcement = self._announcement()
 
@@ -562,6 +572,8 @@ class RedisBackend(LockBackend):
             (names.writer, names.readers, names.writers_waiting, names.fence),
             (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, self._announcement(), int(wait)),
         )
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names, reply[1], "write acquire")
         if reply[0] and not self._confirmed(acknowledged):
             raise self._given_back(
                 names.key, "write acquire", acknowledged, lambda: self.release_write(names, owner)
@@ -620,9 +632,18 @@ class RedisBackend(LockBackend):
             pipe.execute()
 
     def raise_fence(self, names: LockNames, token: int) -> None:
-        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back)."""
+        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back).
+        ``FencingCounterError`` when the counter holds a number outside the exact range (left alone)."""
         with self._translated(names, "fencing write-back"):
-            self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+            reply = self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+        if reply != 1:
+            raise self._out_of_range(names, reply[1], "fencing write-back")
+
+    def _out_of_range(self, names: LockNames | ReadWriteNames, stored: Any, operation: str) -> FencingCounterError:
+        """A script refused the fencing counter of ``names`` (``{OUT_OF_RANGE, stored}``): see ``scripts``."""
+        return scripts.fencing_counter_error(
+            stored, key=names.key, counter=names.fence, server=self.address, operation=operation
+        )
 
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         return self._subscriber.watch(names.channel, owner)
