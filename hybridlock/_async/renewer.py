@@ -124,6 +124,16 @@ class LeaseRenewer:
         if until is not None and not self._stopped:
             self._watch.ring_by(until)
 
+    def _arm_watch(self) -> None:
+        """Make sure the deadline watch wakes by the earliest ``valid_until`` of the leases held now."""
+        earliest: float | None = None
+        for lock in self._context.leases.in_server():
+            until = lock._valid_until
+            if until is not None and not lock.lost and (earliest is None or until < earliest):
+                earliest = until
+        if earliest is not None:
+            self._watch.ring_by(earliest)
+
     async def _at_deadline(self) -> float | None:
         """The deadline watch's ring: mark lost every lease whose ``valid_until`` has passed (without a successful
         renewal: one would have moved it), and return when to look again. Never raises."""
@@ -162,6 +172,10 @@ class LeaseRenewer:
         if at_round:
             await self.renew_once()
         if (at_round or at_describe) and not self._failing:
+            if not at_round:
+                # A new worker's first description comes before its first round, which arms the deadline watch: arm
+                # it here, or a server gone silent would keep the holders untold until the description gives up.
+                self._arm_watch()
             # Off the hot path: describe the holders for operators (describer.py); nothing is sent when nothing changed.
             # Not after a failed round: the description is best effort, and a call to a server (a cluster node) that
             # is out of reach would hold back the next renewal by a socket timeout.

@@ -125,6 +125,31 @@ async def test_a_holder_cut_off_is_told_as_its_valid_until_passes(topology: str)
             server.stop()
 
 
+@pytest.mark.server
+async def test_a_holder_cut_off_before_its_first_renewal_round_is_told_as_its_valid_until_passes(
+    own_server: EmbeddedServer,
+) -> None:
+    """With a renewal period over a second, a new renewer describes the holder to the server before its first round:
+    cut off then, that description is what blocks until the socket timeout, and the holder is told all the same."""
+    proxy = FaultProxy(own_server.port)
+    try:
+        async with hybridlock.AsyncLockRegistry(proxy.url + SLOW, expire_after=3.3) as holder:  # period 1.1 s
+            lock = holder.obtain("cut")
+            told: list[float] = []
+            lock.on_lost(lambda _lock: told.append(time.monotonic()))
+            assert await lock.acquire(timeout=5)
+            proxy.partition()
+            deadline = lock.valid_until
+            assert deadline is not None
+            await _until(lambda: told, 5.0, "the cut-off holder was never told")
+            assert deadline <= told[0] < deadline + SLACK, f"told {told[0] - deadline:.2f} s after its valid_until"
+            proxy.heal()
+            with pytest.raises(hybridlock.LockLostError):
+                await lock.release()
+    finally:
+        proxy.close()
+
+
 @kinds()
 async def test_a_renewal_answered_after_valid_until_leaves_the_lease_lost(backend: Backend, kind: Kind) -> None:
     """A renewal round runs in the server, but its reply comes back only after the lease's valid_until: the holder
