@@ -164,7 +164,8 @@ class ServerLease:
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
         """A renewal of ``tenancy`` sent at ``start`` (with ``lease``, or the registry's) was answered yes: move
         ``valid_until`` to what it gives. Ignored for another tenancy, and for a lease already marked lost."""
-        if not self._is_current(tenancy) or self._lost:
+        # (``_is_current`` spelled out: this runs for every lease in every renewal round.)
+        if not self._in_server or self._tenancy != tenancy or self._giving_back or self._lost:
             return
         config = self._context.config
         short = self._short
