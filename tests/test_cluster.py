@@ -625,10 +625,14 @@ def test_the_documented_cluster_acl_runs_every_lock_kind():
             assert theirs.backend.subscribers  # it waited on sharded pub/sub, not by polling
 
         async def asyncio_side() -> None:
-            async with hybridlock.AsyncLockRegistry(url, expire_after=0.3) as registry:
+            # A longer lease than the thread side's: the asyncio cluster client's first use parses the cluster's
+            # command table in the event loop (0.1-0.25 s here on a loaded machine), which eats much of a 0.3 s lease
+            # counted from the attempt's start, and a first renewal round held up past valid_until now reports the
+            # lease lost, as documented.
+            async with hybridlock.AsyncLockRegistry(url, expire_after=1.0) as registry:
                 lock = registry.obtain(keys[0])
                 async with lock:
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.5)  # past a renewal round
 
         asyncio.run(asyncio_side())
         for node in cluster.nodes:

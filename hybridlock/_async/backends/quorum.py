@@ -17,7 +17,11 @@ one ``AsyncRedisBackend`` per server running the same scripts as a single server
 * renew: RENEW on every server; a lease is extended if a majority renewed it and the replies came back while the
   renewed lease is valid. If not, but the servers that renewed it and the silent ones among its last holders are a
   majority, it stays ours, not extended, until the last holders' deadline (the renewal is reported unreachable,
-  as a failed round); otherwise the holder is told it lost the lock.
+  as a failed round); otherwise the holder is told it lost the lock. A renewal whose lease ends before that
+  deadline (a shorter lease by hand) brings the deadline down to its own before it is sent: a silent holder may
+  have run it, and one that said yes certainly did; and it goes in the lock's lanes, so that while it is still
+  out at a server, later renewals do not count that server's yes (the shorter lease may still land there after
+  them).
 * release: RELEASE on every server (also where the attempt never got the key: harmless); True if a majority still
   held our lease, or the same covering as for a renewal holds.
 
@@ -282,7 +286,16 @@ class AsyncQuorumBackend(AsyncLockBackend):
             return []
         lease = lease_ms / 1000.0
         start = monotonic()
+        deadline = start + lease - lease_drift(lease)
         before = [self._holders.get((lock.lock, owner)) for lock in names]
+        shortening = False
+        for index, held in enumerate(before):
+            if held is not None and deadline < held.until:
+                # The servers that run this renewal keep our lease only until its own deadline: a holder that says
+                # yes, or stays silent after running it, covers no longer than that (see the module docstring).
+                shortening = True
+                lowered = _Holders(held.servers, deadline)
+                self._holders[names[index].lock, owner] = before[index] = lowered
         # A server still carrying an earlier call about a lock (a give-back, a late grant's release, a straggling
         # write-back) may be about to delete what it holds of ours: its yes to this renewal counts for nothing.
         # (Renewals do not wait in those lanes, so they can overtake such a call; an acquire round never counts
@@ -290,7 +303,10 @@ class AsyncQuorumBackend(AsyncLockBackend):
         pending = [
             {index for index in range(len(self.servers)) if self._fan_out.busy((index, lock.lock))} for lock in names
         ]
-        outcomes = await self._on_all(None, "renew", names, owner, lease_ms)
+        # A shortening renewal (by hand: one lock) travels in the lock's lanes: a server that has not answered it
+        # keeps the lane busy, and is not counted by the renewals after it (``pending`` above) until it has.
+        lane = names[0].lock if shortening and len(names) == 1 else None
+        outcomes = await self._on_all(lane, "renew", names, owner, lease_ms)
         now = monotonic()
         in_time = validity_left(lease, now - start) > 0
         kept: list[bool | None] = []
@@ -304,7 +320,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
             if verdict.held and in_time:
                 renewed = tuple(i for i, flag in enumerate(flags) if flag)
                 if self._holders.get((lock.lock, owner)) is held:  # not released (or taken afresh) meanwhile
-                    self._holders[lock.lock, owner] = _Holders(renewed, start + lease - lease_drift(lease))
+                    self._holders[lock.lock, owner] = _Holders(renewed, deadline)
                 kept.append(True)
             elif verdict.covered and held is not None and now < held.until:
                 kept.append(None)
