@@ -28,9 +28,11 @@ if _TYPE_CHECKING:
     from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
 
 from .errors import (
+    AuthenticationFailedError,
     BackendUnavailableError,
     ClientSettingsWarning,
     EventLoopBlockedError,
+    FencingCounterError,
     HybridLockError,
     InvalidArgumentError,
     LockLostError,
@@ -56,9 +58,11 @@ __all__ = [
     "AsyncReadLock",
     "AsyncReadWriteLock",
     "AsyncWriteLock",
+    "AuthenticationFailedError",
     "BackendUnavailableError",
     "ClientSettingsWarning",
     "EventLoopBlockedError",
+    "FencingCounterError",
     "HybridLock",
     "HybridLockError",
     "InvalidArgumentError",

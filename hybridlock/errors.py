@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuthenticationFailedError",
     "BackendUnavailableError",
     "ClientSettingsWarning",
     "EventLoopBlockedError",
+    "FencingCounterError",
     "HybridLockError",
     "InvalidArgumentError",
     "LockLostError",
@@ -106,6 +108,32 @@ class BackendUnavailableError(HybridLockError, ConnectionError):
     """
 
 
+class AuthenticationFailedError(BackendUnavailableError):
+    """The server refused to log the client in (a wrong or missing password, an unknown or disabled user), or, for a
+    Sentinel-managed service, the sentinels did. ``user`` is the user the client logged in as (``"default"`` when it
+    named none; None when a credential provider chose it); the message says who refused it and how to give the
+    password (in the URL, or to the client), never the password itself.
+
+    A ``BackendUnavailableError`` (and so a ``ConnectionError``, as the client library's own authentication error
+    is), with the same promise: nothing was taken, and the local lock is released. Unlike an unreachable server it
+    does not go away by itself: the settings must change."""
+
+    def __init__(
+        self, message: str, *, key: str | None = None, server: str | None = None, user: str | None = None
+    ) -> None:
+        self.user = user
+        super().__init__(message, key=key, server=server)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_authentication, (self.message, self.key, self.server, self.user))
+
+
+def _rebuild_authentication(
+    message: str, key: str | None, server: str | None, user: str | None
+) -> AuthenticationFailedError:
+    return AuthenticationFailedError(message, key=key, server=server, user=user)
+
+
 class ReplicationNotConfirmedError(BackendUnavailableError):
     """The server took the lock (or renewed it) but fewer replicas than the registry's ``confirm_replicas``
     acknowledged the write within ``confirm_timeout`` (``WAIT``), so a failover could lose it.
@@ -141,6 +169,45 @@ def _rebuild_replication(
     message: str, key: str | None, server: str | None, acknowledged: int, required: int
 ) -> ReplicationNotConfirmedError:
     return ReplicationNotConfirmedError(message, key=key, server=server, acknowledged=acknowledged, required=required)
+
+
+class FencingCounterError(HybridLockError, RuntimeError):
+    """A fencing counter in the server holds a number that tokens cannot be counted from exactly: at or above
+    2^53 - 1 (``hybridlock.fencing.MAX_TOKEN``, the largest integer a Lua script counts exactly). hybridlock never
+    mints such a token; someone with access to the keys wrote it (or, at exactly 2^53 - 1, the counter is used up).
+    The next token would repeat the last one, so nothing is taken: ``acquire`` raises this (the local lock
+    released, the counter left as it was) instead of returning a token that is not greater than every earlier
+    one. From ``fenced_set``: the resource's highest-token key holds a number above 2^53 - 1, or something that
+    is not a number, so no token compares with it exactly, and nothing is written.
+
+    Repair by hand: set the counter to the highest token any resource has seen (or delete it if no resource kept a
+    token above the server clock in microseconds; tokens then start again from the clock). Over a quorum a server
+    whose counter is like this counts as failed for that key, so the others go on while they are a majority.
+
+    ``counter`` is the name of the key that holds the value and ``value`` the value as stored (both None when not
+    known, and after unpickling only what was given)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        server: str | None = None,
+        counter: str | None = None,
+        value: str | None = None,
+    ) -> None:
+        self.counter = counter
+        self.value = value
+        super().__init__(message, key=key, server=server)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_fencing, (self.message, self.key, self.server, self.counter, self.value))
+
+
+def _rebuild_fencing(
+    message: str, key: str | None, server: str | None, counter: str | None, value: str | None
+) -> FencingCounterError:
+    return FencingCounterError(message, key=key, server=server, counter=counter, value=value)
 
 
 class RegistryClosedError(HybridLockError, RuntimeError):

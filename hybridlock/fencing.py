@@ -16,18 +16,27 @@ UPDATE accounts
 
 An update that matches no row was fenced off: a newer holder has written already, so the stale holder must stop
 (treat it as ``LockLostError``). ``tests/test_fencing.py`` runs this statement on SQLite.
+
+Tokens are whole numbers from 0 to [MAX_TOKEN][hybridlock.fencing.MAX_TOKEN] (2^53 - 1): they fit a SQL
+``BIGINT``, a JSON number and a JavaScript number exactly. The lock scripts never mint a larger one: a counter a
+lock user set at or beyond it makes ``acquire`` raise ``FencingCounterError`` rather than repeat a token.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._protocol.scripts import FENCED_SET
+from ._protocol import scripts
 from .backends.clients import client_family, server_name
 from .backends.redis import ScriptRunner, translated_errors
 from .errors import InvalidArgumentError
 
-__all__ = ["fenced_set"]
+__all__ = ["MAX_TOKEN", "fenced_set"]
+
+MAX_TOKEN = scripts.MAX_TOKEN
+"""The largest fencing token: 2^53 - 1, the largest integer a Lua script (whose numbers are doubles) counts and
+compares exactly. ``fenced_set`` refuses a token above it, and the lock scripts never mint one: a counter at or
+above it makes ``acquire`` raise ``FencingCounterError``."""
 
 
 def fenced_set(
@@ -47,18 +56,30 @@ def fenced_set(
     The highest token is kept in ``fence_key`` (default: ``key + ":fence"``). On Redis Cluster both keys must
     share a slot: give ``key`` a hash tag, e.g. ``"{profile:42}"``. ``expire_after`` (seconds) sets a TTL on
     both keys.
+
+    Raises ``InvalidArgumentError`` for a token that is not an int from 0 to ``MAX_TOKEN`` (the script compares
+    in doubles, exact only up to there), and ``FencingCounterError`` when ``fence_key`` holds something that is
+    not such a number (nothing is written then: a stale holder must not get through an inexact comparison).
     """
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError("key must be a non-empty str")
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise InvalidArgumentError(f"token must be a non-negative int (a lock's fencing_token), not {token!r}")
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_TOKEN:
+        raise InvalidArgumentError(
+            f"token must be an int from 0 to 2**53 - 1 (a lock's fencing_token), not {token!r}", key=key
+        )
     ttl_ms = 0
     if expire_after is not None:
         if isinstance(expire_after, bool) or not isinstance(expire_after, (int, float)) or not expire_after > 0:
             raise InvalidArgumentError(f"expire_after must be a positive number of seconds, not {expire_after!r}")
         ttl_ms = max(1, round(expire_after * 1000))
     family = client_family(client)
-    with translated_errors(key, server_name(client, family), "fenced_set", family):
+    server = server_name(client, family)
+    fence = fence_key or f"{key}:fence"
+    with translated_errors(key, server, "fenced_set", family):
         runner = ScriptRunner(client, family)
-        written = runner.run(FENCED_SET, (key, fence_key or f"{key}:fence"), (token, value, ttl_ms))
+        written = runner.run(scripts.FENCED_SET, (key, fence), (token, value, ttl_ms))
+    if isinstance(written, list):  # {OUT_OF_RANGE, the highest token's value}
+        raise scripts.fencing_counter_error(
+            written[1], key=key, counter=fence, server=server, operation="fenced_set", resource=True
+        )
     return bool(written)

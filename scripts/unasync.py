@@ -57,6 +57,7 @@ RULES: tuple[tuple[str, str], ...] = (
     # hybridlock's paired names: the shims (hand-written on each side) and the public classes.
     ("AsyncFifoMutex", "FifoMutex"),
     ("AsyncWorker", "Worker"),
+    ("AsyncAlarm", "Alarm"),
     ("AsyncEvent", "Event"),
     ("AsyncCondition", "Condition"),
     ("AsyncLockRegistry", "LockRegistry"),

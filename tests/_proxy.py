@@ -4,7 +4,9 @@
 it into a black hole: bytes in either direction are dropped and new connections are accepted but go nowhere, as
 when a network path fails without resetting anything (the client only learns it from its own timeouts).
 ``heal()`` forwards again on new connections (connections open during the partition stay dead, as after a real
-one). ``delay`` adds latency to every chunk sent towards the server. Only the clients pointed at the proxy are
+one). ``deafen()`` drops only what the server sends back: requests still reach it and run, their replies are lost
+(a path that fails after the request went through); ``heal()`` ends that too.
+``delay`` adds latency to every chunk sent towards the server. Only the clients pointed at the proxy are
 affected; others talk to the server directly.
 """
 
@@ -24,6 +26,7 @@ class FaultProxy:
         self.server_port = server_port
         self.delay = 0.0
         self._partitioned = threading.Event()
+        self._deaf = threading.Event()
         self._stopped = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)
@@ -40,6 +43,9 @@ class FaultProxy:
     def partition(self) -> None:
         self._partitioned.set()
 
+    def deafen(self) -> None:
+        self._deaf.set()
+
     def heal(self) -> None:
         # Connections that lived through the partition stay black holes: close them so clients reconnect.
         with self._lock:
@@ -50,6 +56,7 @@ class FaultProxy:
                     with contextlib.suppress(OSError):
                         sock.close()
         self._partitioned.clear()
+        self._deaf.clear()
 
     def close(self) -> None:
         self._stopped.set()
@@ -99,7 +106,7 @@ class FaultProxy:
                     if not data:
                         return
                     target = peers[sock]
-                    if target is None or self._partitioned.is_set():
+                    if target is None or self._partitioned.is_set() or (sock is upstream and self._deaf.is_set()):
                         continue  # dropped on the floor
                     if sock is client and self.delay:
                         time.sleep(self.delay)

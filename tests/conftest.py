@@ -22,6 +22,8 @@ from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.sentinel import SentinelService
 from hybridlock.testing.server import EmbeddedServer
 
+from ._skew import build_clock_shim
+
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[EmbeddedServer]:
@@ -70,6 +72,43 @@ def cluster_url(cluster: EmbeddedCluster) -> str:
     return cluster.url
 
 
+# Passwords of the protected_* services (tests/_async/test_authentication.py): every login needs them.
+MASTER_PASSWORD = "master-pw-4fc1"
+SENTINEL_PASSWORD = "sentinel-pw-9b2e"
+CLUSTER_PASSWORD = "cluster-pw-77d0"
+
+
+@pytest.fixture(scope="session")
+def protected_sentinel() -> Iterator[SentinelService]:
+    """A Sentinel service of its own whose master and replicas ask for ``MASTER_PASSWORD`` and whose sentinels ask
+    for ``SENTINEL_PASSWORD`` (set once it is up: the service's own helpers do not log in, so none of its methods is
+    used after). For the tests of refused logins only."""
+    with SentinelService() as service:
+        # The sentinels first learn the master's password (they log in with it on their next connection), then the
+        # data nodes ask for it (a replica logs in to its master with masterauth), then the sentinels ask for theirs.
+        for sentinel in service.sentinels:
+            with redis.Redis("127.0.0.1", sentinel.port) as client:
+                client.execute_command("SENTINEL", "SET", service.service, "auth-pass", MASTER_PASSWORD)
+        for node in service.servers:
+            with service.node_client(node) as client:
+                client.config_set("masterauth", MASTER_PASSWORD)
+                client.config_set("requirepass", MASTER_PASSWORD)
+        for sentinel in service.sentinels:
+            with redis.Redis("127.0.0.1", sentinel.port) as client:
+                client.execute_command("ACL", "SETUSER", "default", "on", f">{SENTINEL_PASSWORD}")
+        yield service
+
+
+@pytest.fixture(scope="session")
+def protected_cluster() -> Iterator[EmbeddedCluster]:
+    """A cluster of its own (3 masters, no replica) whose nodes ask for ``CLUSTER_PASSWORD`` (set once it is formed;
+    the cluster bus needs none). For the tests of refused logins only."""
+    with EmbeddedCluster(masters=3, replicas=0) as started:
+        for node in started.nodes:
+            started.command(node, "CONFIG", "SET", "requirepass", CLUSTER_PASSWORD)
+        yield started
+
+
 @pytest.fixture(scope="session")
 def session_quorum_servers() -> Iterator[list[EmbeddedServer]]:
     """Three independent servers shared by the session's contract tests over a quorum (``quorum_servers`` gives a
@@ -89,6 +128,13 @@ def quorum_urls(session_quorum_servers: list[EmbeddedServer]) -> list[str]:
         with redis.Redis.from_url(srv.url) as client:
             client.flushall()
     return [srv.url for srv in session_quorum_servers]
+
+
+@pytest.fixture(scope="session")
+def clock_shim(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A shared object that shifts a server's wall clock (``tests/_skew.py``), built with gcc once per session; the
+    test is skipped, saying why, when gcc is missing."""
+    return build_clock_shim(tmp_path_factory.mktemp("clock-shim"))
 
 
 @pytest.fixture

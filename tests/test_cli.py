@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 import hybridlock
 from hybridlock._cli.inspection import glob_matcher
@@ -252,6 +253,185 @@ def test_kill_after_ends_a_command_that_ignores_the_lost_signal(server, redis_cl
     assert process.returncode == EXIT_LOST
 
 
+# -- the command dies with its runner ---------------------------------------------------------------------------
+
+_LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a subreaper and /proc: Linux only")
+
+# A command that starts what commands start, each process appending its pid to the file argv[1]: a shell pipeline,
+# a job a shell put in the background, and a daemon (setsid, its parent gone at once). Then it works for ever.
+_TREE = """
+import os, subprocess, sys, time
+pids = sys.argv[1]
+def record(pid):
+    with open(pids, "a") as out:
+        out.write(f"{pid}\\n")
+record(os.getpid())
+both = f"sh -c 'echo $$ >> {pids}; exec sleep 600' | sh -c 'echo $$ >> {pids}; exec sleep 600'"
+record(subprocess.Popen(["sh", "-c", both]).pid)
+record(subprocess.Popen(["sh", "-c", f"sleep 600 & echo $! >> {pids}; wait"]).pid)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        record(os.getpid())
+        time.sleep(600)
+    os._exit(0)
+time.sleep(600)
+"""
+_TREE_SIZE = 7  # the script, the pipeline's shell and its two ends, the background shell and its job, the daemon
+
+# Run as the second holder's command: prints every process of argv[1]'s "pid start-time" lines still alive.
+_STILL_ALIVE = """
+import sys
+for line in open(sys.argv[1]):
+    pid, started = line.split()
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    except OSError:
+        continue
+    if fields[19] == started and fields[0] not in "ZX":
+        print(pid)
+"""
+
+
+def _started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, from /proc), which tells it from a later one given the same
+    pid; None once it has ended (a zombie has ended)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in "ZX" else fields[19]
+
+
+def _kill_leftovers(stamps: dict[int, str]) -> None:
+    for pid, started in stamps.items():
+        if _started_at(pid) == started:
+            os.kill(pid, signal.SIGKILL)
+
+
+@_LINUX_ONLY
+def test_a_killed_runner_takes_its_command_and_all_it_started_along(server, redis_client, tmp_path, stopper):
+    """SIGKILL of `hybridlock run` (no chance to clean up): by the time another runner holds the lock, no process
+    of the first command's is alive, however it was started."""
+    tree, pids, stamps_file = tmp_path / "tree.py", tmp_path / "pids", tmp_path / "stamps"
+    tree.write_text(_TREE)
+    first = _start(server, "run", "--expire-after", "2", "work", "--", _PY, str(tree), str(pids))
+    stopper.append(first)
+    stamps: dict[int, str] = {}
+    try:
+        until(
+            lambda: pids.exists() and len(pids.read_text().split()) == _TREE_SIZE,
+            what="the command to start its processes",
+        )
+        for pid in map(int, pids.read_text().split()):
+            started = _started_at(pid)
+            assert started is not None, f"process {pid} of the command ended by itself"
+            stamps[pid] = started
+        stamps_file.write_text("".join(f"{pid} {started}\n" for pid, started in stamps.items()))
+        assert redis_client.exists("hybridlock:{work}")
+        first.kill()
+        first.wait(timeout=30)  # (not communicate: a process left running would hold its output pipes open)
+        (tmp_path / "check.py").write_text(_STILL_ALIVE)
+        second = _cli(server, "run", "--timeout", "30", "work", "--", _PY, str(tmp_path / "check.py"), str(stamps_file))
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.split() == [], "processes of the first command ran on while another runner held the lock"
+    finally:
+        _kill_leftovers(stamps)
+
+
+@_LINUX_ONLY
+def test_the_command_dies_with_the_process_that_keeps_it(server, redis_client, tmp_path, stopper):
+    """The command's parent is a small keeper process (the runner's child); if it is killed, so is the command
+    (PR_SET_PDEATHSIG), and the runner reports the command killed and releases the lock."""
+    started = tmp_path / "started"
+    script = f'echo "$$ $PPID" > "{started}.tmp"; mv "{started}.tmp" "{started}"; while :; do sleep 0.05; done'
+    process = _start(server, "run", "kept", "--", "sh", "-c", script)
+    stopper.append(process)
+    until(started.exists, what="the command to start")
+    pid, parent = map(int, started.read_text().split())
+    stamp = _started_at(pid)
+    try:
+        assert parent != process.pid, "the command's parent is the runner itself"
+        os.kill(parent, signal.SIGKILL)
+        until(lambda: _started_at(pid) is None, what="the command to die with its keeper", timeout=10)
+        process.communicate(timeout=30)
+        assert process.returncode == 128 + signal.SIGKILL
+        assert not redis_client.exists("hybridlock:{kept}")
+    finally:
+        _kill_leftovers({pid: stamp} if stamp else {})
+
+
+@_LINUX_ONLY
+def test_ctrl_c_at_a_terminal_reaches_the_command_once(server, tmp_path):
+    """On a terminal, Ctrl-C's SIGINT goes to the whole foreground process group: the command gets it once (the
+    runner does not pass it on again), and the keeper between them lives on to report the command's status."""
+    import pty
+
+    command, started, got = _trapping_child(tmp_path, "INT", 9)
+    command[-1] = command[-1].replace(f'> "{got}"', f'>> "{got}"')  # a second SIGINT would add a line
+    # A session of its own with the pseudo-terminal as its controlling terminal, the runner in its foreground.
+    own_terminal = (
+        "import os, sys; os.setsid(); os.close(os.open(os.ttyname(0), os.O_RDWR)); os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [_PY, "-c", own_terminal, _PY, "-m", "hybridlock", "run", "tty", "--", *command],
+            env=_env(server),
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        try:
+            until(started.exists, what="the command to start")
+            os.write(controller, b"\x03")
+            assert process.wait(timeout=30) == 9
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert got.read_text().split() == ["INT"]
+
+
+def test_a_command_is_not_started_once_its_runner_is_gone(tmp_path):
+    """The keeper finds the runner's end of the pipe closed before it starts the command: it never starts it."""
+    from hybridlock._cli import keeper
+
+    read, write = os.pipe()
+    os.close(write)
+    marker = tmp_path / "ran"
+    try:
+        result = subprocess.run(
+            [_PY, "-I", "-S", keeper.__file__, str(read), "--", "touch", str(marker)], pass_fds=(read,), timeout=30
+        )
+    finally:
+        os.close(read)
+    assert result.returncode == 128 + signal.SIGKILL
+    assert not marker.exists()
+
+
+@_LINUX_ONLY
+def test_kill_after_ends_what_the_command_started_too(server, redis_client, tmp_path, stopper):
+    started = tmp_path / "started"
+    script = f'trap "" TERM; sleep 600 & echo $! > "{started}.tmp"; mv "{started}.tmp" "{started}"; wait'
+    options = ("--expire-after", "0.6", "--kill-after", "0.5")
+    process = _start(server, "run", *options, "stubborn-tree", "--", "sh", "-c", script)
+    stopper.append(process)
+    until(started.exists, what="the command to start")
+    job = int(started.read_text())
+    stamp = _started_at(job)
+    try:
+        redis_client.delete("hybridlock:{stubborn-tree}")
+        process.wait(timeout=30)  # (not communicate: a job left running would hold the output pipes open)
+        assert process.returncode == EXIT_LOST
+        assert _started_at(job) is None, "the command's background job outlived --kill-after"
+    finally:
+        _kill_leftovers({job: stamp} if stamp else {})
+
+
 def test_no_server_given_fails_with_its_own_status(server):
     env = {key: value for key, value in os.environ.items() if key != "HYBRIDLOCK_SERVER_URL"}
     result = subprocess.run(
@@ -273,6 +453,31 @@ def test_passwords_are_never_printed(server):
         assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("userinfo", "what"), [("", "no password was given"), (":sekrit-wrong@", "the password given was refused")]
+)
+def test_a_refused_login_is_told_as_such_by_every_command(own_server, userinfo, what):
+    with redis.Redis.from_url(own_server.url) as admin:
+        admin.config_set("requirepass", "sekrit-right")
+    url = f"redis://{userinfo}127.0.0.1:{own_server.port}/0"
+    for args, status in (
+        (("run", "k", "--", "true"), EXIT_FAILED),
+        (("inspect", "k"), 3),
+        (("list",), 3),
+        (("release", "--force", "--yes", "k"), 3),
+    ):
+        result = _cli(own_server, *args, HYBRIDLOCK_SERVER_URL=url)
+        assert result.returncode == status, result
+        assert "authentication failed" in result.stderr, result.stderr
+        assert "for user 'default'" in result.stderr
+        assert what in result.stderr
+        assert "redis://user:password@host:port/db" in result.stderr
+        assert f"127.0.0.1:{own_server.port}" in result.stderr
+        assert "sekrit" not in result.stdout + result.stderr
+        assert "unreachable" not in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 def test_the_help_documents_every_exit_status(server):
     result = _cli(server, "run", "--help")
     for status in (EXIT_HELD, EXIT_LOST, EXIT_TIMEOUT, EXIT_FAILED, 126, EXIT_NOT_FOUND):
@@ -290,6 +495,20 @@ def _inspect(server: Any, *keys: str) -> list[dict[str, Any]]:
     assert document["server"] == server.url
     locks: list[dict[str, Any]] = document["locks"]
     return locks
+
+
+def test_inspect_shows_a_fencing_counter_out_of_range_as_refused(server, redis_client):
+    """A counter a lock user set at or above 2^53 - 1 makes every acquire raise FencingCounterError: inspect shows
+    the number (also when written as ``1e19``, which the scripts read as a number too) and says so."""
+    redis_client.set("hybridlock:{huge}:fence", str(2**53 + 1))
+    redis_client.set("hybridlock:{exponent}:fence", "1e19")
+    redis_client.set("hybridlock:{fine}:fence", "12345")
+    counters = {state["key"]: state["fencing_counter"] for state in _inspect(server, "huge", "exponent", "fine")}
+    assert counters == {"huge": 2**53 + 1, "exponent": 10**19, "fine": 12345}
+    text = _cli(server, "inspect", "huge", "fine")
+    assert text.returncode == 0, text.stderr
+    assert f"fencing counter: {2**53 + 1} (at or above 2**53 - 1: every acquire is refused" in text.stdout
+    assert "fencing counter: 12345\n" in text.stdout
 
 
 def test_inspect_shows_holder_queue_in_order_and_fencing_counter(server, make_registry):

@@ -22,6 +22,7 @@ from hybridlock._cli.common import split_server_urls
 from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.server import EmbeddedServer
 from tests._polling import until
+from tests.conftest import CLUSTER_PASSWORD, MASTER_PASSWORD, SENTINEL_PASSWORD
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
@@ -419,3 +420,47 @@ def test_the_environment_lists_urls_by_spaces_or_by_commas_where_a_url_starts() 
     ]
     assert split_server_urls("redis+cluster://h1:7000,h2:7001") == ["redis+cluster://h1:7000,h2:7001"]
     assert split_server_urls("  ") == []
+
+
+# -- refused logins ----------------------------------------------------------------------------------------------
+
+
+def _refused(done: subprocess.CompletedProcess[str], status: int, *parts: str) -> None:
+    assert done.returncode == status, done
+    assert "authentication failed" in done.stderr, done.stderr
+    for part in parts:
+        assert part in done.stderr, done.stderr
+    for secret in ("wrong-pw-e28b", MASTER_PASSWORD, SENTINEL_PASSWORD, CLUSTER_PASSWORD):
+        assert secret not in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.sentinel
+def test_a_sentinel_service_refusing_the_login_is_told_whose_password_is_missing(protected_sentinel: Any) -> None:
+    hosts = protected_sentinel.url().removeprefix("redis+sentinel://")
+    no_master_password = f"redis+sentinel://{hosts}?sentinel_password={SENTINEL_PASSWORD}"
+    no_sentinel_password = f"redis+sentinel://:{MASTER_PASSWORD}@{hosts}"
+    for command, status in ((["inspect", "k"], 3), (["run", "k", "--", "true"], 125)):
+        done = _cli(command[0], "--server", no_master_password, *command[1:])
+        _refused(done, status, "the master of", "no password was given")
+        done = _cli(command[0], "--server", no_sentinel_password, *command[1:])
+        _refused(done, status, "the sentinels of", "sentinel_password=")
+
+
+@pytest.mark.cluster
+def test_a_cluster_refusing_the_login_is_told_so(protected_cluster: EmbeddedCluster) -> None:
+    url = protected_cluster.url.replace("redis+cluster://", "redis+cluster://:wrong-pw-e28b@")
+    for command, status in ((["inspect", "k"], 3), (["list"], 3), (["run", "k", "--", "true"], 125)):
+        done = _cli(command[0], "--server", url, *command[1:])
+        _refused(done, status, "the password given was refused", "redis+cluster://user")
+
+
+def test_a_quorum_refusing_the_login_is_told_so() -> None:
+    servers = [EmbeddedServer(extra_args=("--requirepass", MASTER_PASSWORD)).start() for _ in range(3)]
+    try:
+        for command, status in ((["inspect", "k"], 3), (["run", "k", "--", "true"], 125)):
+            done = _cli(command[0], *_servers([server.url for server in servers]), *command[1:])
+            _refused(done, status, "for user 'default'", "no password was given")
+    finally:
+        for server in servers:
+            server.stop()

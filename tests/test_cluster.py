@@ -343,6 +343,59 @@ def own_cluster():
         yield started
 
 
+def _on_replica(cluster: EmbeddedCluster, replica: Any, key: str) -> bytes | None:
+    client = cluster.client(replica)
+    try:
+        client.execute_command("READONLY")
+        value: bytes | None = client.get(key)
+        return value
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_start_returns_with_every_replica_in_sync(own_cluster):
+    """A write made right after ``start()`` reaches every master's replica at once: no replica is still waiting
+    for its first sync (which the server's default diskless sync delay puts 5 s after the replica connects)."""
+    cluster = own_cluster
+    for replica in cluster.replicas:
+        info = cluster.command(replica, "INFO", "replication")
+        assert (info["master_link_status"], info["master_sync_in_progress"]) == ("up", 0), replica.port
+    for key in keys_on_every_master(cluster, 1, prefix="early"):
+        name = f"hybridlock:{{{key}}}"
+        master = cluster.owner_of(slot_of(key))
+        client = cluster.client(master)
+        try:
+            client.set(name, "held", px=30_000)
+            assert client.execute_command("WAIT", 1, 1000) == 1, f"the replica of {master.port} did not acknowledge"
+        finally:
+            client.close()
+        assert _on_replica(cluster, cluster.replica_of(master), name) == b"held"
+
+
+@pytest.mark.slow
+def test_a_master_killed_right_after_start_fails_over_with_the_lease(own_cluster):
+    """The failover a test means to exercise right after ``start()``: the lease, replicated in the time a write
+    takes, survives the master's crash on the promoted replica, and its holder keeps the lock."""
+    cluster = own_cluster
+    with hybridlock.LockRegistry(cluster.url, expire_after=15.0) as registry:
+        lock = registry.obtain("early")
+        lost: list[Any] = []
+        lock.on_lost(lost.append)
+        lock.acquire()
+        master = cluster.owner_of(slot_of("early"))
+        replica = cluster.replica_of(master)
+        until(lambda: _on_replica(cluster, replica, "hybridlock:{early}"), "the lease on the replica", 1)
+        master.kill()
+        until(lambda: cluster.role(replica) == "master", "the replica's promotion", 20)
+        cluster.wait_healthy()
+        lock.renew()
+        assert not lock.lost
+        assert lost == []
+        assert cluster.command(replica, "GET", "hybridlock:{early}") == registry.client_id.encode()
+        lock.release()
+
+
 @pytest.mark.slow
 def test_a_manual_failover_keeps_the_lock(own_cluster):
     cluster = own_cluster
@@ -384,8 +437,11 @@ def test_a_master_crash_before_replication_loses_the_lock_and_tells_the_holder(o
         lock = registry.obtain(key)
         lost: list[Any] = []
         lock.on_lost(lost.append)
-        replica.pause()  # SIGSTOP: the replica receives nothing from here on
+        # SIGSTOP the replica, then cut its link: a stopped replica's kernel would still take in what the master
+        # sends, and read it once resumed (the lease then survives, which is the other test's case).
+        replica.pause()
         try:
+            assert cluster.command(master, "CLIENT", "KILL", "TYPE", "replica") == 1
             lock.acquire()
             token = lock.fencing_token
             master.kill()  # the lease dies with the only server that had it
@@ -601,10 +657,14 @@ def test_the_documented_cluster_acl_runs_every_lock_kind():
             assert theirs.backend.subscribers  # it waited on sharded pub/sub, not by polling
 
         async def asyncio_side() -> None:
-            async with hybridlock.AsyncLockRegistry(url, expire_after=0.3) as registry:
+            # A longer lease than the thread side's: the asyncio cluster client's first use parses the cluster's
+            # command table in the event loop (0.1-0.25 s here on a loaded machine), which eats much of a 0.3 s lease
+            # counted from the attempt's start, and a first renewal round held up past valid_until now reports the
+            # lease lost, as documented.
+            async with hybridlock.AsyncLockRegistry(url, expire_after=1.0) as registry:
                 lock = registry.obtain(keys[0])
                 async with lock:
-                    await asyncio.sleep(0.2)
+                    await asyncio.sleep(0.5)  # past a renewal round
 
         asyncio.run(asyncio_side())
         for node in cluster.nodes:

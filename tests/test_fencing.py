@@ -192,3 +192,53 @@ def test_raise_fence_never_lowers_the_counter_and_keeps_its_ttl(redis_client: re
     assert redis_client.eval(scripts.RAISE_FENCE, 1, fence, 7, ttl) == 1
     assert int(redis_client.get(fence)) == 100
     assert redis_client.pttl(fence) > 60_000
+
+
+@pytest.mark.server
+def test_fenced_set_refuses_tokens_outside_the_exact_range(redis_client: redis.Redis) -> None:
+    # The script compares in doubles: above 2^53 - 1, two different tokens could compare equal.
+    from hybridlock.fencing import MAX_TOKEN
+
+    assert MAX_TOKEN == 2**53 - 1
+    for token in (MAX_TOKEN + 1, 2**63, -1):
+        with pytest.raises(hybridlock.InvalidArgumentError, match=r"2\*\*53 - 1"):
+            fenced_set(redis_client, "doc", "v", token)
+    assert not redis_client.exists("doc")
+    assert fenced_set(redis_client, "doc", "last", MAX_TOKEN)
+    assert not fenced_set(redis_client, "doc", "stale", MAX_TOKEN - 1)
+    assert redis_client.get("doc") == b"last"
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("mark", [str(2**53 + 2), "1e19", "not a number", "nan", "zset"])
+def test_fenced_set_refuses_a_highest_token_it_cannot_compare_exactly(redis_client: redis.Redis, mark: str) -> None:
+    """A resource's highest token above 2^53 - 1 (left by a lock user, or by a version that minted from a counter
+    that large) would let a stale writer through an inexact comparison: nothing is written, and the error names
+    the key, the fence key and what it holds (a key of another type, or a value that is not a number, too: no
+    script error)."""
+    if mark == "zset":
+        redis_client.zadd("doc:fence", {"x": 1})
+    else:
+        redis_client.set("doc:fence", mark)
+    with pytest.raises(hybridlock.FencingCounterError) as caught:
+        fenced_set(redis_client, "doc", "v", 2**53 - 1)
+    error = caught.value
+    assert error.key == "doc"
+    assert error.counter == "doc:fence"
+    assert error.value == ("(a zset)" if mark == "zset" else mark)
+    assert "127.0.0.1" in str(error.server) or "localhost" in str(error.server)
+    assert not redis_client.exists("doc")
+
+
+@pytest.mark.server
+def test_raise_fence_refuses_a_counter_at_or_above_the_exact_range(redis_client: redis.Redis) -> None:
+    from hybridlock._protocol import scripts
+
+    fence = "hybridlock:{k}:fence"
+    ttl = str(scripts.FENCE_COUNTER_TTL_MS)
+    for stored in (str(2**53 - 1), str(2**53 + 1), "inf"):
+        redis_client.set(fence, stored)
+        assert redis_client.eval(scripts.RAISE_FENCE, 1, fence, 100, ttl) == [-1, stored.encode()]
+        assert redis_client.get(fence) == stored.encode()
+    redis_client.set(fence, str(2**53 - 2))  # still counts: its next token is the last exact one
+    assert redis_client.eval(scripts.RAISE_FENCE, 1, fence, 100, ttl) == 1

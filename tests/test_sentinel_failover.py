@@ -49,6 +49,23 @@ def _forget_on_replicas(service: SentinelService, key: str) -> None:
                 client.config_set("replica-read-only", "yes")
 
 
+def test_start_returns_with_every_replica_in_sync() -> None:
+    """As for EmbeddedCluster: a write made right after ``start()`` reaches every replica at once (no replica is
+    still waiting for its first sync)."""
+    with SentinelService() as fresh:
+        master = fresh.master()
+        for replica in fresh.replicas():
+            with fresh.node_client(replica) as client:
+                info = client.info("replication")
+            assert (info["master_link_status"], info["master_sync_in_progress"]) == ("up", 0), replica.port
+        with fresh.node_client(master) as client:
+            client.set(LOCK_KEY, "held", px=30_000)
+            assert client.execute_command("WAIT", fresh.replica_count, 1000) == fresh.replica_count
+        for replica in fresh.replicas():
+            with fresh.node_client(replica) as client:
+                assert client.get(LOCK_KEY) == "held"
+
+
 def test_a_lock_the_promoted_replica_had_survives_and_renewals_go_on(service: SentinelService, url: str) -> None:
     lost = threading.Event()
     # The lease outlasts the failover: renewals made at the old master after the promotion never reach the new one.

@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, TypeAlias, TypeVar, final
 
 __all__ = [
+    "AsyncAlarm",
     "AsyncCondition",
     "AsyncEvent",
     "AsyncFanOut",
@@ -453,6 +454,87 @@ class AsyncWorker:
                 return
             await _wait_event(wakeup, max(0.0, delay))
             wakeup.clear()
+
+
+@final
+class AsyncAlarm:
+    """Calls ``ring()`` once a deadline has passed, whatever its owner is awaiting meanwhile: a timer of the running
+    loop here, a daemon thread on the sync side (``Alarm``: a thread blocked in I/O cannot watch the clock).
+
+    ``ring_by(when)`` arms it for ``when`` (a ``monotonic()`` time), unless it is armed for no later already.
+    Once that time has passed, ``ring()`` runs (in a task of its own here) and returns the next time to ring, or
+    None to stay unarmed until the next ``ring_by``; rings never overlap. ``cancel()`` disarms it (a ring in
+    progress finishes, and arms nothing); ``stop(timeout)`` cancels and waits up to ``timeout`` seconds for a ring
+    in progress. ``ring_by`` arms it again after either. The ring must handle its own errors: one that escapes
+    leaves the alarm unarmed and is kept in ``error``. Use it from the loop's thread only."""
+
+    __slots__ = ("_generation", "_handle", "_ringing", "_when", "error", "name", "ring")
+
+    def __init__(self, ring: Callable[[], Awaitable[float | None]], name: str) -> None:
+        self.ring = ring
+        self.name = name
+        self.error: BaseException | None = None
+        self._when: float | None = None  # armed for this monotonic() time; None: not armed
+        self._handle: asyncio.TimerHandle | None = None
+        self._ringing: asyncio.Task[None] | None = None
+        self._generation = 0  # moved by cancel(): a ring that began before it arms nothing
+
+    def __repr__(self) -> str:
+        state = "unarmed" if self._when is None else f"armed for {self._when:.3f}"
+        return f"<{type(self).__name__} {self.name!r} {state}>"
+
+    @property
+    def armed_for(self) -> float | None:
+        """The time it will ring at (``monotonic()``), None when unarmed."""
+        return self._when
+
+    def ring_by(self, when: float) -> None:
+        if self._when is not None and self._when <= when:
+            return
+        self._when = when
+        if self._handle is not None:
+            self._handle.cancel()
+        # call_later, not call_at: the loop's clock need not be time.monotonic() (uvloop keeps its own).
+        self._handle = asyncio.get_running_loop().call_later(max(0.0, when - monotonic()), self._fire)
+
+    def cancel(self) -> None:
+        self._generation += 1
+        self._when = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    async def stop(self, timeout: float | None = None) -> bool:
+        """Cancel, and wait up to ``timeout`` seconds for a ring in progress; True if none is left running."""
+        self.cancel()
+        ringing = self._ringing
+        if ringing is None or ringing.done() or ringing is asyncio.current_task():
+            return ringing is None or ringing.done()
+        done, _ = await asyncio.wait((ringing,), timeout=timeout)
+        return bool(done)
+
+    def _fire(self) -> None:
+        self._handle = None
+        when, self._when = self._when, None
+        ringing = self._ringing
+        if ringing is not None and not ringing.done():
+            # The last ring is still running (a slow callback): it looks again as soon as it is done.
+            self._when = when
+            return
+        self._ringing = asyncio.get_running_loop().create_task(self._ring(self._generation), name=self.name)
+
+    async def _ring(self, generation: int) -> None:
+        try:
+            later = await self.ring()
+        except Exception as exc:
+            self.error = exc
+            return
+        if generation != self._generation:
+            return  # cancelled meanwhile
+        pending, self._when = self._when, None  # armed while ringing: the timer left that to us (see _fire)
+        for when in (pending, later):
+            if when is not None:
+                self.ring_by(when)
 
 
 @final

@@ -207,9 +207,11 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
     def valid_until(self) -> float | None:
         """A ``time.monotonic()`` deadline before which the lease is certainly still ours, or None when not held.
 
-        It is when the request of the last successful acquire attempt or renewal was sent, plus the lease, minus a
-        drift margin, so it errs early. (The time spent waiting for the lock is not counted against it.) Check it
-        before a side effect that must not happen after the lease ends.
+        It is when the request of the last successful acquire attempt or renewal was sent, plus the lease (the
+        registry's at most), minus a drift margin, so it errs early; a renewal by hand with a shorter lease lowers
+        it before it is sent. (The time spent waiting for the lock is not counted against it.) Once the lease is
+        found lost (``lost``) it is a time already past until the release. Check ``time.monotonic() <
+        lock.valid_until`` before a side effect that must not happen after the lease ends.
 
         It covers the lease running out, not the server losing it: a key evicted under memory pressure, removed by
         ``DEL`` or ``FLUSHALL``, lost in a restart without persistence or in a failover to a replica that had not
@@ -546,9 +548,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
                 if self._retained_until is not None and self._owner is None:
                     # No holder to tell, and nobody entered on it: the next acquire here sees `lost` and takes the
                     # lock afresh; the reaper gives the tenancy up.
-                    if self._is_current(tenancy) and not self._lost:
-                        self._lost = True
-                        self._valid_until = None
+                    self._claim_loss(tenancy)
                     return
             finally:
                 self._mutex.release()

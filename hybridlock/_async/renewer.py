@@ -14,10 +14,16 @@ Failure modes
   node are treated as in a failed round (next bullet), and the round is retried as one.
 * The server is unreachable, or the round fails in any other way (an error the client does not translate, a
   command a cluster client refuses, a bug): the failure is logged once per streak and the round retried at the
-  next period, or just at the earliest ``valid_until`` if that comes first. The leases keep running out
-  meanwhile; a lock whose ``valid_until`` has passed without a successful renewal is marked lost (``lost``,
-  ``on_lost``, ``LockLostError`` at release), because another owner may have taken it by then. The worker
-  itself never ends on an error.
+  next period, or just at the earliest ``valid_until`` if that comes first. The worker itself never ends on an
+  error.
+* Loss is a deadline, not a reply: the leases keep running out while a round is in flight, and a round can take
+  as long as the client's socket timeout (a server cut off without a reset answers nothing). So a *deadline
+  watch* (``AsyncAlarm``: a timer of the loop; a thread of its own on the sync side) wakes at the earliest
+  ``valid_until`` of the held leases, whatever the worker is doing, and marks lost (``lost``, ``on_lost``,
+  ``LockLostError`` at release) every lease whose ``valid_until`` has passed without a successful renewal,
+  because another owner may have taken it by then. A reply that comes later for that tenancy changes nothing:
+  a lease marked lost stays lost. The worker arms the watch before each round (it looks at every lease then
+  anyway), so the acquire and release paths do nothing for it.
 * The process is paused (GC, SIGSTOP) longer than the lease: nothing can renew; on resuming the renewal finds the
   keys gone or taken and reports the loss. Fencing tokens are the defence for the resource.
 * ``max_hold``: locks held longer than that (since the server granted them: ``_acquired_at``) are no longer renewed
@@ -30,7 +36,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import BackendUnavailableError, ReplicationNotConfirmedError
-from ._compat import AsyncWorker, monotonic, new_guard
+from ._compat import AsyncAlarm, AsyncWorker, monotonic, new_guard
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -52,7 +58,8 @@ class LeaseRenewer:
     The worker starts at the first lease (``ensure_started``), ends about ``_IDLE_LINGER`` seconds after the last
     one is given back (``nothing_held``), and starts again at the next. It never dies of an error: a round that
     fails, whatever the reason, is logged (once per streak of failures) and retried, and a lease that could not
-    be renewed before its ``valid_until`` is reported lost to its holder like any other loss.
+    be renewed before its ``valid_until`` is reported lost to its holder like any other loss, as that deadline
+    passes (the deadline watch, see the module docstring), not when the round gives up.
 
     ``ensure_started`` and ``nothing_held`` are plain calls that never wait (the lock makes them mid-acquire and
     mid-release); ``stop`` and ``renew_once`` wait for I/O (coroutines on the async side)."""
@@ -81,6 +88,8 @@ class LeaseRenewer:
         self._due: float | None = None
         self._round_at = 0.0  # when the round the worker sleeps towards is planned (with _round_due)
         self._rescheduled = False  # the worker was woken only to plan its round earlier
+        # The deadline watch: rings at the earliest valid_until of the held leases (see the module docstring).
+        self._watch = AsyncAlarm(self._at_deadline, name=f"hybridlock-deadlines-{context.config.registry_key}")
         #: Completed renewal rounds and backend calls made (for statistics and benchmarks).
         self.rounds = 0
 
@@ -127,6 +136,51 @@ class LeaseRenewer:
             worker = self._worker
         if worker is not None:
             await worker.stop(timeout=_STOP_TIMEOUT)
+        await self._watch.stop(timeout=_STOP_TIMEOUT)
+
+    def watch(self, until: float | None) -> None:
+        """A held lease's ``valid_until`` was brought down to ``until`` (a shorter renewal by hand): make sure the
+        deadline watch wakes by then. A plain call that never waits."""
+        if until is not None and not self._stopped:
+            self._watch.ring_by(until)
+
+    def _arm_watch(self) -> None:
+        """Make sure the deadline watch wakes by the earliest ``valid_until`` of the leases held now."""
+        earliest: float | None = None
+        for lock in self._context.leases.in_server():
+            until = lock._valid_until
+            if until is not None and not lock.lost and (earliest is None or until < earliest):
+                earliest = until
+        if earliest is not None:
+            self._watch.ring_by(earliest)
+
+    async def _at_deadline(self) -> float | None:
+        """The deadline watch's ring: mark lost every lease whose ``valid_until`` has passed (without a successful
+        renewal: one would have moved it), and return when to look again. Never raises."""
+        try:
+            now = monotonic()
+            earliest: float | None = None
+            leases = self._context.leases.in_server()
+            for lock in leases:
+                tenancy, until = lock._tenancy, lock._valid_until
+                if until is None or lock.lost:
+                    continue
+                if until <= now:
+                    await lock._mark_lost(tenancy)
+                elif earliest is None or until < earliest:
+                    earliest = until
+        except Exception:
+            # A bug here must not end the watch: look again a moment later.
+            logger.exception("hybridlock: the deadline watch of registry %r failed", self._context.config.registry_key)
+            return monotonic() + _RETRY_MIN
+        if self._stopped:
+            return None
+        if earliest is None:
+            # Nothing to watch right now. The worker arms the watch again before its next round; until then, look
+            # now and then, in case the worker is held up in I/O while new leases are taken (soon, when nothing is
+            # held at all: the worker is about to end, and cancels the watch as it does).
+            return now + (self._period if leases else min(self._period, _IDLE_LINGER))
+        return earliest
 
     async def _step(self) -> float | None:
         """The worker's body: a round if one is due, then how long to sleep (None: nothing held, end)."""
@@ -145,6 +199,10 @@ class LeaseRenewer:
         if at_round:
             await self.renew_once()
         if (at_round or at_describe) and not self._failing:
+            if not at_round:
+                # A new worker's first description comes before its first round, which arms the deadline watch: arm
+                # it here, or a server gone silent would keep the holders untold until the description gives up.
+                self._arm_watch()
             # Off the hot path: describe the holders for operators (describer.py); nothing is sent when nothing changed.
             # Not after a failed round: the description is best effort, and a call to a server (a cluster node) that
             # is out of reach would hold back the next renewal by a socket timeout.
@@ -152,6 +210,7 @@ class LeaseRenewer:
         leases = self._context.leases
         with self._guard:
             if self._stopped:
+                self._watch.cancel()
                 return None
             # Set before looking, so a release emptying the table after the look sees it and wakes us.
             self._sleeping_with_leases = True
@@ -160,6 +219,8 @@ class LeaseRenewer:
                 if self._lingering:
                     self._live = False  # from here on, a new lease starts a new worker (see __init__)
                     if not leases:
+                        # The new worker arms the watch again at its first round (or a renewal by hand does).
+                        self._watch.cancel()
                         return None
                     self._live = True
                 self._lingering = True
@@ -221,16 +282,22 @@ class LeaseRenewer:
         now = monotonic()
         max_hold = context.config.max_hold
         locks = []
+        earliest: float | None = None
         for lock in context.leases.in_server():
             tenancy, acquired_at, valid_until = lock._tenancy, lock._acquired_at, lock._valid_until
             if lock.lost:
                 continue
+            if valid_until is not None and (earliest is None or valid_until < earliest):
+                earliest = valid_until
             if max_hold is not None and acquired_at is not None and now - acquired_at >= max_hold:
                 # No longer renewed; once its lease has certainly run out, the holder must hear it is lost.
                 if valid_until is not None and valid_until <= now:
                     await lock._mark_lost(tenancy)
                 continue
             locks.append((lock, tenancy))
+        if earliest is not None:
+            # Before the round leaves: it may not come back before some of these deadlines.
+            self._watch.ring_by(earliest)
         lease_ms = context.config.lease_ms
         if not locks or lease_ms is None:  # (a registry whose leases never end has no renewer)
             return False

@@ -30,7 +30,7 @@ from .._core.names import validate_registry_key
 from .._core.urls import parse_sentinel_url
 from .._sync.backends.cluster import RedisClusterBackend, is_cluster_url, redis_cluster_client_from_url
 from .._sync.backends.redis import RedisBackend, redis_client_from_url
-from ..backends.clients import redacted, redacted_url
+from ..backends.clients import library_family, login_of, login_refused, redacted, redacted_url
 from ..errors import BackendUnavailableError, HybridLockError
 
 __all__ = [
@@ -127,6 +127,11 @@ class Server:
 
     def error(self, exc: BaseException, status: int) -> CommandError:
         """A client error as a ``CommandError`` naming this server, without its password."""
+        refused = login_refused(
+            exc, library_family("redis"), login_of(self.client), operation="the command", key=None, server=self.name
+        )
+        if refused is not None:  # (told as the backend tells it: who was refused where, how to give the password)
+            exc = refused
         if isinstance(exc, HybridLockError):
             return CommandError(redacted(str(exc), self.url), status, redacted(exc.message, self.url))
         if isinstance(exc, MasterNotFoundError):

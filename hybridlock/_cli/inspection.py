@@ -19,6 +19,7 @@ per master; the owners' descriptions (which live in slots of their own) are read
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ import redis
 
 from .._core.config import QUEUE_PLACE_KEEP_MS
 from .._core.names import lock_names, owner_key, read_write_names
+from .._protocol.scripts import MAX_TOKEN
 
 __all__ = ["glob_matcher", "inspect_locks", "read_locks", "scan_keys"]
 
@@ -228,7 +230,7 @@ def _owner(
         if about is not None and (token is None or about.get("token") in (None, token)):
             shown["thread"] = about.get("thread")
             shown["acquired_at"] = about.get("acquired_at")
-        if shown["acquired_at"] is None and token is not None and token >= _CLOCK_TOKEN:
+        if shown["acquired_at"] is None and token is not None and _CLOCK_TOKEN <= token <= MAX_TOKEN:
             # The token of a fresh acquisition is the server's clock in microseconds (see scripts.py): a fair
             # "since" even for a holder that has not described itself (yet).
             shown["acquired_at"] = token / 1e6
@@ -247,7 +249,7 @@ def _plain(
     descriptions: dict[str, dict[str, str]],
 ) -> dict[str, Any]:
     n = lock_names(registry_key, key)
-    token = _int(fence)
+    token = _counter(fence)
     held = isinstance(holder, str)
     lapse_of = dict(lapses or ())
     waiting = []
@@ -285,7 +287,7 @@ def _read_write(
     descriptions: dict[str, dict[str, str]],
 ) -> dict[str, Any]:
     rw = read_write_names(registry_key, key)
-    token = _int(fence)
+    token = _counter(fence)
     written = isinstance(writer, str)
     shown_readers = []
     for member, expiry in readers or ():
@@ -317,6 +319,17 @@ def _int(value: Any) -> int | None:
         return int(value) if value is not None else None
     except (TypeError, ValueError):
         return None
+
+
+def _counter(value: Any) -> int | None:
+    """A fencing counter as the scripts read it (Lua's ``tonumber``, which takes ``1e19`` too), so that one a lock
+    user set out of range shows as the number it is; None when missing or not a whole number."""
+    number = _int(value)
+    if number is None:
+        as_float = _float(value)
+        if as_float is not None and math.isfinite(as_float) and as_float == int(as_float):
+            number = int(as_float)
+    return number
 
 
 def _float(value: Any) -> float | None:

@@ -17,7 +17,13 @@ in the queue).
 If the lease is lost while the command runs (a renewal found the key gone or another owner's: the server lost it,
 an operator ran ``hybridlock release --force``, or this process was paused longer than the lease), the command is
 sent ``--lost-signal`` (SIGTERM by default), and SIGKILL ``--kill-after`` seconds later if given; whatever the
-command then does, ``hybridlock run`` exits with ``EXIT_LOST``.
+command then does, ``hybridlock run`` exits with ``EXIT_LOST``; the SIGKILL goes to everything the command started
+as well.
+
+If ``hybridlock run`` itself dies (SIGKILL, the OOM killer, a crash) nobody renews the lease, and another runner
+gets the lock once it ends: so the command must not outlive its runner. It runs under a small keeper process
+(``keeper.py``), which kills it, and on Linux everything it started (a pipeline, background jobs, daemons), with
+SIGKILL as soon as the runner is gone; on other systems the command itself only.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 from .._sync.lock import HybridLock
 from .._sync.registry import LockRegistry, QuorumLockRegistry
 from ..errors import HybridLockError, LockLostError
+from . import keeper
 from .common import (
     CommandError,
     add_server_arguments,
@@ -67,6 +74,7 @@ KEY_ENV = "HYBRIDLOCK_KEY"
 REGISTRY_KEY_ENV_FOR_CHILD = "HYBRIDLOCK_REGISTRY_KEY"
 
 _PROG = "hybridlock run"
+_KEEPER = keeper.__file__  # run by its path (see keeper.py)
 # Signals that end the wait for the lock (each would end the process by default: here it leaves cleanly).
 _ENDING_THE_WAIT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Signals passed on to the command while it runs.
@@ -251,15 +259,15 @@ def _run_child(
     env[KEY_ENV] = args.key
     env[REGISTRY_KEY_ENV_FOR_CHILD] = registry.registry_key
     guard = threading.Lock()
-    child: subprocess.Popen[bytes] | None = None
+    child: _Kept | None = None
 
     def tell_child_lost() -> None:
         # From the renewer's thread (or below, if the lease was lost before the child started).
-        if child is None or child.returncode is not None:
+        if child is None or child.ended:
             return
-        _send(child, args.lost_signal)
+        child.send(args.lost_signal)
         if args.kill_after is not None:
-            timer = threading.Timer(args.kill_after, _send, (child, signal.SIGKILL))
+            timer = threading.Timer(args.kill_after, child.send, (signal.SIGKILL,))
             timer.daemon = True
             timer.start()
 
@@ -275,33 +283,91 @@ def _run_child(
     try:
         with guard:
             try:
-                child = subprocess.Popen(command, env=env)
-            except FileNotFoundError as exc:
-                print(f"{_PROG}: {command[0]}: command not found ({exc.strerror})", file=sys.stderr)
-                return EXIT_NOT_FOUND
+                child = _Kept(command, env)
             except OSError as exc:
-                print(f"{_PROG}: {command[0]}: cannot run it ({exc.strerror})", file=sys.stderr)
-                return EXIT_CANNOT_RUN
+                print(f"{_PROG}: cannot start {sys.executable} to run the command ({exc.strerror})", file=sys.stderr)
+                return EXIT_FAILED
             if lost.is_set() or lock.lost:
                 lost.set()
                 tell_child_lost()
-        forward = _forwarder(child)
-        for signum in _FORWARDED:
-            signal.signal(signum, forward)
-        for early in pending:
-            forward(early, None)
-        returncode = child.wait()
+        try:
+            forward = _forwarder(child)
+            for signum in _FORWARDED:
+                signal.signal(signum, forward)
+            for early in pending:
+                forward(early, None)
+            returncode = child.wait()
+        finally:
+            # Whatever ends this wait early (a bug, a KeyboardInterrupt), the command does not outlive it: the lock
+            # is released next.
+            child.close()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _forwarder(child: subprocess.Popen[bytes]) -> Callable[[int, FrameType | None], None]:
+class _Kept:
+    """The command, run under ``keeper.py`` (see there): it dies with this process, however this process ends.
+
+    Signals reach it through a pipe to the keeper (``send``); the pipe's end (this process's, by any death) tells
+    the keeper to kill the command and everything it started. ``wait`` gives the command's status (the keeper's
+    own, which is the command's, 128 + N for a signal N; 127/126 when it was not found or could not be run, the
+    keeper having said so)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        # The write end is only ever in this process (not inheritable, and subprocess closes the others' copies):
+        # its end is this process's end.
+        control_read, self._control = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", _KEEPER, str(control_read), "--", *command],
+                env=env,
+                pass_fds=(control_read,),
+            )
+        except BaseException:
+            os.close(self._control)
+            raise
+        finally:
+            os.close(control_read)
+        # send() may come from a signal handler, the renewer's thread or a timer: never after the pipe is closed
+        # (its descriptor's number may be another file's by then). Reentrant: a handler may run inside close().
+        self._guard = threading.RLock()
+        self._closed = False
+
+    @property
+    def ended(self) -> bool:
+        return self._process.returncode is not None
+
+    def send(self, signum: int) -> None:
+        """Pass ``signum`` on to the command (SIGKILL: to it and everything it started); nothing once it ended."""
+        with self._guard:
+            if self._closed:
+                return
+            try:
+                os.write(self._control, bytes([signum]))
+            except OSError:
+                pass  # it has just ended
+
+    def wait(self) -> int:
+        return self._process.wait()
+
+    def close(self) -> None:
+        """Make sure the command has ended (SIGKILL to it and what it started if not), then close the pipe."""
+        if self._process.poll() is None:
+            self.send(signal.SIGKILL)
+            self._process.wait()
+        with self._guard:
+            if not self._closed:
+                self._closed = True
+                os.close(self._control)
+
+
+def _forwarder(child: _Kept) -> Callable[[int, FrameType | None], None]:
     def forward(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_foreground():
             return  # typed at the terminal: the child, in our process group, got it already
-        _send(child, signum)
+        child.send(signum)
 
     return forward
 
@@ -315,10 +381,3 @@ def _terminal_foreground() -> bool:
         except (OSError, ValueError):
             continue
     return False
-
-
-def _send(child: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        child.send_signal(signum)
-    except OSError:
-        pass  # it has just ended

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from .._core.quorum import majority
+from .._protocol.scripts import MAX_TOKEN
 from .._sync.backends.quorum import READ_WRITE_REFUSED
 from .common import (
     CommandError,
@@ -244,8 +245,7 @@ def _describe_quorum(lock: dict[str, Any], now: float) -> str:
         holder = _holder_of(state)
         lease = state["lease_remaining_ms"] if state["kind"] == "lock" else state["writer_lease_remaining_ms"]
         said = f"held by {_who(holder, now)}; {_lease(lease)}" if holder is not None else "free"
-        counter = state["fencing_counter"] if state["fencing_counter"] is not None else "-"
-        lines.append(f"  {entry['server']}: {said}; fencing counter {counter}")
+        lines.append(f"  {entry['server']}: {said}; fencing counter {_counter(state['fencing_counter'])}")
     return "\n".join(lines)
 
 
@@ -287,7 +287,7 @@ def _describe(lock: dict[str, Any], now: float) -> str:
         for reader in lock["readers"]:
             lines.append(f"  reader:  {_who(reader, now)}; {_lease(reader['lease_remaining_ms'])}")
         waiting = lock["writers_waiting"]
-    lines.append(f"  fencing counter: {lock['fencing_counter'] if lock['fencing_counter'] is not None else '-'}")
+    lines.append(f"  fencing counter: {_counter(lock['fencing_counter'])}")
     if not waiting:
         lines.append("  waiting: nobody")
     for place, owner in enumerate(waiting, 1):
@@ -307,3 +307,13 @@ def _one_line(lock: dict[str, Any], now: float) -> str:
     else:
         state = "free"
     return f"{lock['key']} [{lock['kind']}]: {state}; {len(waiting)} waiting"
+
+
+def _counter(value: int | None) -> str:
+    """A fencing counter for people: one at or above 2^53 - 1 is refused by every acquire (``FencingCounterError``),
+    which says so here, where an operator looks."""
+    if value is None:
+        return "-"
+    if value >= MAX_TOKEN:
+        return f"{value} (at or above 2**53 - 1: every acquire is refused until it is repaired)"
+    return str(value)

@@ -285,8 +285,12 @@ class RegistryConfig:
 
     def valid_until(self, start: float, lease: float | None = None) -> float:
         """Until when a lease taken or renewed at ``start`` is certainly ours: ``start`` plus the lease (this
-        registry's, or ``lease`` for one renewed by hand) minus the drift margin; ``inf`` with no expiry."""
+        registry's, or ``lease`` for one renewed by hand) minus the drift margin; ``inf`` with no expiry.
+
+        A ``lease`` longer than the registry's counts as the registry's: a renewal round or an acquire attempt of
+        ours still on its way (sent before, its reply lost or not yet in) may reach the server after it and set
+        the registry's lease from then on, so the longer one is not certainly what the server keeps."""
         if self.lease is None:
             return math.inf
-        lease = self.lease if lease is None else lease
+        lease = self.lease if lease is None else min(lease, self.lease)
         return start + lease - lease_drift(lease)

@@ -54,29 +54,74 @@ minority of servers down or cut off at any moment. (Only ``G`` may count: a serv
 someone else just before a write-back lands there.) A counter that expired after a week unused is the
 one-server case of the scripts' docstring.
 
+Lost counters
+-------------
+A key's counter can also go on one server while the server stays up: deleted by a lock user, evicted
+(``allkeys-*`` policies, and ``volatile-*`` ones too: counters carry a TTL), or overwritten with something that is
+not a number. That server then mints from its clock alone, which may be behind ``T`` by up to twice the clock skew
+(``T`` may come from a server whose clock runs ahead). The claim above rests on ``s``'s counter, so it no longer
+covers a later majority that meets ``W`` only in such a server: nothing it can see is at least ``T`` (for
+instance ``W = {A, B}`` with ``A``'s clock 10 s ahead, ``C`` refusing, ``B``'s counter deleted, ``A`` down, then
+a round on ``{B, C}``).
+
+What covers lost counters is redundancy, so the write-back goes to every server that answered the acquire round:
+the granting servers that minted less (counted, as above) and, best effort and never counted (for the reason
+above), the servers that refused. Call the servers that stored ``T`` (minted it, or took it from the write-back)
+and have not lost the counter since its *keepers*.
+
+Claim: an acquisition whose round starts after ``T``'s acquire returned mints above ``T`` if the servers that are
+not keepers of ``T`` at some moment before that round's last mint are fewer than a majority: its granting majority
+then contains a server that kept a counter of at least ``T`` until it minted there, which mints ``T + 1`` or more.
+Those non-keepers are the servers ``T``'s write-back missed (down, cut off, or slower than the fan-out's patience
+in either round) plus those that lost the counter since, counted even when a later write-back restored it. (A
+round that overlaps ``T``'s write-back has only ``W``, as in the claim above, minus its lost counters.) Two more
+facts narrow it: a lost counter is harmless once its server's clock has passed ``T`` (it re-seeds above ``T``
+when more than twice the skew has passed since ``T`` was minted), and the write-back of every acquisition that
+reaches such a server restores the counter there (the next ``T`` starts afresh).
+
+So when every server answers (the usual case), tokens survive a lost counter on fewer than a majority of the
+servers: one of 3, two of 5. What stays outside: counters lost on servers that, with the servers the last
+write-back missed, make up a majority, within twice the skew of that token. With ``N = 3``: ``C`` down while ``X``
+acquires on ``{A, B}``, ``B``'s counter deleted, then a round on ``{B, C}`` (``A`` down or slow) gives a lower
+token; no server of that round ever kept ``T``. Refusing to mint there is not possible either: a round cannot tell
+a lost counter from one its server never had (a new key, or one whose acquisitions that server missed), so a rule
+that refused rounds with a missing counter would refuse every new key while one server is down, and would also
+refuse the covered case above (``C`` keeps ``T``) without being able to tell it from this one. Detecting a loss
+needs a record that outlives it, and any key the lock users may delete or the server may evict is not one.
+``tests/_async/test_quorum_fencing.py`` shows the covered case on real servers (one clock 10 s ahead);
+``tests/test_quorum_model.py`` loses counters within the bound, and finds a token going back beyond it.
+
 Restarts without persistence
 ----------------------------
 A server that restarts empty has lost its counters and its leases; the claim above used ``s``'s counter, and
 exclusion used its lease. Both are restored by the **delayed-restart rule**: *a restarted server must not rejoin
-(accept connections from lock clients) until the longest lease in use has passed since it went down.*
+(accept connections from lock clients) until the longest lease in use, and more than twice the clock skew, have
+passed since it went down.*
 
 * Exclusion: every lease it held had ended by then, so counting it again gives nobody a second majority.
 * Tokens (the clock floor): a restarted server mints ``max(1, its clock)``. Every token minted up to a time
-  ``t`` is at most ``t + skew + 1`` µs, where ``skew`` bounds how far any server's clock is ahead of real time:
+  ``t`` is at most ``t + skew + 1`` µs, where ``skew`` bounds how far any server's clock is from real time,
+  ahead or behind:
   a mint is ``max(counter + 1, clock)``, every counter came from an earlier mint or write-back, and acquisitions
   on one server are more than a microsecond apart (each is a script run plus a round trip). A server that went
   down at ``t_down`` and rejoins at ``t_down + D`` reads a clock of at least ``t_down + D - skew``, which is above
   every token minted before it went down when ``D > 2 * skew + 1 µs``. With ``D`` at least the longest lease
-  (0.1 s or more) and clocks kept within milliseconds by NTP this holds with a wide margin. Tokens minted while
-  it was down came from majorities without it, whose write-backs the claim above covers.
+  (0.1 s or more) and clocks kept within milliseconds by NTP this holds with a wide margin; a skew of half the
+  lease or more needs a longer ``D`` (``tests/_async/test_quorum_fencing.py``: 0.3 s of skew under a 1.3 s delay
+  keeps tokens higher, 3 s sends them back). Tokens minted while it was down came from majorities without it,
+  whose write-backs the claim above covers.
 
-What the rule asks of operators: restart a server that lost its data no sooner than the longest lease
-(``expire_after``, or ``max_hold`` if shorter) after it stopped, or run the servers with persistence
-(``appendfsync always``). ``tests/test_quorum_model.py`` checks both properties over crashes, restarts,
-partitions, clock skew and expiring leases, and that dropping the write-back or the rule breaks them.
+What the rule asks of operators: keep a server that lost its data out, after it stopped, for at least the longest
+lease any client may hold there: the largest ``expire_after`` of the registries using these servers (or passed
+to ``renew(expire_after=...)``), and more than twice the clock skew. ``max_hold`` does not shorten it: it only
+stops the renewals, and the lease the last renewal set still runs a whole ``expire_after`` in the server. Or run
+the servers with persistence (``appendfsync always``). ``tests/test_quorum_model.py`` checks both properties over
+crashes, restarts, partitions, clock skew, lost counters and expiring leases, and that dropping the write-back,
+the rule, or the bound on lost counters breaks them.
 
-What is not claimed: safety when more than a minority of servers lose their data at once *and* rejoin early, or
-when a holder is paused past its lease (no lock can prevent that; fencing tokens let the resource refuse it).
+What is not claimed: exclusion or token order when a server that lost its data rejoins early; token order when lost
+counters exceed the bound under "Lost counters"; safety when a holder is paused past its lease (no lock can
+prevent that; fencing tokens let the resource refuse it).
 """
 
 from __future__ import annotations
@@ -114,11 +159,13 @@ class QuorumAcquire:
     """What one round of acquire replies (one per server; None for a server that failed) means.
 
     ``acquired``: a majority granted and the lease is still valid; ``token`` is then ``T`` (the largest token the
-    granting servers minted), ``write_back`` the servers whose counter must be raised to ``T`` and
-    ``already_at_token`` how many granting servers hold ``T`` already. ``granted``: every server that granted
-    (given back when the attempt fails). ``reachable``: how many servers answered at all; below a majority the
-    attempt could not have succeeded and the caller reports the servers unreachable. ``holder_ttl``: when refused,
-    the soonest end of another owner's lease among the refusals (None: unknown)."""
+    granting servers minted), ``write_back`` the granting servers whose counter must be raised to ``T`` (they
+    count toward ``write_back_holds``), ``already_at_token`` how many granting servers hold ``T`` already, and
+    ``also_raise`` the servers that answered but refused: their counter is raised too, best effort, never
+    counted (see "Lost counters" in the module docstring). ``granted``: every server that granted (given back
+    when the attempt fails). ``reachable``: how many servers answered at all; below a majority the attempt could
+    not have succeeded and the caller reports the servers unreachable. ``holder_ttl``: when refused, the soonest
+    end of another owner's lease among the refusals (None: unknown)."""
 
     acquired: bool
     reachable: int
@@ -128,6 +175,7 @@ class QuorumAcquire:
     already_at_token: int = 0
     holder_ttl: float | None = None
     contended: bool = False
+    also_raise: tuple[int, ...] = ()
 
 
 def tally_acquire(replies: Sequence[AcquireResult | None], lease: float, elapsed: float) -> QuorumAcquire:
@@ -152,7 +200,8 @@ def tally_acquire(replies: Sequence[AcquireResult | None], lease: float, elapsed
     # tests/test_quorum_model.py finds that interleaving when refusers are counted).
     write_back = tuple(i for i in granted if tokens[i] != token)
     contended = any(replies[i].contended for i in granted)  # type: ignore[union-attr]
-    return QuorumAcquire(True, len(answered), granted, token, write_back, already, None, contended)
+    refused = tuple(i for i in answered if i not in tokens)
+    return QuorumAcquire(True, len(answered), granted, token, write_back, already, None, contended, refused)
 
 
 def write_back_holds(servers: int, already_at_token: int, raised: int) -> bool:

@@ -37,14 +37,73 @@ What does not: a counter that only counted would be set back by as many acquisit
 rightful new holder could get a token lower than a stale holder's; the clock term is what prevents that. Nothing
 here keeps *exclusion* across a failover: a lease the replica never saw is gone, and a second owner may get the
 lock while the first still believes it holds it. Fencing tokens are what lets the resource tell them apart.
+
+The exact range
+---------------
+Lua numbers are doubles: they count every integer exactly only up to 2^53, past which ``+ 1`` is lost (the token
+would repeat) and, past 2^63, the conversion of a reply to an integer overflows. So a token is a whole number from
+0 to ``MAX_TOKEN`` (2^53 - 1, the largest a double counts exactly; the clock term reaches it in the year 2255).
+A counter at or above ``MAX_TOKEN`` (an infinity too) has no next token that a script can count exactly; hybridlock
+never writes one, so a lock user did (or, at 2^53 - 1, the counter is exhausted): ``mint`` refuses it, puts it back
+as it was, and the script takes nothing and returns ``{-1, <the counter's value>}``; the client raises
+``FencingCounterError`` naming the key. A counter that is not a number (NaN included) is read as missing, as
+before: the clock term then carries the order. ``RAISE_FENCE`` refuses a counter at or above ``MAX_TOKEN`` the same
+way, and ``FENCED_SET`` a resource's highest token that is above it or not a number.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._core.config import QUEUE_PLACE_KEEP_MS
+from ..errors import FencingCounterError
 
 # Counter keys live this long after their last acquisition (one week); see the module docstring.
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
+
+#: The largest fencing token: 2^53 - 1, the largest integer a Lua number (a double) counts exactly (see "The exact
+#: range" in the module docstring).
+MAX_TOKEN = 2**53 - 1
+
+#: The first element of the reply of a script that refused a fencing counter (or a resource's highest token) outside
+#: the exact range: ``{-1, <the stored value>}`` (see "The exact range" above, and ``fencing_counter_error``).
+OUT_OF_RANGE = -1
+
+
+def fencing_counter_error(
+    stored: Any, *, key: str | None, counter: str, server: str, operation: str, resource: bool = False
+) -> FencingCounterError:
+    """The error for a script's ``{OUT_OF_RANGE, stored}`` reply: ``counter`` (a key name) holds ``stored``;
+    ``operation`` is what was refused ("acquire", "fencing write-back", ...). ``resource``: ``counter`` is a
+    resource's highest token (``fenced_set``), not a lock's counter."""
+    shown = stored.decode("utf-8", "replace") if isinstance(stored, bytes) else str(stored)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    if resource:
+        what = f"the resource's highest-token key {counter!r} holds {shown!r}, which no token compares with exactly"
+        repair = "Set it to the highest token written there (or delete it)"
+    else:
+        what = f"the fencing counter {counter!r} holds {shown!r}, from which no next token can be counted exactly"
+        repair = (
+            "Set it to the highest token your resources have seen (or delete it if none kept one above the server "
+            "clock in microseconds)"
+        )
+    return FencingCounterError(
+        f"{operation} refused: {what} (tokens are whole numbers up to 2**53 - 1, the largest a Lua script counts "
+        f"exactly); nothing was taken or written. {repair}",
+        key=key,
+        server=server,
+        counter=counter,
+        value=shown,
+    )
+
+
+# Every script that reads a fencing counter or a resource's highest token compares it with MAX_TOKEN (see "The
+# exact range" in the module docstring). A NaN compares false with everything, so it passes such a test and is then
+# read as a value that is not a number.
+_MAX_TOKEN_LIB = f"""
+local MAX_TOKEN = {MAX_TOKEN}
+"""
 
 # How every script announces on a lock's channel: mode "publish", "spublish" (sharded pub/sub, for a cluster) or
 # "" (nobody listens).
@@ -91,10 +150,11 @@ end
 
 # Fencing tokens, shared by ACQUIRE, ACQUIRE_MANY and ACQUIRE_WRITE; ``t`` is the script's ``TIME`` reply. A token is
 # the larger of the stored counter plus one and the server clock in microseconds (see the module docstring), stored
-# back with the counter's TTL. Lua 5.1 numbers are doubles: both terms stay below 2^53 (the clock reads ~1.8e15), so
-# the arithmetic is exact, and redis.call formats a number argument with %.17g, which writes such an integer out in
-# full (tostring would not: it switches to exponent notation past 14 digits). A counter that is missing, not a
-# string or not a number counts as 0 (the clock term then carries the order) and SET replaces it.
+# back with the counter's TTL. Lua 5.1 numbers are doubles: both terms stay at or below MAX_TOKEN (the clock reads
+# ~1.8e15; a counter at or above it is refused), so the arithmetic is exact, and redis.call formats a number
+# argument with %.17g, which writes such an integer out in full (tostring would not: it switches to exponent
+# notation past 14 digits). A counter that is missing, not a string or not a number counts as 0 (the clock term
+# then carries the order) and SET replaces it.
 #
 # One command in the common case: SET ... GET stores the clock term and returns the counter it replaced. Only when
 # that counter was not below the clock (the clock stepped back, or two acquisitions fell in one microsecond) does a
@@ -102,7 +162,13 @@ end
 # refuses a key of another type (pcall returns a WRONGTYPE error): a plain SET then replaces it. Any other refusal
 # (a server before 6.2 has no SET ... GET) is raised again, never taken for a missing counter: a token minted from
 # the clock alone could repeat or go back.
-_FENCE_LIB = """
+#
+# Returns the token, or nil and the counter's value when that value is at or above MAX_TOKEN (see "The exact range"
+# in the module docstring): the counter is put back as it was (its TTL refreshed) and the caller must take nothing
+# and return {-1, value}. Costs no command on the common path: one comparison of the value SET ... GET returned.
+_FENCE_LIB = (
+    _MAX_TOKEN_LIB
+    + """
 local function mint(fence, ttl, t)
   local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local replaced = redis.pcall('SET', fence, clock, 'PX', ttl, 'GET')
@@ -114,13 +180,19 @@ local function mint(fence, ttl, t)
     return clock
   end
   local stored = tonumber(replaced or '0') or 0
+  if stored >= MAX_TOKEN then
+    redis.call('SET', fence, replaced, 'PX', ttl)
+    return nil, replaced
+  end
   if stored >= clock then
-    redis.call('SET', fence, stored + 1, 'PX', ttl)
-    return stored + 1
+    local token = math.floor(stored) + 1  -- (a fraction, which hybridlock never writes, is rounded down first)
+    redis.call('SET', fence, token, 'PX', ttl)
+    return token
   end
   return clock
 end
 """
+)
 
 # The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
 # ``queue`` (place -> arrival, server ms) gives the order, ``expiries`` (place -> until when a waiter that refreshed
@@ -206,10 +278,17 @@ local function grant(lock, fence, fence_ttl, queue, place, lapse, more, t, now)
     return false
   end
   local lease = math.min(lapse - now, tonumber(own))
-  redis.call('SET', lock, grantee, 'PX', lease)
+  local box = lock .. ':grant:' .. grantee
   local token = mint(fence, fence_ttl, t)
   redis.call('ZREM', queue, place)
-  local box = lock .. ':grant:' .. grantee
+  if not token then
+    -- The counter is out of range (see mint): no token, so no grant. The waiter is told to attempt again, which
+    -- reports the counter; the lock is left free.
+    on_kind('LPUSH', box, wait_id .. ':refused:0')
+    redis.call('PEXPIRE', box, PLACE_KEEP_MS)
+    return false
+  end
+  redis.call('SET', lock, grantee, 'PX', lease)
   -- %.0f writes an integral double out in full (tostring would switch to exponent notation past 14 digits).
   on_kind('LPUSH', box, wait_id .. ':' .. string.format('%.0f', token) .. ':' .. (more and 1 or 0))
   redis.call('PEXPIRE', box, lease)
@@ -286,6 +365,9 @@ ACQUIRE = (
 --                                place while we wait). The first to queue announces "wanted" on the channel (a
 --                                holder passing the lock among its threads, or keeping it idle, lets go at its next
 --                                release; it learns of later waiters when it is granted the lock or takes it).
+--          {-1, counter}         the fencing counter is at or above MAX_TOKEN (see mint): nothing taken, the
+--                                counter left as it was (a place we hold in the queue stays: the caller leaves
+--                                it)
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout), by a release that failed to reach the server, or by a grant to our wait that we
@@ -306,7 +388,11 @@ if nobody_queued then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
   end
   if taken then
-    local token = mint(KEYS[2], ARGV[3], t)
+    local token, corrupt = mint(KEYS[2], ARGV[3], t)
+    if not token then
+      redis.call('DEL', KEYS[1])
+      return {-1, corrupt}
+    end
     if ARGV[8] ~= nil and ARGV[8] ~= '' then
       local box = KEYS[1] .. ':grant:' .. ARGV[1]
       redis.pcall('LPUSH', box, ARGV[8] .. ':' .. string.format('%.0f', token) .. ':0')
@@ -340,12 +426,18 @@ if wait_ms then
   end
   return {0, wait_ms}
 end
+local token, corrupt = mint(KEYS[2], ARGV[3], t)
+if not token then
+  if string_at(KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])  -- an earlier attempt of ours left it (see below): we are not taking it now
+  end
+  return {-1, corrupt}
+end
 if ARGV[2] == '0' then
   redis.call('SET', KEYS[1], ARGV[1])
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-local token = mint(KEYS[2], ARGV[3], t)
 leave(KEYS[3], KEYS[4], place)
 local box = KEYS[1] .. ':grant:' .. ARGV[1]
 if held == ARGV[1] then
@@ -375,6 +467,9 @@ ACQUIRE_MANY = (
 --                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it (for
 --                                PLACE_KEEP_MS, as ACQUIRE queues), under a place named "<owner>": woken when it
 --                                is free, never granted it alone (we must not hold one lock while waiting for another)
+--          {-1, counter, i}      lock i's fencing counter is at or above MAX_TOKEN (see mint): nothing was
+--                                taken (the counters of the locks before it have moved on, which only uses up
+--                                tokens)
 """
     + _QUEUE_LIB
     + """
@@ -391,15 +486,29 @@ for i = 1, n do
     return {0, wait_ms, i}
   end
 end
+-- Every token first, so that a counter at or above MAX_TOKEN is found before anything is taken.
+local tokens = {}
+for i = 1, n do
+  local token, corrupt = mint(KEYS[4 * i - 2], ARGV[3], t)
+  if not token then
+    for j = 1, n do
+      if string_at(KEYS[4 * j - 3]) == ARGV[1] then
+        redis.call('DEL', KEYS[4 * j - 3])  -- left by an earlier attempt of ours (see ACQUIRE): not taken now
+      end
+    end
+    return {-1, corrupt, i}
+  end
+  tokens[i] = token
+end
 local result = {1}
 for i = 1, n do
-  local lock, fence, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local lock, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 1], KEYS[4 * i]
   if ARGV[2] == '0' then
     redis.call('SET', lock, ARGV[1])
   else
     redis.call('SET', lock, ARGV[1], 'PX', ARGV[2])
   end
-  result[#result + 1] = mint(fence, ARGV[3], t)
+  result[#result + 1] = tokens[i]
   leave(queue, expiries, ARGV[1])
   result[#result + 1] = (redis.call('ZCARD', queue) > 0) and 1 or 0
 end
@@ -624,6 +733,8 @@ ACQUIRE_WRITE = (
 --                                ARGV[6] = "1" we are recorded as a waiting writer for PLACE_KEEP_MS (renewed
 --                                by each attempt and by KEEP_WAITING while we wait), which holds back new
 --                                readers, and announce it on the channel
+--          {-1, counter}         the fencing counter is at or above MAX_TOKEN (see mint): nothing taken (a wish
+--                                to write we left stays: the caller cancels it)
 """
     + _ANNOUNCE_LIB
     + _RW_PRELUDE
@@ -645,9 +756,13 @@ if wait_ms then
   end
   return {0, wait_ms}
 end
+local token, corrupt = mint(KEYS[4], ARGV[3], t)
+if not token then
+  return {-1, corrupt}
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-return {1, mint(KEYS[4], ARGV[3], t)}
+return {1, token}
 """
 )
 
@@ -729,13 +844,28 @@ return 0
 """
 )
 
-FENCED_SET = """
+FENCED_SET = (
+    """
 -- FENCED_SET: write a value only if the writer's fencing token is not older than any seen for the resource.
 -- KEYS[1]  the data key          KEYS[2]  the resource's high-water-mark key (same slot)
--- ARGV[1]  the writer's token    ARGV[2]  the value   ARGV[3]  TTL of both keys in ms ("0": none)
+-- ARGV[1]  the writer's token (a whole number from 0 to MAX_TOKEN: the caller checks)
+-- ARGV[2]  the value             ARGV[3]  TTL of both keys in ms ("0": none)
 -- returns  1                     written; the high-water mark is now ARGV[1]
 --          0                     rejected: a newer token has written before (a stale holder)
-local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
+--          {-1, mark}            the high-water mark is not a whole number from 0 to MAX_TOKEN (mark: its value,
+--                                or "(a <type>)" for a key of another type): it cannot be compared exactly, so
+--                                nothing is written
+"""
+    + _MAX_TOKEN_LIB
+    + """
+local stored = redis.pcall('GET', KEYS[2])
+if type(stored) == 'table' then
+  return {-1, '(a ' .. redis.call('TYPE', KEYS[2])['ok'] .. ')'}
+end
+local highest = tonumber(stored or '0')
+if not highest or highest ~= highest or highest > MAX_TOKEN then
+  return {-1, stored}
+end
 local token = tonumber(ARGV[1])
 if token < highest then
   return 0
@@ -749,18 +879,26 @@ else
 end
 return 1
 """
+)
 
 RAISE_FENCE = (
     """
 -- RAISE_FENCE: raise a lock's fencing counter to a token minted elsewhere (the write-back of a quorum acquire,
 -- see hybridlock._core.quorum); never lowers it.
 -- KEYS[1]  fencing counter key
--- ARGV[1]  the token             ARGV[2]  counter TTL in ms
+-- ARGV[1]  the token (at most MAX_TOKEN)                    ARGV[2]  counter TTL in ms
 -- returns  1                     the counter is now at least ARGV[1]
+--          {-1, counter}         the counter is at or above MAX_TOKEN (mint refuses it too): left
+--                                alone; this server will mint no token for the key until someone repairs it
 """
     + _KEYS_LIB
+    + _MAX_TOKEN_LIB
     + """
-local stored = tonumber(string_at(KEYS[1]) or '0') or 0
+local value = string_at(KEYS[1])
+local stored = tonumber(value or '0') or 0
+if stored >= MAX_TOKEN then
+  return {-1, value}
+end
 local token = tonumber(ARGV[1])
 if stored < token then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

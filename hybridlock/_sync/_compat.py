@@ -20,6 +20,7 @@ from typing import Any, TypeAlias, TypeVar, final
 from ..errors import EventLoopBlockedError
 
 __all__ = [
+    "Alarm",
     "Condition",
     "Event",
     "FanOut",
@@ -193,6 +194,90 @@ class Worker:
             # Capped: a longer wait would overflow (a huge lease's renewal period); the step then just runs early.
             self._wakeup.wait(min(max(0.0, delay), _LONGEST_SLEEP))
             self._wakeup.clear()
+
+
+@final
+class Alarm:
+    """Calls ``ring()`` once a deadline has passed, whatever its owner's thread is doing meanwhile (blocked in I/O,
+    say): the thread twin of ``AsyncAlarm``, whose docstring has the contract.
+
+    A daemon thread of its own waits for the deadline; it starts at the first ``ring_by`` and runs the rings, and
+    ends at ``cancel()`` or ``stop()`` (a later ``ring_by`` starts another). Thread-safe."""
+
+    __slots__ = ("_cond", "_thread", "_threads", "_when", "error", "name", "ring")
+
+    def __init__(self, ring: Callable[[], float | None], name: str) -> None:
+        self.ring = ring
+        self.name = name
+        self.error: BaseException | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._when: float | None = None  # armed for this monotonic() time; None: not armed
+        self._thread: threading.Thread | None = None  # the thread that serves the alarm now
+        self._threads: list[threading.Thread] = []  # those started and maybe still running (for stop)
+
+    def __repr__(self) -> str:
+        state = "unarmed" if self._when is None else f"armed for {self._when:.3f}"
+        return f"<{type(self).__name__} {self.name!r} {state}>"
+
+    @property
+    def armed_for(self) -> float | None:
+        """The time it will ring at (``monotonic()``), None when unarmed."""
+        return self._when
+
+    def ring_by(self, when: float) -> None:
+        with self._cond:
+            if self._when is not None and self._when <= when:
+                return
+            self._when = when
+            if self._thread is None:
+                self._thread = thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._cond.notify()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._when = None
+            self._thread = None  # the thread that served it sees it is no longer wanted, and ends
+            self._cond.notify_all()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Cancel, and wait up to ``timeout`` seconds for a ring in progress; True if no thread is left running."""
+        self.cancel()
+        with self._cond:
+            threads = [t for t in self._threads if t is not threading.current_thread()]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)
+
+    def _run(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                while True:
+                    if self._thread is not me:
+                        return
+                    when = self._when
+                    if when is None:
+                        self._cond.wait()
+                        continue
+                    left = when - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(min(left, _LONGEST_SLEEP))
+                self._when = None
+            try:
+                later = self.ring()
+            except Exception as exc:
+                self.error = exc
+                later = None
+            if later is not None:
+                with self._cond:
+                    if self._thread is me and (self._when is None or later < self._when):
+                        self._when = later
 
 
 # -- FifoMutex --------------------------------------------------------------------------------------------

@@ -5,6 +5,22 @@ A plain lock and each half of a read-write lock hold at most one lease in the se
 keeps what the renewer and the loss reporting need of it: which tenancy it is (late renewal replies for an
 earlier one are ignored), when it started, the conservative ``valid_until`` deadline, the fencing token, and
 whether it was found lost, with the callbacks to run once when it is.
+
+``valid_until`` is the one deadline the holder may trust, so every path keeps it at or before the end of the
+shortest lease any server may hold for the tenancy:
+
+* a grant or a renewal counts from when its request was sent, with the registry's lease at most
+  (``RegistryConfig.valid_until``: a longer lease asked by hand may be cut back by a round of ours still on its
+  way);
+* a renewal by hand with a shorter lease lowers ``valid_until`` *before* it is sent (``_lower_valid_until``):
+  once it has left, the server may run it whatever becomes of the reply (lost to a timeout, not confirmed by the
+  replicas, answered by part of a quorum), and a reply that never comes must not leave the old deadline standing;
+* such a shorter renewal may still reach a server after a renewal sent while it was unanswered (two connections,
+  two threads), so those renewals count its lease at most (``_ShortRenewals``); one whose answer never came
+  counts for the rest of the tenancy;
+* a lease marked lost stays lost: a renewal's reply that comes after it (the renewer's deadline watch marks a
+  lease lost when ``valid_until`` passes, whatever the round in flight is doing) changes nothing, and its
+  ``valid_until`` stays in the past until the lock is released.
 """
 
 from __future__ import annotations
@@ -23,6 +39,23 @@ if TYPE_CHECKING:
 __all__ = ["ServerLease"]
 
 
+class _ShortRenewals:
+    """The renewals by hand of one tenancy that asked for less than the registry's lease (see ``ServerLease``).
+
+    ``lease``: the shortest of them. ``open``: how many are unanswered; one whose answer never came (an error, a
+    quorum too silent to tell) is never closed. ``settled_at``: when the last one was answered (``monotonic()``).
+    A renewal sent after ``settled_at`` with none open was sent after every shorter one had been run, so nothing
+    shorter can reach a server after it; any other counts ``lease`` at most."""
+
+    __slots__ = ("lease", "open", "settled_at", "tenancy")
+
+    def __init__(self, tenancy: int, lease: float) -> None:
+        self.tenancy = tenancy
+        self.lease = lease
+        self.open = 0
+        self.settled_at = monotonic()
+
+
 class ServerLease:
     def __init__(self, context: LockContext, names: LockNames) -> None:
         self._context = context
@@ -39,6 +72,9 @@ class ServerLease:
         self._lost = False
         # The final release of the current tenancy is under way: a renewal reply for it can no longer mean a loss.
         self._giving_back = False
+        # Renewals by hand shorter than the registry's lease (None until the first; it names its tenancy, so a new
+        # tenancy needs no reset on the acquire path).
+        self._short: _ShortRenewals | None = None
         self._callbacks: list[LostCallback] = []
         # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
         # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
@@ -134,17 +170,72 @@ class ServerLease:
         return self._in_server and self._tenancy == tenancy and not self._giving_back
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
-        if self._is_current(tenancy):
-            self._valid_until = self._context.config.valid_until(start, lease)
+        """A renewal of ``tenancy`` sent at ``start`` (with ``lease``, or the registry's) was answered yes: move
+        ``valid_until`` to what it gives. Ignored for another tenancy, and for a lease already marked lost."""
+        # (``_is_current`` spelled out: this runs for every lease in every renewal round.)
+        if not self._in_server or self._tenancy != tenancy or self._giving_back or self._lost:
+            return
+        config = self._context.config
+        short = self._short
+        if short is not None and short.tenancy == tenancy and (short.open or start <= short.settled_at):
+            lease = short.lease if lease is None else min(lease, short.lease)
+        self._valid_until = until = config.valid_until(start, lease)
+        # Two threads (sync side): a shorter renewal by hand sent, or a loss marked, between the look above and
+        # the write must still win. Neither happens on the async side, where nothing here awaits.
+        short = self._short
+        if short is not None and short.tenancy == tenancy and short.open:
+            self._valid_until = until = min(until, config.valid_until(start, short.lease))
+        if self._lost:
+            self._valid_until = min(until, monotonic())
+
+    def _lower_valid_until(self, tenancy: int, until: float) -> bool:
+        """A renewal about to be sent may leave the lease ending as early as ``until``: bring ``valid_until`` down to
+        it if it is later. Returns whether it did."""
+        current = self._valid_until
+        if not self._is_current(tenancy) or current is None or current <= until:
+            return False
+        self._valid_until = until
+        if self._lost:  # marked lost meanwhile (another thread): its deadline stays past
+            self._valid_until = min(until, monotonic())
+        return True
+
+    def _short_renewal_sent(self, tenancy: int, lease: float) -> None:
+        """A renewal by hand of ``tenancy`` asking for ``lease`` seconds, less than the registry's, is about to be
+        sent. (Called under the lease table's guard: two threads may renew by hand at once.)"""
+        short = self._short
+        if short is None or short.tenancy != tenancy:
+            self._short = short = _ShortRenewals(tenancy, lease)
+        else:
+            short.lease = min(short.lease, lease)
+        short.open += 1
+
+    def _short_renewal_answered(self, tenancy: int) -> None:
+        """That renewal was answered (yes or no; not an error): the server ran it, and cannot run it again later.
+        (Called under the lease table's guard.)"""
+        short = self._short
+        if short is not None and short.tenancy == tenancy and short.open:
+            short.open -= 1
+            short.settled_at = monotonic()
+
+    def _claim_loss(self, tenancy: int) -> bool:
+        """Mark the lease of ``tenancy`` lost, once: True for the one caller that did (it reports the loss). The
+        renewer's worker, its deadline watch and a renewal by hand may all find the same loss at once."""
+        with self._context.leases.loss_guard:
+            if self._lost or not self._is_current(tenancy):
+                return False
+            self._lost = True
+            # Held still, but no longer certainly ours: a deadline already past (so that the check the docs advise,
+            # ``time.monotonic() < lock.valid_until``, says no), not None, which only a lock not held has.
+            now = monotonic()
+            until = self._valid_until
+            self._valid_until = now if until is None else min(until, now)
+            return True
 
     def _mark_lost(self, tenancy: int) -> None:
         """Record that the lease of tenancy ``tenancy`` ended while held; run the callbacks once. (A coroutine on
         the async side because a plain lock overrides it to look at its local mutex.)"""
-        if self._lost or not self._is_current(tenancy):
-            return
-        self._lost = True
-        self._valid_until = None
-        self._context.leases.report_lost(self, list(self._callbacks))
+        if self._claim_loss(tenancy):
+            self._context.leases.report_lost(self, list(self._callbacks))
 
     def _reentry_error(self, what: str = "lock") -> LockLostError:
         return LockLostError(

@@ -56,6 +56,9 @@ class LeaseTable:
         self._context = context
         self._mutex = new_guard()
         self._held: dict[str, HeldLease] = {}
+        #: Held while a lease is marked lost (``ServerLease._claim_loss``) and while a renewal by hand books a
+        #: shorter lease: rare, and apart from ``track``/``untrack`` on the acquire and release path.
+        self.loss_guard = new_guard()
         #: Registry-wide ``on_lost`` callbacks (a forked child's table starts with the parent's).
         self.lost_callbacks: list[LostCallback] = list(lost_callbacks or ())
 
@@ -102,7 +105,13 @@ class LeaseTable:
 
     def renew_by_hand(self, lock: Any, expire_after: float | None) -> None:
         """Reset ``lock``'s lease to ``expire_after`` seconds (default: the registry's) from now, in one round trip.
-        Raises ``LockNotOwnedError`` when nobody here holds it, ``LockLostError`` when it is no longer ours."""
+        Raises ``LockNotOwnedError`` when nobody here holds it, ``LockLostError`` when it is no longer ours (or its
+        ``valid_until`` passed before the answer came).
+
+        A lease shorter than the registry's lowers ``valid_until`` before the request leaves (see ``lease.py``),
+        so a renewal that fails, or whose answer is lost, leaves the deadline the shorter lease gives; one that
+        is not shorter costs what it always did. A longer lease is sent as asked, but ``valid_until`` counts the
+        registry's at most (``RegistryConfig.valid_until``)."""
         context = self._context
         config = context.config
         lease = (
@@ -123,12 +132,25 @@ class LeaseTable:
             # an end either.
             lock._renewed(tenancy, start)
             return
+        shorter = lease < config.lease
+        if shorter:
+            with self.loss_guard:
+                lock._short_renewal_sent(tenancy, lease)
+            if lock._lower_valid_until(tenancy, config.valid_until(start, lease)) and context.renewer is not None:
+                context.renewer.watch(lock._valid_until)  # the deadline watch must now wake earlier
+        answered = False
         try:
-            (renewed,) = context.backend.renew([lock._names], context.client_id, lease_ms(lease))
-        except ReplicationNotConfirmedError as exc:
-            if exc.renewed != [False]:
-                raise
-            renewed = False  # the master reported the lease gone: lost, whatever the replicas say
+            try:
+                (renewed,) = context.backend.renew([lock._names], context.client_id, lease_ms(lease))
+            except ReplicationNotConfirmedError as exc:
+                if exc.renewed != [False]:
+                    raise
+                renewed = False  # the master reported the lease gone: lost, whatever the replicas say
+            answered = renewed is not None
+        finally:
+            if shorter and answered:
+                with self.loss_guard:
+                    lock._short_renewal_answered(tenancy)
         if renewed is None:  # (a backend raises when it could ask about no lock at all; this is a safety net)
             raise BackendUnavailableError(
                 "the lease could not be renewed: its servers were out of reach (it is not known lost)",
@@ -143,6 +165,13 @@ class LeaseTable:
                 server=context.server,
             )
         lock._renewed(tenancy, start, lease)
+        if lock.lost and lock._tenancy == tenancy:
+            raise LockLostError(
+                "the lock's valid_until passed before the renewal was answered, so it was reported lost: another "
+                "owner may have held it meanwhile",
+                key=lock.key,
+                server=context.server,
+            )
 
     def report_lost(self, lock: Any, callbacks: list[LostCallback]) -> None:
         """Tell everyone who asked (the lock's callbacks, then the registry's) that ``lock``'s lease was lost."""

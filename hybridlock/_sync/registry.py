@@ -11,12 +11,13 @@ What the registry keeps:
   There is no cache of recently used locks: ``obtain`` in a loop that drops its lock each time builds a new
   (cheap) object each time;
 * strong references to held locks, by server key (a held lock never disappears, and is never duplicated);
-* background threads, none per lock or per wait: the lease renewer and (in the Redis backend) the pub/sub
-  listener, plus the retention reaper when ``retain_for`` is used, and the wait keeper
-  (``wait_keeper.py``) while some thread of the registry waits in the server. Each starts when there is
-  something to do (a lease to renew, a channel to listen on, a lease retained, a place in a server queue to
-  keep), stops a fraction of a second after there is nothing left, and starts again on demand; ``close()``
-  stops them all. A program that holds no lock and waits for none has no hybridlock thread running.
+* background threads, none per lock or per wait: the lease renewer (with its deadline watch, a thread of its own
+  once the first renewal round has run) and (in the Redis backend) the pub/sub listener, plus the retention
+  reaper when ``retain_for`` is used, and the wait keeper (``wait_keeper.py``) while some thread of the registry
+  waits in the server. Each starts when there is something to do (a lease to renew, a channel to listen on, a
+  lease retained, a place in a server queue to keep), stops a fraction of a second after there is nothing left,
+  and starts again on demand; ``close()`` stops them all. A program that holds no lock and waits for none has no
+  hybridlock thread running.
 """
 
 from __future__ import annotations

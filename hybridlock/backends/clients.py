@@ -13,7 +13,9 @@ Shared by both sides and hand-written (it does no I/O): the generated ``_sync`` 
 where the ``_async`` source says ``asyncio_client_family`` (a rename in ``scripts/unasync.py``).
 
 Anything printed about a server goes through :func:`server_name` (from a client) or :func:`redacted_url` (from a
-URL): neither ever shows a password.
+URL): neither ever shows a password. A refused login is told by :func:`login_refused`: who logged in as
+whom, where, and how to give the password (:func:`login_of` reads what a client logs in with, the password's
+presence only).
 """
 
 from __future__ import annotations
@@ -26,18 +28,22 @@ import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote, urlencode
 
-from ..errors import ClientSettingsWarning, InvalidArgumentError
+from ..errors import AuthenticationFailedError, ClientSettingsWarning, InvalidArgumentError
 
 __all__ = [
     "ClientFamily",
+    "Login",
     "asyncio_client_family",
+    "login_refused",
     "check_client_settings",
     "client_family",
     "cluster_server_name",
     "is_cluster_client",
     "library_family",
+    "login_of",
+    "login_of_url",
     "redacted",
     "redacted_url",
     "server_name",
@@ -52,6 +58,9 @@ class ClientFamily:
     client: type  # the blocking client (redis.Redis)
     asyncio_client: type  # the asyncio client (redis.asyncio.Redis)
     unavailable: tuple[type[BaseException], ...]  # the server did not answer: ConnectionError, TimeoutError
+    authentication: type[BaseException]  # the server refused the login (a ConnectionError, so also "unavailable")
+    # No sentinel gave the master's address (the blocking and the asyncio class): why is only in its text.
+    master_not_found: tuple[type[BaseException], ...]
     busy_loading: type[BaseException]
     read_only: type[BaseException]
     no_script: type[BaseException]
@@ -84,11 +93,15 @@ def library_family(library: str) -> ClientFamily:
     asyncio_lib = importlib.import_module(f"{library}.asyncio")
     asyncio_connection = importlib.import_module(f"{library}.asyncio.connection")
     cluster = importlib.import_module(f"{library}.cluster")
+    sentinel = importlib.import_module(f"{library}.sentinel")
+    asyncio_sentinel = importlib.import_module(f"{library}.asyncio.sentinel")
     return ClientFamily(
         library=library,
         client=getattr(lib, client_name),
         asyncio_client=getattr(asyncio_lib, client_name),
         unavailable=(exceptions.ConnectionError, exceptions.TimeoutError),
+        authentication=exceptions.AuthenticationError,
+        master_not_found=(sentinel.MasterNotFoundError, asyncio_sentinel.MasterNotFoundError),
         busy_loading=exceptions.BusyLoadingError,
         read_only=exceptions.ReadOnlyError,
         no_script=exceptions.NoScriptError,
@@ -208,6 +221,146 @@ def server_name(client: Any, family: ClientFamily) -> str:
     tls = isinstance(connection_class, type) and issubclass(connection_class, family.ssl_connections)
     scheme = "rediss" if tls else "redis"
     return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+@dataclass(frozen=True)
+class Login:
+    """What a client logs in with, for messages: the user names and whether a password was given, never the password.
+
+    ``user`` is None for the default user; ``provider`` is True when a credential provider supplies the login
+    (its user is then unknown here). For a Sentinel-managed master, ``sentinels`` lists the sentinels' addresses,
+    with the sentinels' own login (``sentinel_user``, ``sentinel_password``); ``topology`` is ``"server"``,
+    ``"sentinel"`` or ``"cluster"``."""
+
+    user: str | None = None
+    password: bool = False
+    provider: bool = False
+    topology: str = "server"
+    sentinels: tuple[str, ...] = ()
+    sentinel_user: str | None = None
+    sentinel_password: bool = False
+
+
+def _login_fields(kwargs: Any) -> dict[str, Any]:
+    if not isinstance(kwargs, dict):
+        return {}
+    return {
+        "user": kwargs.get("username") or None,
+        "password": bool(kwargs.get("password")),
+        "provider": kwargs.get("credential_provider") is not None,
+    }
+
+
+def login_of(client: Any) -> Login:
+    """What ``client`` (either library, either side, one server, a Sentinel-managed master or a cluster) logs in
+    with. A client whose settings cannot be read (a stand-in) logs in as the default user, with no password."""
+    if is_cluster_client(client):
+        kwargs = getattr(client, "connection_kwargs", None)
+        if not isinstance(kwargs, dict):
+            kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None)
+        return Login(**_login_fields(kwargs), topology="cluster")
+    pool = getattr(client, "connection_pool", None)
+    fields = _login_fields(getattr(pool, "connection_kwargs", None))
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is None:
+        return Login(**fields)
+    sentinels = []
+    for sentinel in getattr(manager, "sentinels", ()):
+        kwargs = getattr(getattr(sentinel, "connection_pool", None), "connection_kwargs", None) or {}
+        sentinels.append(f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}")
+    theirs = _login_fields(getattr(manager, "sentinel_kwargs", None))
+    return Login(
+        **fields,
+        topology="sentinel",
+        sentinels=tuple(sentinels),
+        sentinel_user=theirs.get("user"),
+        sentinel_password=bool(theirs.get("password")),
+    )
+
+
+def login_of_url(url: str, topology: str = "server") -> Login:
+    """What a client made from ``url`` logs in with (for an error raised while making it)."""
+    match = _USERINFO.match(url)
+    if match is None:
+        return Login(topology=topology)
+    user, colon, password = match["userinfo"].partition(":")
+    if not colon:  # one field alone is a password, as redis-py reads redis://secret@host
+        user, password = "", user
+    return Login(user=unquote(user) or None, password=bool(password), topology=topology)
+
+
+def _refused_login(exc: BaseException, family: ClientFamily) -> tuple[BaseException, bool] | None:
+    """The authentication error behind ``exc`` (itself, or what caused it: a cluster client wraps it), and whether
+    the sentinels refused (a ``MasterNotFoundError`` whose text, all it has, names an authentication error)."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # a short chain: the error, what a cluster client wrapped it in, ...
+        if seen is None:
+            return None
+        if isinstance(seen, family.authentication):
+            return seen, False
+        if isinstance(seen, family.master_not_found) and "AuthenticationError" in str(seen):
+            return seen, True
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def login_refused(
+    exc: BaseException,
+    family: ClientFamily,
+    login: Login,
+    *,
+    operation: str,
+    key: str | None,
+    server: str,
+    where: str | None = None,
+) -> AuthenticationFailedError | None:
+    """``exc`` told as an ``AuthenticationFailedError`` if a refused login is behind it (None otherwise): who was
+    refused where, and how to give the password. ``where``: the node, for a cluster. Never the password."""
+    found = _refused_login(exc, family)
+    if found is None:
+        return None
+    refused, by_sentinels = found
+    if by_sentinels:
+        user, given = login.sentinel_user, login.sentinel_password
+        at = f"the sentinels of {server} ({', '.join(login.sentinels)})" if login.sentinels else "the sentinels"
+        said = "no sentinel gave the master's address, and at least one refused the login"
+        how = (
+            "give the sentinels' own password in the URL (redis+sentinel://...?sentinel_password=...&"
+            "sentinel_username=...; the URL's user info is the master's) or to the client (Sentinel(..., "
+            "sentinel_kwargs={'password': ..., 'username': ...}))"
+        )
+    else:
+        user, given = login.user, login.password
+        at = f"{server} ({where})" if where else server
+        said = f"the server said: {refused}"
+        client = family.cluster_clients[0].__name__ if login.topology == "cluster" else family.client.__name__
+        how = {
+            "server": "give it in the server URL (redis://user:password@host:port/db) or to the client "
+            f"({family.library}.{client}(username=..., password=...))",
+            "sentinel": "give the master's password in the URL (redis+sentinel://user:password@host:port,.../"
+            "service/db) or to the client (Sentinel(...).master_for(service, username=..., password=...))",
+            "cluster": "give it in the URL (redis+cluster://user:password@host:port,...) or to the client "
+            f"({family.library}.cluster.{client}(username=..., password=...))",
+        }[login.topology]
+        if login.topology == "sentinel":
+            at = f"the master of {at}"
+    if login.provider and not by_sentinels:
+        who, name = "the user of the client's credential provider", None
+    else:
+        name = user or "default"
+        who = f"user {name!r}"
+    if login.provider and not by_sentinels:
+        what = "the credential provider's login was refused"
+    elif given:
+        what = "the password given was refused (wrong, or the user is unknown or disabled)"
+    else:
+        what = "no password was given, and one is needed"
+    return AuthenticationFailedError(
+        f"authentication failed during {operation} at {at} for {who}: {what} ({said}); {how}",
+        key=key,
+        server=server,
+        user=name,
+    )
 
 
 # scheme://userinfo@rest. The user info is read as widely as it can be (up to the last "@" before any query), so

@@ -4,8 +4,12 @@ Each node is an :class:`~hybridlock.testing.EmbeddedServer` started with ``--clu
 also listens on its port + 10000 (the cluster bus), so every port is chosen with that one free too. The cluster is
 then formed with plain commands, so no ``redis-cli`` is needed: the 16384 slots are split evenly over the masters
 (``CLUSTER ADDSLOTSRANGE``), the nodes meet (``CLUSTER MEET``), each replica follows its master (``CLUSTER
-REPLICATE``), and ``start`` returns once every node reports ``cluster_state:ok`` and agrees on the slots. Nothing is
-persisted; every node is stopped by pid.
+REPLICATE``), and ``start`` returns once every node reports ``cluster_state:ok`` and agrees on the slots, and every
+replica has made its first sync with its master and caught up (``wait_synced``): a lease taken right after
+``start`` reaches the replicas as it would in a cluster long up, so a test that kills a master then tests a
+failover, not a replica that had nothing yet. A replica syncs at once (``repl-diskless-sync-delay 0``: the
+server's default waits 5 s for more replicas to share one transfer). Nothing is persisted; every node is stopped
+by pid.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class EmbeddedCluster:
                         "--cluster-node-timeout", str(self.node_timeout),
                         # A replica may always take over, however long it was cut off (tests cut them off).
                         "--cluster-replica-validity-factor", "0",
+                        # A new replica syncs at once (the default waits 5 s for more replicas to share one transfer).
+                        "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
                         *self.extra_args,
                     ),
                 )  # fmt: skip
@@ -135,6 +141,48 @@ class EmbeddedCluster:
                         raise
                     time.sleep(0.05)
         self.wait_healthy(timeout=max(1.0, deadline - time.monotonic()))
+        self.wait_synced(timeout=max(1.0, deadline - time.monotonic()))
+
+    def wait_synced(self, timeout: float = 30.0) -> None:
+        """Until every running replica is in sync with its master: its link is up (``master_link_status:up``, no
+        sync under way) at the master's replication offset, and the master has it online at that offset too (the
+        replica's acknowledgement arrived). From then on a write reaches the replicas in the time a write takes to
+        replicate, not after a full sync."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                lagging = self._unsynced()
+            except Exception as exc:  # a node restarting, say: ask again
+                lagging = [f"{type(exc).__name__}: {exc}"]
+            if not lagging:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the replicas did not sync within {timeout} s: {'; '.join(lagging)}")
+            time.sleep(0.05)
+
+    def _unsynced(self) -> list[str]:
+        """What each running replica not in sync lacks (empty when all are)."""
+        running = [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+        lagging = []
+        for node in running:
+            info = self.command(node, "INFO", "replication")
+            if info.get("role") != "slave":
+                continue
+            master_port = int(info["master_port"])
+            link, syncing = info.get("master_link_status"), int(info.get("master_sync_in_progress", 0))
+            if link != "up" or syncing:
+                lagging.append(f"replica {node.port}: link to {master_port} {link}, sync in progress {syncing}")
+                continue
+            master = self.command(next(n for n in running if n.port == master_port), "INFO", "replication")
+            offset = int(master.get("master_repl_offset", -1))
+            seen = [v for k, v in master.items() if k.startswith("slave") and isinstance(v, dict)]
+            mine = next((entry for entry in seen if int(entry.get("port", 0)) == node.port), None)
+            if int(info.get("slave_repl_offset", -1)) != offset or mine is None:
+                lagging.append(f"replica {node.port}: at {info.get('slave_repl_offset')} of {master_port}'s {offset}")
+            elif mine.get("state") != "online" or int(mine.get("offset", -1)) != offset:
+                state, at = mine.get("state"), mine.get("offset")
+                lagging.append(f"replica {node.port}: its master {master_port} sees it {state} at {at}")
+        return lagging
 
     def wait_healthy(self, timeout: float = 30.0, nodes: list[EmbeddedServer] | None = None) -> None:
         """Until every running node (or each of ``nodes``) says ``cluster_state:ok``, knows every running node,

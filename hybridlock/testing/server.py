@@ -126,7 +126,8 @@ class EmbeddedServer:
                 return False
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as sock:
                 sock.sendall(b"PING\r\n")
-                if sock.recv(64).startswith(b"+PONG"):
+                # A server started with --requirepass answers, and is ready, all the same.
+                if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                     return True
             time.sleep(0.02)
         return False

@@ -9,11 +9,19 @@ one ``AsyncRedisBackend`` per server running the same scripts as a single server
 * acquire: ACQUIRE on every server (never queueing: see below); with a majority granted, ``T`` = the largest
   token minted, then RAISE_FENCE to ``T`` on the granting servers that minted less; the attempt counts only if a
   majority of servers holds ``T`` and the lease is still valid (lease - elapsed - drift > 0). A failed attempt
-  gives back every grant it got.
+  gives back every grant it got. Then, best effort and not counted, RAISE_FENCE on every other server that
+  answered (those that refused), so that ``T`` survives a lost counter ("Lost counters" in
+  ``hybridlock._core.quorum``): one more parallel round trip, only when some server refused (contention) or a
+  majority minted ``T`` already. Uncontended, an acquire costs what it did: N ACQUIRE, then RAISE_FENCE on the
+  granting servers that minted less (two parallel round trips).
 * renew: RENEW on every server; a lease is extended if a majority renewed it and the replies came back while the
   renewed lease is valid. If not, but the servers that renewed it and the silent ones among its last holders are a
   majority, it stays ours, not extended, until the last holders' deadline (the renewal is reported unreachable,
-  as a failed round); otherwise the holder is told it lost the lock.
+  as a failed round); otherwise the holder is told it lost the lock. A renewal whose lease ends before that
+  deadline (a shorter lease by hand) brings the deadline down to its own before it is sent: a silent holder may
+  have run it, and one that said yes certainly did; and it goes in the lock's lanes, so that while it is still
+  out at a server, later renewals do not count that server's yes (the shorter lease may still land there after
+  them).
 * release: RELEASE on every server (also where the attempt never got the key: harmless); True if a majority still
   held our lease, or the same covering as for a renewal holds.
 
@@ -50,8 +58,13 @@ Failure modes
 * A caller cancelled (or, on threads, interrupted by ``KeyboardInterrupt``) while its calls are out: they are on
   the wire already, so they are left to finish in their lanes as stragglers (a grant among them is given back
   there), and the attempt's undo, a release, waits behind them in each lane.
-* A server restarted without persistence must stay out for the longest lease first (the delayed-restart rule in
-  ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock held across it lives on the others.
+* A server restarted without persistence must stay out for the longest lease first, and for more than twice the
+  clock skew (the delayed-restart rule in ``hybridlock._core.quorum``). Keys it lost are not rebuilt there: a lock
+  held across it lives on the others.
+* A key's fencing counter lost on one server (deleted, evicted): tokens stay higher while the servers that lost it
+  and those the last acquisition's write-back missed are fewer than a majority; the next acquisition that reaches
+  it restores it. A counter at or above 2^53 - 1 makes its server refuse the key (``FencingCounterError``), which
+  counts as that server failing; when that leaves no majority, acquire raises ``FencingCounterError``.
 """
 
 from __future__ import annotations
@@ -64,7 +77,13 @@ from typing import Any
 from ..._core.config import lease_drift
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError
+from ...errors import (
+    AuthenticationFailedError,
+    BackendUnavailableError,
+    FencingCounterError,
+    HybridLockError,
+    InvalidArgumentError,
+)
 from .._compat import AsyncFanOut, LateHandler, monotonic, shielded
 from .base import AcquireResult, AsyncLockBackend
 from .redis import AsyncRedisBackend
@@ -142,18 +161,38 @@ class AsyncQuorumBackend(AsyncLockBackend):
             queue=queue,
         )
 
-    def _unavailable(self, key: str | None, operation: str, outcomes: Sequence[Any]) -> BackendUnavailableError:
+    def _unavailable(
+        self, key: str | None, operation: str, outcomes: Sequence[Any], *, counter: str | None = None
+    ) -> HybridLockError:
+        """The error for a round that fewer than a majority answered, naming every failed server with its failure:
+        ``BackendUnavailableError``; ``AuthenticationFailedError`` when only refused logins cost the majority; or
+        ``FencingCounterError`` when some server refused the key's fencing counter (``counter``: its key name) and
+        no majority is left without those servers."""
+        errors = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
         failures = [
             f"{server.address}: {_reason(outcome)}"
             for server, outcome in zip(self.servers, outcomes, strict=True)
             if isinstance(outcome, Exception)
         ]
-        return BackendUnavailableError(
+        message = (
             f"fewer than a majority ({self.majority} of {len(self.servers)}) of the quorum's servers answered the "
-            f"{operation}; failed: {'; '.join(failures)}",
-            key=key,
-            server=self.address,
+            f"{operation}; failed: {'; '.join(failures)}"
         )
+        refused = [outcome for outcome in outcomes if isinstance(outcome, FencingCounterError)]
+        if refused and counter is not None:
+            return FencingCounterError(message, key=key, server=self.address, counter=counter, value=refused[0].value)
+        if errors and all(isinstance(error, AuthenticationFailedError) for error in errors):
+            # Only refused logins cost the majority: a setting to fix, not a wait for servers to come back.
+            users = {error.user for error in errors if isinstance(error, AuthenticationFailedError)}
+            user = users.pop() if len(users) == 1 else None
+            who = f" for user {user!r}" if user is not None else ""
+            return AuthenticationFailedError(
+                f"authentication failed at {len(errors)} of the quorum's {len(self.servers)} servers{who}: {message}",
+                key=key,
+                server=self.address,
+                user=user,
+            )
+        return BackendUnavailableError(message, key=key, server=self.address)
 
     # -- plain locks -----------------------------------------------------------------------------------------------
 
@@ -173,26 +212,29 @@ class AsyncQuorumBackend(AsyncLockBackend):
             if decision.granted:
                 await shielded(partial(self._give_back, names, owner, decision.granted))
             if decision.reachable < self.majority:
-                raise self._unavailable(names.key, "acquire", outcomes)
+                raise self._unavailable(names.key, "acquire", outcomes, counter=names.fence)
             return AcquireResult(False, None, decision.holder_ttl)
         token = decision.token
         assert token is not None
-        raised = 0
-        if decision.write_back and not write_back_holds(len(self.servers), decision.already_at_token, 0):
-            # (When a majority minted the token already, it holds there: raising the others' counters adds nothing.)
+        counted: tuple[int, ...] = ()
+        if not write_back_holds(len(self.servers), decision.already_at_token, 0):
+            # (When a majority minted the token already, it holds there: nothing needs counting.)
+            counted = decision.write_back
             written = await self._on_servers(
-                decision.write_back,
-                self.majority - decision.already_at_token,
-                names.lock,
-                "raise_fence",
-                names,
-                token,
+                counted, self.majority - decision.already_at_token, names.lock, "raise_fence", names, token
             )
             raised = sum(1 for outcome in written if not isinstance(outcome, Exception))
             if not write_back_holds(len(self.servers), decision.already_at_token, raised):
                 await shielded(partial(self._give_back, names, owner, decision.granted))
-                failed = dict(zip(decision.write_back, written, strict=True))
+                failed = dict(zip(counted, written, strict=True))
                 raise self._unavailable(names.key, "fencing write-back", [failed.get(i) for i in range(len(outcomes))])
+        # Then, best effort and not counted, every other server that answered: the token then survives lost
+        # counters on as many servers as possible ("Lost counters" in hybridlock._core.quorum). A separate round
+        # trip, and only when some server answered without being counted above (it refused us, or a majority
+        # minted the token already): a refuser counted among the calls above could cut a needed one short.
+        spare = tuple(i for i in decision.write_back if i not in counted) + decision.also_raise
+        if spare:
+            await self._on_servers(spare, 0, names.lock, "raise_fence", names, token)
         if validity_left(lease, monotonic() - start) <= 0:
             # The replies came back too late to leave any of the lease: as if refused (the caller retries).
             await shielded(partial(self._give_back, names, owner, decision.granted))
@@ -248,7 +290,16 @@ class AsyncQuorumBackend(AsyncLockBackend):
             return []
         lease = lease_ms / 1000.0
         start = monotonic()
+        deadline = start + lease - lease_drift(lease)
         before = [self._holders.get((lock.lock, owner)) for lock in names]
+        shortening = False
+        for index, held in enumerate(before):
+            if held is not None and deadline < held.until:
+                # The servers that run this renewal keep our lease only until its own deadline: a holder that says
+                # yes, or stays silent after running it, covers no longer than that (see the module docstring).
+                shortening = True
+                lowered = _Holders(held.servers, deadline)
+                self._holders[names[index].lock, owner] = before[index] = lowered
         # A server still carrying an earlier call about a lock (a give-back, a late grant's release, a straggling
         # write-back) may be about to delete what it holds of ours: its yes to this renewal counts for nothing.
         # (Renewals do not wait in those lanes, so they can overtake such a call; an acquire round never counts
@@ -256,7 +307,10 @@ class AsyncQuorumBackend(AsyncLockBackend):
         pending = [
             {index for index in range(len(self.servers)) if self._fan_out.busy((index, lock.lock))} for lock in names
         ]
-        outcomes = await self._on_all(None, "renew", names, owner, lease_ms)
+        # A shortening renewal (by hand: one lock) travels in the lock's lanes: a server that has not answered it
+        # keeps the lane busy, and is not counted by the renewals after it (``pending`` above) until it has.
+        lane = names[0].lock if shortening and len(names) == 1 else None
+        outcomes = await self._on_all(lane, "renew", names, owner, lease_ms)
         now = monotonic()
         in_time = validity_left(lease, now - start) > 0
         kept: list[bool | None] = []
@@ -270,7 +324,7 @@ class AsyncQuorumBackend(AsyncLockBackend):
             if verdict.held and in_time:
                 renewed = tuple(i for i, flag in enumerate(flags) if flag)
                 if self._holders.get((lock.lock, owner)) is held:  # not released (or taken afresh) meanwhile
-                    self._holders[lock.lock, owner] = _Holders(renewed, start + lease - lease_drift(lease))
+                    self._holders[lock.lock, owner] = _Holders(renewed, deadline)
                 kept.append(True)
             elif verdict.covered and held is not None and now < held.until:
                 kept.append(None)

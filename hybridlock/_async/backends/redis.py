@@ -39,8 +39,23 @@ from ..._core.config import ReplicaConfirmation
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
-from ...backends.clients import ClientFamily, asyncio_client_family, is_cluster_client, library_family, server_name
-from ...errors import BackendUnavailableError, HybridLockError, InvalidArgumentError, ReplicationNotConfirmedError
+from ...backends.clients import (
+    ClientFamily,
+    Login,
+    asyncio_client_family,
+    is_cluster_client,
+    library_family,
+    login_of,
+    login_refused,
+    server_name,
+)
+from ...errors import (
+    BackendUnavailableError,
+    FencingCounterError,
+    HybridLockError,
+    InvalidArgumentError,
+    ReplicationNotConfirmedError,
+)
 from .._compat import AsyncCondition, shielded
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
@@ -66,10 +81,15 @@ def client_address(client: Any) -> str:
 
 @contextlib.contextmanager
 def translated_errors(
-    key: str | None, server: str, operation: str = "request", family: ClientFamily | None = None
+    key: str | None,
+    server: str,
+    operation: str = "request",
+    family: ClientFamily | None = None,
+    login: Login | None = None,
 ) -> Iterator[None]:
     """The one place where the client library's exceptions become hybridlock's, naming the operation, the key and
-    the server. ``family``: the client's library (``clients.asyncio_client_family``; default redis-py's).
+    the server. ``family``: the client's library (``clients.asyncio_client_family``; default redis-py's); ``login``:
+    what the client logs in with (``clients.login_of``), for a refused login's message.
 
     A plain context manager on both sides: it only catches, so ``with`` around an ``await`` is all it needs, and a
     cancellation (not a client error) passes through untouched.
@@ -81,17 +101,35 @@ def translated_errors(
     try:
         yield
     except BaseException as exc:
-        error = translated_error(exc, key, server, operation, family)
+        error = translated_error(exc, key, server, operation, family, login)
         if error is None:
             raise
         raise error from exc
 
 
 def translated_error(
-    exc: BaseException, key: str | None, server: str, operation: str, family: ClientFamily
+    exc: BaseException,
+    key: str | None,
+    server: str,
+    operation: str,
+    family: ClientFamily,
+    login: Login | None = None,
 ) -> HybridLockError | None:
     """What ``translated_errors`` raises in place of ``exc`` (chained to it); None for an exception that is not the
-    client library's (a cancellation, a bug), which passes through untouched."""
+    client library's (a cancellation, a bug), which passes through untouched. A refused login (the server's, or a
+    Sentinel service's sentinels') is an ``AuthenticationFailedError`` saying how to give the password."""
+    refused = login_refused(exc, family, login or Login(), operation=operation, key=key, server=server)
+    if refused is not None:
+        return refused
+    if isinstance(exc, family.master_not_found):
+        # The client's own text is the repr of every sentinel client it asked: say what it means instead.
+        sentinels = f" ({', '.join(login.sentinels)})" if login is not None and login.sentinels else ""
+        return BackendUnavailableError(
+            f"no master found during {operation}: the sentinels{sentinels} could not be reached, or none knows a "
+            "master for the service",
+            key=key,
+            server=server,
+        )
     if isinstance(exc, family.unavailable):
         return BackendUnavailableError(f"lock server unreachable during {operation}: {exc}", key=key, server=server)
     if isinstance(exc, family.busy_loading):
@@ -266,6 +304,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             )
         self.client = client
         self.address = server_name(client, self._family)
+        self.login = login_of(client)  # for a refused login's message
         self.confirmation = confirmation
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
@@ -294,7 +333,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             with self._errors_at(about, operation):
                 yield
         except BaseException as exc:
-            error = translated_error(exc, keys_of(about), self.address, operation, self._family)
+            error = translated_error(exc, keys_of(about), self.address, operation, self._family, self.login)
             if error is None:
                 raise
             raise error from exc
@@ -397,10 +436,11 @@ class AsyncRedisBackend(AsyncLockBackend):
         )
         return keys, args
 
-    @staticmethod
-    def _acquire_result(reply: Any) -> AcquireResult:
+    def _acquire_result(self, names: LockNames, reply: Any) -> AcquireResult:
         if isinstance(reply, int):
             return AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names, reply[1], "acquire")
         if reply[0]:
             return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
         pttl = reply[1]
@@ -411,7 +451,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     ) -> AcquireResult:
         keys, args = await self._acquire_args(names, owner, lease_ms, queue, place)
         reply, acknowledged = await self._run_write(names, "acquire", scripts.ACQUIRE, keys, args)
-        result = self._acquire_result(reply)
+        result = self._acquire_result(names, reply)
         if not result.acquired:
             return result
         if not self._confirmed(acknowledged):
@@ -437,6 +477,8 @@ class AsyncRedisBackend(AsyncLockBackend):
             *(n.channel for n in names),
         ]
         reply, acknowledged = await self._run_write(names, "acquire of several locks", scripts.ACQUIRE_MANY, keys, args)
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names[reply[2] - 1], reply[1], "acquire of several locks")
         if reply[0] and not self._confirmed(acknowledged):
             announcement = await self._announcement()
 
@@ -546,17 +588,19 @@ class AsyncRedisBackend(AsyncLockBackend):
         if replies is None:  # a cold script cache: the script did not run
             return await self.try_acquire(names, owner, lease_ms, True, place), None
         reply, popped = replies
-        result = self._acquire_result(reply)
+        result = self._acquire_result(names, reply)
         if result.acquired:
             return result, None  # (the pop took our own grant, pushed by the script)
         return result, None if popped is None else self._grant_read(popped[1], wait_id)
 
     def _grant_read(self, grant: Any, wait_id: str) -> AcquireResult:
-        """What a grant popped from our box says: ours (acquired, with its token and whether others queue), or one
-        to an earlier wait of ours, never read (that wait ended without leaving the queue, the server being out of
-        reach): refused, so that the caller attempts again now and takes over the lock that may be ours by it."""
+        """What a grant popped from our box says: ours (acquired, with its token and whether others queue); or
+        refused, so that the caller attempts again now: a grant to an earlier wait of ours, never read (that wait
+        ended without leaving the queue, the server being out of reach), and the lock may be ours by it; or our turn
+        came but no token could be minted ("refused": the fencing counter is out of range, which the attempt
+        reports)."""
         granted, token, contended = _text(grant).split(":")
-        if granted != wait_id:
+        if granted != wait_id or not token.isdigit():
             return AcquireResult(False)
         return AcquireResult(True, int(token), None, contended == "1")
 
@@ -683,6 +727,8 @@ class AsyncRedisBackend(AsyncLockBackend):
             (names.writer, names.readers, names.writers_waiting, names.fence),
             (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, await self._announcement(), int(wait)),
         )
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise self._out_of_range(names, reply[1], "write acquire")
         if reply[0] and not self._confirmed(acknowledged):
             raise await self._given_back(
                 names.key, "write acquire", acknowledged, lambda: self.release_write(names, owner)
@@ -741,9 +787,18 @@ class AsyncRedisBackend(AsyncLockBackend):
             await pipe.execute()
 
     async def raise_fence(self, names: LockNames, token: int) -> None:
-        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back)."""
+        """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back).
+        ``FencingCounterError`` when the counter holds a number outside the exact range (left alone)."""
         async with self._translated(names, "fencing write-back"):
-            await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+            reply = await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+        if reply != 1:
+            raise self._out_of_range(names, reply[1], "fencing write-back")
+
+    def _out_of_range(self, names: LockNames | ReadWriteNames, stored: Any, operation: str) -> FencingCounterError:
+        """A script refused the fencing counter of ``names`` (``{OUT_OF_RANGE, stored}``): see ``scripts``."""
+        return scripts.fencing_counter_error(
+            stored, key=names.key, counter=names.fence, server=self.address, operation=operation
+        )
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         return await self._subscriber.watch(names.channel, owner)

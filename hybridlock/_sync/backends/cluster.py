@@ -53,7 +53,17 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from ..._core.names import LockNames, ReadWriteNames
-from ...backends.clients import client_family, cluster_server_name, is_cluster_client, redacted, redacted_url
+from ...backends.clients import (
+    client_family,
+    cluster_server_name,
+    is_cluster_client,
+    library_family,
+    login_of,
+    login_of_url,
+    login_refused,
+    redacted,
+    redacted_url,
+)
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from .._compat import Condition, FanOut, monotonic, new_guard, sleep
 from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
@@ -122,6 +132,16 @@ def redis_cluster_client_from_url(url: str, *, decode_responses: bool = False) -
         )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # (Only the blocking client gets here: it connects at once.)
+        refused = login_refused(
+            exc,
+            library_family("redis"),
+            login_of_url(plain, "cluster"),
+            operation="connection",
+            key=None,
+            server=redacted_url(url),
+        )
+        if refused is not None:
+            raise refused from exc
         raise BackendUnavailableError(
             f"lock cluster unreachable: {redacted(str(exc), url)}", server=redacted_url(url)
         ) from exc
@@ -286,6 +306,7 @@ class RedisClusterBackend(RedisBackend):
             )
         self.client = client
         self.address = address or cluster_server_name(client, self._family)
+        self.login = login_of(client)  # for a refused login's message
         self._owns_client = owns_client
         # Replica confirmation (WAIT on the connection that wrote) is built for one master; the registry refuses it
         # for a cluster.
@@ -325,7 +346,9 @@ class RedisClusterBackend(RedisBackend):
 
     def _announcement(self) -> str:
         if self._sharded is None:
-            self._sharded = self._has_sharded_pubsub()
+            # Often the first call to the cluster (the asyncio client connects then): its errors are translated too.
+            with self._translated(None, "check of the cluster's servers"):
+                self._sharded = self._has_sharded_pubsub()
         return "spublish" if self._sharded else ""
 
     def _has_sharded_pubsub(self) -> bool:
@@ -349,18 +372,19 @@ class RedisClusterBackend(RedisBackend):
         family = self._family
         try:
             yield
-        except family.cluster_unavailable as exc:
-            raise BackendUnavailableError(
-                f"lock cluster cannot serve {self._where(about)} now, {operation} refused: {exc}",
-                key=keys_of(about),
-                server=self.address,
-            ) from exc
-        except family.unavailable as exc:
-            raise BackendUnavailableError(
-                f"lock server unreachable during {operation} ({self._where(about)}): {exc}",
-                key=keys_of(about),
-                server=self.address,
-            ) from exc
+        except (*family.cluster_unavailable, *family.unavailable) as exc:
+            where = self._where(about)
+            # A node refusing the login (found even under what the cluster client wrapped it in) says so.
+            refused = login_refused(
+                exc, family, self.login, operation=operation, key=keys_of(about), server=self.address, where=where
+            )
+            if refused is not None:
+                raise refused from exc
+            if isinstance(exc, family.cluster_unavailable):
+                message = f"lock cluster cannot serve {where} now, {operation} refused: {exc}"
+            else:
+                message = f"lock server unreachable during {operation} ({where}): {exc}"
+            raise BackendUnavailableError(message, key=keys_of(about), server=self.address) from exc
 
     def _where(self, about: About) -> str:
         """``slot S at node host:port`` for the locks an operation was about (where the client sends them now)."""
