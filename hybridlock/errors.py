@@ -91,6 +91,9 @@ class LockLostError(HybridLockError, RuntimeError):
 
     Another holder may have entered the critical section in the meantime, so data the lock guarded may have been
     changed by someone else. The local lock has been released all the same when this is raised from ``release()``.
+
+    ``release()`` of a lease already known lost raises this whatever the server says: when the server cannot be
+    reached to take the lease back, its ``BackendUnavailableError`` is this error's ``__cause__``.
     """
 
 
@@ -102,7 +105,8 @@ class BackendUnavailableError(HybridLockError, ConnectionError):
     """The lock server could not be reached, or did not answer in time.
 
     The operation did not take the lock: an ``acquire`` that raises this has released the local lock, and a
-    ``release`` that raises this has released the local lock (the server key then ends with its lease).
+    ``release`` that raises this has released the local lock (the server key then ends with its lease). A
+    ``release`` raises this only for a lease not known lost; one known lost raises ``LockLostError`` instead.
     """
 
 

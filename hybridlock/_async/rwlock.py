@@ -33,7 +33,7 @@ from .._core.config import validate_timeout
 from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
-from ..errors import LockNotOwnedError, LockUpgradeError
+from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
 from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_loop
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
@@ -240,8 +240,13 @@ class AsyncReadLock(_Half):
             rw._read_hold = "busy"
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             released = await self._give_back(self._context.client_id)
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -251,7 +256,7 @@ class AsyncReadLock(_Half):
                 rw._read_hold = "none"
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class AsyncWriteLock(_Half):
@@ -353,15 +358,20 @@ class AsyncWriteLock(_Half):
                 return
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             released = await self._give_back(self._context.client_id)
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 self._end_lease()
                 rw._writer, rw._write_count = None, 0
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class AsyncReadWriteLock:

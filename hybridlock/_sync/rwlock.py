@@ -34,7 +34,7 @@ from .._core.config import validate_timeout
 from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
-from ..errors import LockNotOwnedError, LockUpgradeError
+from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
 from ._compat import Condition, current_owner, monotonic, refuse_in_event_loop
 from .backends.base import ReleaseWatch
 from .lease import ServerLease
@@ -241,8 +241,13 @@ class ReadLock(_Half):
             rw._read_hold = "busy"
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             released = self._give_back(self._context.client_id)
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -252,7 +257,7 @@ class ReadLock(_Half):
                 rw._read_hold = "none"
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class WriteLock(_Half):
@@ -354,15 +359,20 @@ class WriteLock(_Half):
                 return
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             released = self._give_back(self._context.client_id)
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 self._end_lease()
                 rw._writer, rw._write_count = None, 0
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class ReadWriteLock:

@@ -1,0 +1,152 @@
+"""Which error a failure raises, on real servers, for every lock kind: written once for asyncio (owners are tasks)
+and generated into ``tests/_sync`` (owners are threads).
+
+The rule for ``release()``: a lease already known lost raises ``LockLostError`` whatever the server says (the loss
+is what the caller must hear: someone else may have held the lock meanwhile); the server's failure to take the
+lease back is its ``__cause__``. ``BackendUnavailableError`` only when the lease was not known lost. Either way the
+lock is released here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+import hybridlock
+from hybridlock.testing import EmbeddedServer
+
+from ._compat import sleep
+from .helpers import Kind, kinds
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
+
+# A short socket timeout, so that a paused server costs little.
+FAST = "?socket_timeout=0.5&socket_connect_timeout=0.5"
+
+
+async def _wait_until_lost(lock: Any, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not lock.lost and time.monotonic() < deadline:
+        await sleep(0.02)
+    assert lock.lost, f"the lease was not reported lost within {within}s"
+
+
+def _delete_leases(servers: list[EmbeddedServer], keys: list[str]) -> None:
+    """What an operator's DEL or an eviction does: the lease keys are gone (every key of the lock's name)."""
+    for server in servers:
+        with redis.Redis.from_url(server.url) as client:
+            for key in keys:
+                names = client.keys(f"*{{{key}}}*")
+                if names:
+                    client.delete(*names)
+
+
+def _assert_names(error: BaseException, keys: list[str], servers: list[EmbeddedServer]) -> None:
+    assert isinstance(error, hybridlock.HybridLockError)
+    assert error.key in keys
+    assert error.server is not None
+    assert any(str(server.port) in error.server for server in servers), error.server
+
+
+# -- release of a lease known lost while the server is down ------------------------------------------------------------
+
+
+@kinds()
+@pytest.mark.parametrize("how", ["deleted, then killed", "deleted, then paused", "killed, lost at its deadline"])
+async def test_release_of_a_lease_known_lost_raises_lock_lost_while_the_server_is_down(
+    own_server: EmbeddedServer, kind: Kind, how: str
+) -> None:
+    async with hybridlock.AsyncLockRegistry(own_server.url + FAST, expire_after=1.5) as registry:
+        lock = kind.make(registry, "k")
+        assert await lock.acquire(timeout=5)
+        if how.startswith("deleted"):
+            _delete_leases([own_server], kind.keys("k"))  # found lost at the next renewal
+            await _wait_until_lost(lock)
+        if how.endswith("paused"):
+            own_server.pause()
+        else:
+            own_server.kill()
+        if how.endswith("deadline"):
+            await _wait_until_lost(lock)  # reported lost once valid_until passes without a renewal
+        try:
+            with pytest.raises(hybridlock.LockLostError) as caught:
+                await lock.release()
+        finally:
+            if how.endswith("paused"):
+                own_server.resume()
+        _assert_names(caught.value, kind.keys("k"), [own_server])
+        # The server's failure is kept as the cause, so nothing is hidden.
+        assert isinstance(caught.value.__cause__, hybridlock.BackendUnavailableError), repr(caught.value.__cause__)
+        assert not lock.is_held_by_current_thread()
+        with pytest.raises(hybridlock.LockNotOwnedError):
+            await lock.release()
+
+
+async def test_a_multi_key_release_reports_a_lost_part_before_an_unreachable_one(own_server: EmbeddedServer) -> None:
+    """One key lost, the other not: the server down fails both releases, and the loss is what is raised, whichever
+    key is released first."""
+    async with hybridlock.AsyncLockRegistry(own_server.url + FAST, expire_after=1.5) as registry:
+        for lost_key in ("a", "b"):
+            lock = registry.obtain_many(["a", "b"])
+            assert await lock.acquire(timeout=5)
+            _delete_leases([own_server], [lost_key])
+            part = next(p for p in lock.locks if p.key == lost_key)
+            await _wait_until_lost(part)
+            own_server.pause()
+            try:
+                with pytest.raises(hybridlock.LockLostError) as caught:
+                    await lock.release()
+            finally:
+                own_server.resume()
+            assert caught.value.key == lost_key
+            assert not lock.is_held_by_current_thread()
+
+
+@kinds()
+async def test_release_of_a_sound_lease_while_the_server_is_down_raises_backend_unavailable(
+    own_server: EmbeddedServer, kind: Kind
+) -> None:
+    async with hybridlock.AsyncLockRegistry(own_server.url + FAST) as registry:
+        lock = kind.make(registry, "k")
+        assert await lock.acquire(timeout=5)
+        own_server.kill()
+        with pytest.raises(hybridlock.BackendUnavailableError) as caught:
+            await lock.release()
+        assert not isinstance(caught.value, hybridlock.LockLostError)
+        _assert_names(caught.value, kind.keys("k"), [own_server])
+        assert not lock.is_held_by_current_thread()
+
+
+@kinds("plain", "multi")
+@pytest.mark.parametrize("how", ["deleted, then a majority killed", "a majority killed, lost at its deadline"])
+async def test_quorum_release_of_a_lease_known_lost_raises_lock_lost_while_a_majority_is_down(
+    kind: Kind, how: str
+) -> None:
+    servers = [EmbeddedServer().start() for _ in range(3)]
+    try:
+        urls = [server.url + FAST for server in servers]
+        async with hybridlock.AsyncQuorumLockRegistry(urls, expire_after=1.5) as registry:
+            lock = kind.make(registry, "k")
+            assert await lock.acquire(timeout=5)
+            if how.startswith("deleted"):
+                _delete_leases(servers, kind.keys("k"))
+                await _wait_until_lost(lock)
+            for server in servers[:2]:
+                server.kill()
+            if how.endswith("deadline"):
+                await _wait_until_lost(lock)
+            with pytest.raises(hybridlock.LockLostError) as caught:
+                await lock.release()
+            _assert_names(caught.value, kind.keys("k"), servers)
+            if how.endswith("deadline"):
+                # The live server still holds the lease; the dead majority leaves the release undecided.
+                assert isinstance(caught.value.__cause__, hybridlock.BackendUnavailableError), repr(
+                    caught.value.__cause__
+                )
+            assert not lock.is_held_by_current_thread()
+    finally:
+        for server in servers:
+            server.stop()
