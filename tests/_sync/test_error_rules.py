@@ -11,6 +11,7 @@ lock is released here.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -151,3 +152,69 @@ def test_quorum_release_of_a_lease_known_lost_raises_lock_lost_while_a_majority_
     finally:
         for server in servers:
             server.stop()
+
+
+# -- @synchronized templates -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "named"),
+    [
+        ("order:{n!z}", "!z"),  # no such conversion
+        ("order:{n:{width!z}}", "!z"),  # nor in a nested field
+        ("order:{n!r:d}", "Unknown format code 'd'"),  # a repr is a str, which no 'd' spec suits
+        ("order:{n:{width}}", "width"),  # a nested field naming no parameter
+        ("order:{n:{n:{n}}}", "recursion"),  # nested too deep for str.format
+    ],
+)
+def test_a_template_that_can_never_format_fails_when_decorating(template: str, named: str) -> None:
+    with hybridlock.LocalLockRegistry() as registry:
+        with pytest.raises(hybridlock.InvalidArgumentError) as caught:
+
+            @registry.synchronized(template)
+            def f(n: int) -> int:
+                return n
+
+        assert template in str(caught.value)
+        assert named in str(caught.value)
+
+
+class _Unformattable:
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("no key for you")
+
+
+@dataclass
+class _Order:
+    id: int
+
+
+@pytest.mark.parametrize(
+    ("template", "good", "value", "cause"),
+    [
+        ("order:{n:d}", 7, "abc", ValueError),  # a spec that does not suit the value
+        ("order:{n.id}", _Order(7), 42, AttributeError),
+        ("order:{n[0]}", [7], 42, TypeError),
+        ("order:{n}", 7, _Unformattable(), RuntimeError),  # whatever the value's __format__ raises
+    ],
+)
+def test_arguments_that_cannot_fill_the_template_raise_invalid_argument_naming_it(
+    template: str, good: Any, value: Any, cause: type[BaseException]
+) -> None:
+    with hybridlock.LocalLockRegistry() as registry:
+
+        @registry.synchronized(template)
+        def place_order(n: Any) -> Any:
+            return n
+
+        assert place_order(good) is good
+        with pytest.raises(hybridlock.InvalidArgumentError) as caught:
+            place_order(value)
+        message = str(caught.value)
+        assert template in message
+        assert "place_order" in message
+        assert "{n" in message  # the field,
+        assert type(value).__name__ in message  # and what its argument is
+        assert isinstance(caught.value.__cause__, cause)
+        assert caught.value.server == registry.server
+        assert registry.held_locks() == []
