@@ -126,7 +126,7 @@ def test_anyio_task_groups_share_a_lock_on_the_asyncio_backend(server: EmbeddedS
                             inner.start_soon(worker, f"b{i}")
                         await anyio.sleep(0.05)
                         assert order == [], "a task got in while the outer task held the lock"
-                        assert lock.is_held_by_current_thread()
+                        assert lock.is_held_by_current_task()
                         await lock.release()  # let the others in; the `async with` exit needs one level
                         await lock.acquire()  # back of the queue
                     order.append("holder back")

@@ -28,6 +28,7 @@ __all__ = [
     "AsyncFifoMutex",
     "AsyncWorker",
     "IS_ASYNC",
+    "OTHER_API_REGISTRY",
     "LateHandler",
     "Thunk",
     "at_exit",
@@ -46,6 +47,10 @@ T = TypeVar("T")
 
 #: Which side this is, for the few checks that must tell (a decorator accepts only functions it can call).
 IS_ASYNC = True
+
+#: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
+#: name it writes this side's. Here, the thread API's.
+OTHER_API_REGISTRY = "LockRegistry"
 
 #: A call with no arguments whose result is awaited: ``Thunk[int]`` is ``Callable[[], Awaitable[int]]`` here and
 #: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).

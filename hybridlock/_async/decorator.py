@@ -18,7 +18,7 @@ import wrapt
 
 from .._core.config import validate_timeout
 from ..errors import InvalidArgumentError, LockTimeoutError
-from ._compat import IS_ASYNC
+from ._compat import IS_ASYNC, OTHER_API_REGISTRY
 
 if TYPE_CHECKING:
     from .lock import AsyncHybridLock
@@ -163,11 +163,11 @@ def synchronized(registry: _Registry, template: str, *, timeout: float | None = 
                 f"@synchronized cannot hold a lock across a generator's yields ({raw.__qualname__})"
             )
         if inspect.iscoroutinefunction(raw) != IS_ASYNC:
+            # Worded for both sides (this runs on each): the other API is named through the shim.
+            what = "an async function" if inspect.iscoroutinefunction(raw) else "not an async function"
             raise InvalidArgumentError(
-                f"{raw.__qualname__} is an async function: decorate it with AsyncLockRegistry.synchronized"
-                if inspect.iscoroutinefunction(raw)
-                else f"{raw.__qualname__} is not an async function: AsyncLockRegistry.synchronized needs async def "
-                "(LockRegistry.synchronized decorates plain functions)"
+                f"{raw.__qualname__} is {what}, which {type(registry).__name__}.synchronized cannot run: decorate it "
+                f"with {OTHER_API_REGISTRY}.synchronized"
             )
         signature = inspect.signature(raw)
         accepts_any_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())

@@ -177,7 +177,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         """``threading.RLock``'s name (3.11+) for ``hold_count``: the current thread's depth, 0 if not the owner."""
         return self.hold_count
 
-    def is_held_by_current_thread(self) -> bool:
+    def is_held_by_current_task(self) -> bool:
+        """Whether this task holds the lock (no round trip)."""
         return self._owner == current_owner()
 
     async def locked(self) -> bool:
@@ -414,7 +415,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
                 self._failed_restores.discard(me)
                 return
             raise LockNotOwnedError(
-                "cannot release a lock this thread does not hold", key=self.key, server=self._context.server
+                "cannot release a lock this task does not hold", key=self.key, server=self._context.server
             )
         if self._count > 1:
             self._count -= 1

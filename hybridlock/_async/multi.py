@@ -196,11 +196,11 @@ class AsyncMultiLock(AsyncJavaStyleLock):
     async def release(self) -> None:
         """Release every key (newest first), then raise what went wrong: ``LockLostError`` if any key's lease was
         lost (whatever else failed), else the first error met."""
-        not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
+        not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_task()]
         if not_held:
             # ``key`` names the first key not held, as a single lock's error names its key.
             raise LockNotOwnedError(
-                f"cannot release keys this thread does not hold: {not_held}",
+                f"cannot release keys this task does not hold: {not_held}",
                 key=not_held[0],
                 server=self._context.server,
             )
@@ -231,9 +231,10 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         if first_error is not None:
             raise first_error
 
-    def is_held_by_current_thread(self) -> bool:
-        return all(lock.is_held_by_current_thread() for lock in self._locks)
+    def is_held_by_current_task(self) -> bool:
+        """Whether this task holds every key (no round trip)."""
+        return all(lock.is_held_by_current_task() for lock in self._locks)
 
     def __repr__(self) -> str:
-        held = "held by this thread" if self.is_held_by_current_thread() else "not held by this thread"
+        held = "held by this task" if self.is_held_by_current_task() else "not held by this task"
         return f"<hybridlock.AsyncMultiLock {self.keys!r} {held}>"

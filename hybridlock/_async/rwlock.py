@@ -34,7 +34,7 @@ from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
 from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
-from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_loop
+from ._compat import AsyncCondition, current_owner, describe_owner, monotonic, refuse_in_event_loop
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
@@ -94,7 +94,8 @@ class _Half(ServerLease, AsyncJavaStyleLock):
     def hold_count(self) -> int:
         raise NotImplementedError
 
-    def is_held_by_current_thread(self) -> bool:
+    def is_held_by_current_task(self) -> bool:
+        """Whether this task holds this half of the lock (no round trip)."""
         return self.hold_count > 0
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ class AsyncReadLock(_Half):
             depth = rw._readers.get(me, 0)
             if not depth:
                 raise LockNotOwnedError(
-                    "cannot release a read lock this thread does not hold", key=self.key, server=self._context.server
+                    "cannot release a read lock this task does not hold", key=self.key, server=self._context.server
                 )
             if depth > 1:
                 rw._readers[me] = depth - 1
@@ -311,7 +312,7 @@ class AsyncWriteLock(_Half):
                 return True
             if rw._readers.get(me):
                 raise LockUpgradeError(
-                    "this thread holds the read lock: release it before taking the write lock (upgrading could "
+                    "this task holds the read lock: release it before taking the write lock (upgrading could "
                     "deadlock with another upgrading reader)",
                     key=self.key,
                     server=self._context.server,
@@ -351,7 +352,7 @@ class AsyncWriteLock(_Half):
         with rw._cond:
             if rw._writer != me:
                 raise LockNotOwnedError(
-                    "cannot release a write lock this thread does not hold", key=self.key, server=self._context.server
+                    "cannot release a write lock this task does not hold", key=self.key, server=self._context.server
                 )
             if rw._write_count > 1:
                 rw._write_count -= 1
@@ -416,7 +417,7 @@ class AsyncReadWriteLock:
         self._read._watch = None
 
     def __repr__(self) -> str:
-        state: Any = f"{len(self._readers)} reader threads" if self._readers else "no readers"
+        state: Any = f"{len(self._readers)} readers" if self._readers else "no readers"
         if self._writer is not None:
-            state = f"written by thread {self._writer}"
+            state = f"written by {describe_owner(self._writer)}"
         return f"<hybridlock.AsyncReadWriteLock {self.key!r} {state} here at {id(self):#x}>"

@@ -25,6 +25,7 @@ __all__ = [
     "FanOut",
     "FifoMutex",
     "IS_ASYNC",
+    "OTHER_API_REGISTRY",
     "LateHandler",
     "Thunk",
     "Worker",
@@ -44,6 +45,10 @@ T = TypeVar("T")
 
 #: Which side this is, for the few checks that must tell (a decorator accepts only functions it can call).
 IS_ASYNC = False
+
+#: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
+#: name it writes this side's. Here, the asyncio API's.
+OTHER_API_REGISTRY = "AsyncLockRegistry"
 
 #: A call with no arguments: ``Thunk[int]`` is ``Callable[[], int]`` here and ``Callable[[], Awaitable[int]]`` on
 #: the async side (callbacks handed to shared code).

@@ -179,6 +179,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         return self.hold_count
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds the lock (no round trip)."""
         return self._owner == current_owner()
 
     def locked(self) -> bool:

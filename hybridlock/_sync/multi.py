@@ -233,6 +233,7 @@ class MultiLock(JavaStyleLock):
             raise first_error
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds every key (no round trip)."""
         return all(lock.is_held_by_current_thread() for lock in self._locks)
 
     def __repr__(self) -> str:

@@ -35,7 +35,7 @@ from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
 from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
-from ._compat import Condition, current_owner, monotonic, refuse_in_event_loop
+from ._compat import Condition, current_owner, describe_owner, monotonic, refuse_in_event_loop
 from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .lock import JavaStyleLock
@@ -96,6 +96,7 @@ class _Half(ServerLease, JavaStyleLock):
         raise NotImplementedError
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds this half of the lock (no round trip)."""
         return self.hold_count > 0
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
@@ -417,7 +418,7 @@ class ReadWriteLock:
         self._read._watch = None
 
     def __repr__(self) -> str:
-        state: Any = f"{len(self._readers)} reader threads" if self._readers else "no readers"
+        state: Any = f"{len(self._readers)} readers" if self._readers else "no readers"
         if self._writer is not None:
-            state = f"written by thread {self._writer}"
+            state = f"written by {describe_owner(self._writer)}"
         return f"<hybridlock.ReadWriteLock {self.key!r} {state} here at {id(self):#x}>"

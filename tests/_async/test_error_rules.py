@@ -17,10 +17,11 @@ import pytest
 import redis
 
 import hybridlock
+from hybridlock.backends import AsyncMemoryBackend
 from hybridlock.testing import EmbeddedServer
 
 from ._compat import sleep
-from .helpers import Kind, kinds
+from .helpers import Holder, Kind, in_other, kinds
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
 
@@ -81,7 +82,7 @@ async def test_release_of_a_lease_known_lost_raises_lock_lost_while_the_server_i
         _assert_names(caught.value, kind.keys("k"), [own_server])
         # The server's failure is kept as the cause, so nothing is hidden.
         assert isinstance(caught.value.__cause__, hybridlock.BackendUnavailableError), repr(caught.value.__cause__)
-        assert not lock.is_held_by_current_thread()
+        assert not lock.is_held_by_current_task()
         with pytest.raises(hybridlock.LockNotOwnedError):
             await lock.release()
 
@@ -103,7 +104,7 @@ async def test_a_multi_key_release_reports_a_lost_part_before_an_unreachable_one
             finally:
                 own_server.resume()
             assert caught.value.key == lost_key
-            assert not lock.is_held_by_current_thread()
+            assert not lock.is_held_by_current_task()
 
 
 @kinds()
@@ -118,7 +119,7 @@ async def test_release_of_a_sound_lease_while_the_server_is_down_raises_backend_
             await lock.release()
         assert not isinstance(caught.value, hybridlock.LockLostError)
         _assert_names(caught.value, kind.keys("k"), [own_server])
-        assert not lock.is_held_by_current_thread()
+        assert not lock.is_held_by_current_task()
 
 
 @kinds("plain", "multi")
@@ -147,7 +148,7 @@ async def test_quorum_release_of_a_lease_known_lost_raises_lock_lost_while_a_maj
                 assert isinstance(caught.value.__cause__, hybridlock.BackendUnavailableError), repr(
                     caught.value.__cause__
                 )
-            assert not lock.is_held_by_current_thread()
+            assert not lock.is_held_by_current_task()
     finally:
         for server in servers:
             server.stop()
@@ -217,3 +218,50 @@ async def test_arguments_that_cannot_fill_the_template_raise_invalid_argument_na
         assert isinstance(caught.value.__cause__, cause)
         assert caught.value.server == registry.server
         assert registry.held_locks() == []
+
+
+# -- messages name this side's owner (a task here; a thread in the generated twin) -------------------------------------
+
+
+@kinds()
+async def test_releasing_a_lock_held_elsewhere_says_this_task_does_not_hold_it(kind: Kind) -> None:
+    async with hybridlock.AsyncLocalLockRegistry() as registry:
+        lock = kind.make(registry, "k")
+        with pytest.raises(hybridlock.LockNotOwnedError) as caught:
+            await lock.release()
+        assert "this task does not hold" in str(caught.value)
+        async with Holder(lock):  # held by another task: still not ours to release
+            with pytest.raises(hybridlock.LockNotOwnedError) as caught:
+                await lock.release()
+            assert "this task does not hold" in str(caught.value)
+            assert not lock.is_held_by_current_task()
+        async with lock:
+            assert lock.is_held_by_current_task()
+            assert await in_other(lock.is_held_by_current_task) is False
+
+
+async def test_an_upgrade_and_a_reentry_into_a_lost_lease_say_this_task() -> None:
+    async with hybridlock.AsyncLocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        assert await rw.read_lock().acquire()
+        with pytest.raises(hybridlock.LockUpgradeError) as upgrade:
+            await rw.write_lock().acquire()
+        await rw.read_lock().release()
+        assert "this task holds the read lock" in str(upgrade.value)
+        multi = registry.obtain_many(["a", "b"])
+        async with multi:
+            assert "held by this task" in repr(multi)
+        assert "not held by this task" in repr(multi)
+
+    backend = AsyncMemoryBackend()
+    async with hybridlock.AsyncLockRegistry(backend, expire_after=1) as registry:
+        lock = registry.obtain("k")
+        assert await lock.acquire()
+        await backend.release(lock._names, registry.client_id, notify=False)  # the key taken away
+        with pytest.raises(hybridlock.LockLostError):
+            await lock.renew()
+        with pytest.raises(hybridlock.LockLostError) as reentry:
+            await lock.acquire()
+        assert "while this task held it" in str(reentry.value)
+        with pytest.raises(hybridlock.LockLostError):
+            await lock.release()

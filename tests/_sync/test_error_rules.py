@@ -18,10 +18,11 @@ import pytest
 import redis
 
 import hybridlock
+from hybridlock.backends import MemoryBackend
 from hybridlock.testing import EmbeddedServer
 
 from ._compat import sleep
-from .helpers import Kind, kinds
+from .helpers import Holder, Kind, in_other, kinds
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
 
@@ -218,3 +219,50 @@ def test_arguments_that_cannot_fill_the_template_raise_invalid_argument_naming_i
         assert isinstance(caught.value.__cause__, cause)
         assert caught.value.server == registry.server
         assert registry.held_locks() == []
+
+
+# -- messages name this side's owner (a task here; a thread in the generated twin) -------------------------------------
+
+
+@kinds()
+def test_releasing_a_lock_held_elsewhere_says_this_task_does_not_hold_it(kind: Kind) -> None:
+    with hybridlock.LocalLockRegistry() as registry:
+        lock = kind.make(registry, "k")
+        with pytest.raises(hybridlock.LockNotOwnedError) as caught:
+            lock.release()
+        assert "this thread does not hold" in str(caught.value)
+        with Holder(lock):  # held by another task: still not ours to release
+            with pytest.raises(hybridlock.LockNotOwnedError) as caught:
+                lock.release()
+            assert "this thread does not hold" in str(caught.value)
+            assert not lock.is_held_by_current_thread()
+        with lock:
+            assert lock.is_held_by_current_thread()
+            assert in_other(lock.is_held_by_current_thread) is False
+
+
+def test_an_upgrade_and_a_reentry_into_a_lost_lease_say_this_task() -> None:
+    with hybridlock.LocalLockRegistry() as registry:
+        rw = registry.obtain_read_write("k")
+        assert rw.read_lock().acquire()
+        with pytest.raises(hybridlock.LockUpgradeError) as upgrade:
+            rw.write_lock().acquire()
+        rw.read_lock().release()
+        assert "this thread holds the read lock" in str(upgrade.value)
+        multi = registry.obtain_many(["a", "b"])
+        with multi:
+            assert "held by this thread" in repr(multi)
+        assert "not held by this thread" in repr(multi)
+
+    backend = MemoryBackend()
+    with hybridlock.LockRegistry(backend, expire_after=1) as registry:
+        lock = registry.obtain("k")
+        assert lock.acquire()
+        backend.release(lock._names, registry.client_id, notify=False)  # the key taken away
+        with pytest.raises(hybridlock.LockLostError):
+            lock.renew()
+        with pytest.raises(hybridlock.LockLostError) as reentry:
+            lock.acquire()
+        assert "while this thread held it" in str(reentry.value)
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
