@@ -99,6 +99,7 @@ class LeaseTable:
         """Reset ``lock``'s lease to ``expire_after`` seconds (default: the registry's) from now, in one round trip.
         Raises ``LockNotOwnedError`` when nobody here holds it, ``LockLostError`` when it is no longer ours."""
         context = self._context
+        context.check_loop(lock.key)
         config = context.config
         lease = (
             config.expire_after

@@ -27,6 +27,7 @@ __all__ = [
     "IS_ASYNC",
     "OTHER_API_REGISTRY",
     "LateHandler",
+    "LoopBinding",
     "Thunk",
     "Worker",
     "at_exit",
@@ -107,6 +108,17 @@ def shielded(call: Thunk[T]) -> T:
     """Return ``call()``: a thread cannot be cancelled, so there is nothing to shield it from. Exists so that
     ``await shielded(cleanup)`` in async source becomes ``shielded(cleanup)`` here."""
     return call()
+
+
+@final
+class LoopBinding:
+    """Nothing to bind: a thread registry belongs to no event loop (the async side's twin binds an asyncio registry
+    to the loop it is first used in)."""
+
+    __slots__ = ()
+
+    def check(self, context: Any, key: str | None) -> None:
+        """Nothing to check."""
 
 
 #: ``threading.Event``; the async side's ``AsyncEvent`` has the same interface with ``await wait(timeout)``.

@@ -10,6 +10,7 @@ lock is released here.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,3 +266,88 @@ async def test_an_upgrade_and_a_reentry_into_a_lost_lease_say_this_task() -> Non
         assert "while this task held it" in str(reentry.value)
         with pytest.raises(hybridlock.LockLostError):
             await lock.release()
+
+
+# -- closing a registry whose locks are still held ---------------------------------------------------------------------
+
+
+async def test_closing_with_locks_held_warns_naming_them_and_leaves_them_to_their_holders(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    registry = hybridlock.AsyncLockRegistry(server.url, expire_after=5)
+    other = hybridlock.AsyncLockRegistry(server.url)
+    try:
+        plain = registry.obtain("plain")
+        write = registry.obtain_read_write("catalog").write_lock()
+        multi = registry.obtain_many(["a", "b"])
+        for lock in (plain, write, multi):
+            assert await lock.acquire(timeout=5)
+        with pytest.warns(hybridlock.LocksHeldAtCloseWarning) as caught:
+            await registry.aclose()
+        assert len(caught) == 1
+        assert caught[0].filename == __file__, "the warning should point at the caller of close"
+        message = str(caught[0].message)
+        for shown in ("'plain'", "'catalog (write)'", "'a'", "'b'", "4 lock(s)"):
+            assert shown in message
+        assert "does not release them" in message
+        assert "within 5 s" in message
+        assert "async with lock: inside async with registry:" in message
+        # Still held, here and in the server: another owner cannot get in while the holder works on.
+        assert plain.is_held_by_current_task()
+        assert not await other.obtain("plain").acquire(blocking=False)
+        # The holder's release still reaches the server: the next owner gets the lock at once.
+        await plain.release()
+        await write.release()
+        await multi.release()
+        for key in ("plain", "a"):
+            theirs = other.obtain(key)
+            assert await theirs.acquire(blocking=False)
+            await theirs.release()
+        assert await other.obtain_read_write("catalog").write_lock().acquire(blocking=False)
+        await other.obtain_read_write("catalog").write_lock().release()
+    finally:
+        await other.aclose()
+
+
+async def test_closing_with_nothing_held_or_a_lease_only_retained_does_not_warn(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    registry = hybridlock.AsyncLockRegistry(server.url, retain_for=30)
+    async with registry.obtain("k"):
+        pass  # its lease is kept idle now (retained), which close gives back: nothing held to warn about
+    async with registry:  # (the suite turns any warning into an error)
+        pass
+    async with hybridlock.AsyncLockRegistry(server.url) as fresh:
+        assert await fresh.obtain("k").acquire(blocking=False), "close did not give the retained lease back"
+        await fresh.obtain("k").release()
+
+
+async def test_closing_a_local_registry_with_a_lock_held_warns_too() -> None:
+    registry = hybridlock.AsyncLocalLockRegistry()
+    lock = registry.obtain("k")
+    assert await lock.acquire()
+    with pytest.warns(hybridlock.LocksHeldAtCloseWarning, match="'k'.*stay held until their holders release them"):
+        await registry.__aexit__(None, None, None)  # what `async with registry:` does at its end
+    await lock.release()
+
+
+# -- an expire_after that looks like milliseconds ----------------------------------------------------------------------
+
+
+async def test_an_expire_after_that_looks_like_milliseconds_warns(
+    server: EmbeddedServer, quorum_urls: list[str]
+) -> None:
+    with pytest.warns(hybridlock.LongLeaseWarning, match=r"expire_after is in seconds: 30000 s is 8\.3 h") as caught:
+        registry = hybridlock.AsyncLockRegistry(server.url, expire_after=30000)
+    assert caught[0].filename == __file__, "the warning should point at the registry's caller"
+    assert "did you mean 30 s?" in str(caught[0].message)
+    assert "filterwarnings" in str(caught[0].message)  # how to silence it
+    async with registry:
+        assert registry.expire_after == 30000  # a warning, not a refusal: the lease is what was asked for
+    with pytest.warns(hybridlock.LongLeaseWarning, match=r"1000 s is 16\.7 min"):
+        await hybridlock.AsyncQuorumLockRegistry(quorum_urls, expire_after=1000).aclose()
+    # Below the threshold, and a lease that long on purpose with the warning silenced: nothing said.
+    await hybridlock.AsyncLockRegistry(server.url, expire_after=999).aclose()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=hybridlock.LongLeaseWarning)
+        await hybridlock.AsyncLockRegistry(server.url, expire_after=3600).aclose()

@@ -11,6 +11,7 @@ lock is released here.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,3 +267,88 @@ def test_an_upgrade_and_a_reentry_into_a_lost_lease_say_this_task() -> None:
         assert "while this thread held it" in str(reentry.value)
         with pytest.raises(hybridlock.LockLostError):
             lock.release()
+
+
+# -- closing a registry whose locks are still held ---------------------------------------------------------------------
+
+
+def test_closing_with_locks_held_warns_naming_them_and_leaves_them_to_their_holders(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    registry = hybridlock.LockRegistry(server.url, expire_after=5)
+    other = hybridlock.LockRegistry(server.url)
+    try:
+        plain = registry.obtain("plain")
+        write = registry.obtain_read_write("catalog").write_lock()
+        multi = registry.obtain_many(["a", "b"])
+        for lock in (plain, write, multi):
+            assert lock.acquire(timeout=5)
+        with pytest.warns(hybridlock.LocksHeldAtCloseWarning) as caught:
+            registry.close()
+        assert len(caught) == 1
+        assert caught[0].filename == __file__, "the warning should point at the caller of close"
+        message = str(caught[0].message)
+        for shown in ("'plain'", "'catalog (write)'", "'a'", "'b'", "4 lock(s)"):
+            assert shown in message
+        assert "does not release them" in message
+        assert "within 5 s" in message
+        assert "with lock: inside with registry:" in message
+        # Still held, here and in the server: another owner cannot get in while the holder works on.
+        assert plain.is_held_by_current_thread()
+        assert not other.obtain("plain").acquire(blocking=False)
+        # The holder's release still reaches the server: the next owner gets the lock at once.
+        plain.release()
+        write.release()
+        multi.release()
+        for key in ("plain", "a"):
+            theirs = other.obtain(key)
+            assert theirs.acquire(blocking=False)
+            theirs.release()
+        assert other.obtain_read_write("catalog").write_lock().acquire(blocking=False)
+        other.obtain_read_write("catalog").write_lock().release()
+    finally:
+        other.close()
+
+
+def test_closing_with_nothing_held_or_a_lease_only_retained_does_not_warn(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    registry = hybridlock.LockRegistry(server.url, retain_for=30)
+    with registry.obtain("k"):
+        pass  # its lease is kept idle now (retained), which close gives back: nothing held to warn about
+    with registry:  # (the suite turns any warning into an error)
+        pass
+    with hybridlock.LockRegistry(server.url) as fresh:
+        assert fresh.obtain("k").acquire(blocking=False), "close did not give the retained lease back"
+        fresh.obtain("k").release()
+
+
+def test_closing_a_local_registry_with_a_lock_held_warns_too() -> None:
+    registry = hybridlock.LocalLockRegistry()
+    lock = registry.obtain("k")
+    assert lock.acquire()
+    with pytest.warns(hybridlock.LocksHeldAtCloseWarning, match="'k'.*stay held until their holders release them"):
+        registry.__exit__(None, None, None)  # what `with registry:` does at its end
+    lock.release()
+
+
+# -- an expire_after that looks like milliseconds ----------------------------------------------------------------------
+
+
+def test_an_expire_after_that_looks_like_milliseconds_warns(
+    server: EmbeddedServer, quorum_urls: list[str]
+) -> None:
+    with pytest.warns(hybridlock.LongLeaseWarning, match=r"expire_after is in seconds: 30000 s is 8\.3 h") as caught:
+        registry = hybridlock.LockRegistry(server.url, expire_after=30000)
+    assert caught[0].filename == __file__, "the warning should point at the registry's caller"
+    assert "did you mean 30 s?" in str(caught[0].message)
+    assert "filterwarnings" in str(caught[0].message)  # how to silence it
+    with registry:
+        assert registry.expire_after == 30000  # a warning, not a refusal: the lease is what was asked for
+    with pytest.warns(hybridlock.LongLeaseWarning, match=r"1000 s is 16\.7 min"):
+        hybridlock.QuorumLockRegistry(quorum_urls, expire_after=1000).close()
+    # Below the threshold, and a lease that long on purpose with the warning silenced: nothing said.
+    hybridlock.LockRegistry(server.url, expire_after=999).close()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=hybridlock.LongLeaseWarning)
+        hybridlock.LockRegistry(server.url, expire_after=3600).close()
