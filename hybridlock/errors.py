@@ -20,12 +20,16 @@ __all__ = [
     "ClientSettingsWarning",
     "EventLoopBlockedError",
     "FencingCounterError",
+    "EventLoopMismatchError",
     "HybridLockError",
+    "HybridLockWarning",
     "InvalidArgumentError",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
     "LockUpgradeError",
+    "LocksHeldAtCloseWarning",
+    "LongLeaseWarning",
     "RegistryClosedError",
     "ReplicationNotConfirmedError",
     "TimeoutOverflowError",
@@ -93,6 +97,9 @@ class LockLostError(HybridLockError, RuntimeError):
 
     Another holder may have entered the critical section in the meantime, so data the lock guarded may have been
     changed by someone else. The local lock has been released all the same when this is raised from ``release()``.
+
+    ``release()`` of a lease already known lost raises this whatever the server says: when the server cannot be
+    reached to take the lease back, its ``BackendUnavailableError`` is this error's ``__cause__``.
     """
 
 
@@ -104,7 +111,8 @@ class BackendUnavailableError(HybridLockError, ConnectionError):
     """The lock server could not be reached, or did not answer in time.
 
     The operation did not take the lock: an ``acquire`` that raises this has released the local lock, and a
-    ``release`` that raises this has released the local lock (the server key then ends with its lease).
+    ``release`` that raises this has released the local lock (the server key then ends with its lease). A
+    ``release`` raises this only for a lease not known lost; one known lost raises ``LockLostError`` instead.
     """
 
 
@@ -219,7 +227,38 @@ class EventLoopBlockedError(HybridLockError, RuntimeError):
     loop would count as its one owning thread. Use ``AsyncLockRegistry`` there."""
 
 
-class ClientSettingsWarning(UserWarning):
+class EventLoopMismatchError(HybridLockError, RuntimeError):
+    """An asyncio registry (or a lock from it) was used from an event loop other than its own.
+
+    A registry belongs to the event loop it is first used in: its connections, background tasks and waits live
+    there, and ``asyncio.run()`` makes a new loop each time (closing the old one). Make one registry per event
+    loop: create it inside the coroutine that ``asyncio.run()`` runs (``async with AsyncLockRegistry(...) as
+    registry:``), not at import time. A ``RuntimeError``, as asyncio raises for its own objects used across
+    loops."""
+
+
+class HybridLockWarning(UserWarning):
+    """Root of every warning hybridlock gives: ``warnings.filterwarnings("ignore", category=HybridLockWarning)``
+    silences them all (each has its own class to silence it alone)."""
+
+
+class LocksHeldAtCloseWarning(HybridLockWarning):
+    """A registry was closed while threads (or tasks) of it still held locks.
+
+    Closing does not release them: a holder still inside its critical section would otherwise share the lock with
+    the next owner. Each stays held, here and in the server, until its holder releases it (the release is still
+    sent to the server) or its lease ends, which nothing renews any more: after that another owner may take the
+    lock while the holder still runs. Release locks before closing their registry."""
+
+
+class LongLeaseWarning(HybridLockWarning):
+    """``expire_after`` is so long (1000 s or more) that it was probably meant in milliseconds, as Spring's
+    ``RedisLockRegistry`` takes it: ``expire_after`` is in seconds, and a lease of 30000 s would keep every other
+    owner out for 8.3 hours after a holder crashes. A lease that long on purpose: silence this class with
+    ``warnings.filterwarnings("ignore", category=hybridlock.LongLeaseWarning)``."""
+
+
+class ClientSettingsWarning(HybridLockWarning):
     """A client passed to ``LockRegistry`` cannot keep ``acquire``'s timeout promise: it has no
     ``socket_timeout`` or ``socket_connect_timeout`` (a hung server then blocks a call for ever), or it retries a
     failed command several times (each retry adds up to a socket timeout and a backoff). Not an error: the locks

@@ -76,6 +76,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncRedisClusterBackend", "RedisClusterBackend"),
     ("AsyncQuorumBackend", "QuorumBackend"),
     ("AsyncFanOut", "FanOut"),
+    # Who owns a lock: a task here, a thread there (in method names, and in messages that say "this task").
+    ("is_held_by_current_task", "is_held_by_current_thread"),
+    ("this task", "this thread"),
     # clients.py is shared and hand-written: each side asks it for its own kind of client.
     ("asyncio_client_family", "client_family"),
 )

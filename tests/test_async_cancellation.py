@@ -299,7 +299,7 @@ async def test_a_forgotten_lease_ends_and_its_holder_is_told(server: EmbeddedSer
         await other.release()
         with pytest.raises(hybridlock.LockLostError):
             await lock.release()
-        assert not lock.is_held_by_current_thread()
+        assert not lock.is_held_by_current_task()
 
 
 async def test_a_wait_cancelled_as_its_event_is_set_is_still_cancelled() -> None:

@@ -99,6 +99,112 @@ def test_ending_the_loop_with_a_registry_open_destroys_no_pending_task(
     assert not [m for m in messages if "destroyed but it is pending" in m or "never retrieved" in m], messages
 
 
+# -- one registry per event loop ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_a_registry_used_from_a_second_asyncio_run_says_to_make_one_per_loop(
+    server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = [hybridlock.AsyncLockRegistry(server.url)]  # at import time, say: outside any loop
+
+    async def use() -> None:
+        async with made[0].obtain("orders:42"):
+            pass
+
+    run_and_watch(use, caplog)  # its first loop: it works (and keeps its connection there)
+    raised: list[BaseException] = []
+
+    async def again() -> None:
+        with pytest.raises(hybridlock.EventLoopMismatchError) as caught:
+            await use()
+        raised.append(caught.value)
+
+    run_and_watch(again, caplog)
+    (error,) = raised
+    facts = (isinstance(error, RuntimeError), str(error), error.key, error.server or "")
+    # (Its connection belonged to the closed loop: dropping the registry, which the error's traceback holds too,
+    # reports it unclosed, as any client would.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        del error
+        raised.clear()
+        made.clear()
+        gc.collect()
+    is_runtime_error, message, key, where = facts
+    assert is_runtime_error
+    assert "AsyncLockRegistry 'hybridlock' belongs to the event loop it was first used in (closed now)" in message
+    assert "Make one registry per event loop" in message
+    assert "asyncio.run()" in message
+    assert key == "orders:42"
+    assert str(server.port) in where
+
+
+@pytest.mark.parametrize("kind", ["local", "redis", "quorum"])
+def test_every_call_from_another_loop_is_refused_and_the_registry_goes_on_in_its_own(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        registry: hybridlock.AsyncLockRegistry
+        if kind == "local":
+            registry = hybridlock.AsyncLocalLockRegistry()
+        elif kind == "redis":
+            registry = hybridlock.AsyncLockRegistry(request.getfixturevalue("server").url)
+        else:
+            registry = hybridlock.AsyncQuorumLockRegistry(request.getfixturevalue("quorum_urls"))
+        held = registry.obtain("held")
+        holding, done = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:  # a task of the first loop holding a lock while the second loop runs
+            async with held:
+                holding.set()
+                await done.wait()
+
+        async def start() -> None:
+            first.create_task(hold())
+            await holding.wait()
+
+        first.run_until_complete(start())
+
+        async def noop() -> None: ...
+
+        calls = {
+            "acquire": lambda: registry.obtain("k").acquire(),
+            "acquire a held lock": lambda: held.acquire(blocking=False),
+            "multi-key acquire": lambda: registry.obtain_many(["a", "b"]).acquire(),
+            "locked": lambda: registry.obtain("k").locked(),
+            "renew": lambda: held.renew(),
+            "renew_lock": lambda: registry.renew_lock("held"),
+            "execute_locked": lambda: registry.execute_locked("k", noop),
+            "aclose": registry.aclose,
+        }
+        if kind != "quorum":  # (read-write locks are refused over a quorum)
+            calls["read acquire"] = lambda: registry.obtain_read_write("rw").read_lock().acquire()
+            calls["write acquire"] = lambda: registry.obtain_read_write("rw").write_lock().acquire()
+        for name, call in calls.items():
+            with pytest.raises(hybridlock.EventLoopMismatchError, match=r"\(still open\)") as caught:
+                second.run_until_complete(call())
+            assert type(registry).__name__ in str(caught.value), name
+        assert not registry.closed
+        # Its own loop goes on as if nothing happened.
+        done.set()
+        first.run_until_complete(asyncio.sleep(0.05))
+        assert held.statistics().owner_thread is None  # released by its holder, in its loop
+
+        async def use() -> None:
+            async with registry.obtain("k"), registry.obtain_many(["a", "b"]):
+                assert not await held.locked()
+            await registry.aclose()
+
+        first.run_until_complete(use())
+        assert registry.closed
+    finally:
+        for loop in (first, second):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
 # -- anyio -------------------------------------------------------------------------------------------------------------
 
 
@@ -126,7 +232,7 @@ def test_anyio_task_groups_share_a_lock_on_the_asyncio_backend(server: EmbeddedS
                             inner.start_soon(worker, f"b{i}")
                         await anyio.sleep(0.05)
                         assert order == [], "a task got in while the outer task held the lock"
-                        assert lock.is_held_by_current_thread()
+                        assert lock.is_held_by_current_task()
                         await lock.release()  # let the others in; the `async with` exit needs one level
                         await lock.acquire()  # back of the queue
                     order.append("holder back")

@@ -478,6 +478,17 @@ def test_a_refused_login_is_told_as_such_by_every_command(own_server, userinfo, 
         assert "Traceback" not in result.stderr
 
 
+def test_an_expire_after_that_looks_like_milliseconds_is_pointed_out(server, redis_client):
+    result = _cli(server, "run", "--expire-after", "30000", "ms-job", "--", "true")
+    assert result.returncode == 0, result.stderr  # a warning: the command still runs, with the lease asked for
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr  # said once, in the command's own words
+    assert lines[0].startswith("hybridlock run: warning: --expire-after is in seconds: 30000 s is 8.3 h"), lines
+    assert "did you mean 30 s?" in lines[0]
+    quiet = _cli(server, "run", "--expire-after", "30", "ms-job", "--", "true")
+    assert (quiet.returncode, quiet.stderr) == (0, "")
+
+
 def test_the_help_documents_every_exit_status(server):
     result = _cli(server, "run", "--help")
     for status in (EXIT_HELD, EXIT_LOST, EXIT_TIMEOUT, EXIT_FAILED, 126, EXIT_NOT_FOUND):

@@ -541,6 +541,9 @@ def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
             hung.resume()
         for lock in others:
             lock.release()
+        for lock in on_hung:  # (their holder is told again at release; none is left held at close)
+            with pytest.raises(hybridlock.LockLostError):
+                lock.release()
 
 
 # -- asyncio ---------------------------------------------------------------------------------------------------------

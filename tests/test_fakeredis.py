@@ -53,7 +53,14 @@ def test_the_queue_serves_a_waiter_before_a_newcomer(registries, client):
     lock = mine.obtain("q")
     lock.acquire()
     got = []
-    waiter = threading.Thread(target=lambda: got.append(other.obtain("q").acquire(timeout=5)))
+
+    def wait() -> None:
+        theirs = other.obtain("q")
+        got.append(theirs.acquire(timeout=5))
+        if got[-1]:
+            theirs.release()
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
     deadline = time.monotonic() + 5
     while not client.zcard("hybridlock:{q}:queue") and time.monotonic() < deadline:

@@ -21,6 +21,8 @@ from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import partial
 from typing import Any, TypeAlias, TypeVar, final
 
+from ..errors import EventLoopMismatchError
+
 __all__ = [
     "AsyncAlarm",
     "AsyncCondition",
@@ -29,7 +31,9 @@ __all__ = [
     "AsyncFifoMutex",
     "AsyncWorker",
     "IS_ASYNC",
+    "OTHER_API_REGISTRY",
     "LateHandler",
+    "LoopBinding",
     "Thunk",
     "at_exit",
     "current_owner",
@@ -47,6 +51,10 @@ T = TypeVar("T")
 
 #: Which side this is, for the few checks that must tell (a decorator accepts only functions it can call).
 IS_ASYNC = True
+
+#: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
+#: name it writes this side's. Here, the thread API's.
+OTHER_API_REGISTRY = "LockRegistry"
 
 #: A call with no arguments whose result is awaited: ``Thunk[int]`` is ``Callable[[], Awaitable[int]]`` here and
 #: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).
@@ -135,6 +143,42 @@ def new_guard() -> AbstractContextManager[object]:
     Tasks of one loop only switch at an ``await``, so a block with no ``await`` inside is already atomic. Shared
     code must therefore never ``await`` inside ``with guard:`` (the sync side would hold a lock across I/O)."""
     return nullcontext()
+
+
+@final
+class LoopBinding:
+    """The event loop an asyncio registry belongs to: the first one it is used in (the thread side's twin binds
+    to nothing).
+
+    Its connections, background tasks and waits live in that loop, and ``asyncio.run()`` makes (and closes) a new
+    loop each time; used from another loop they would fail deep inside the client (``Event loop is closed``, or
+    a future attached to a different loop). ``check`` says so first, naming the registry."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def check(self, context: Any, key: str | None) -> None:
+        """Bind to the running loop on first use; raise ``EventLoopMismatchError`` from any other loop, naming
+        ``context``'s registry. Call it from a coroutine."""
+        loop = asyncio.get_running_loop()
+        bound = self._loop
+        if bound is loop:
+            return
+        if bound is None:
+            self._loop = loop
+            return
+        state = "closed now" if bound.is_closed() else "still open"
+        registry = f"{type(context.registry).__name__} {context.config.registry_key!r}"
+        raise EventLoopMismatchError(
+            f"{registry} belongs to the event loop it was first used in ({state}), not to this one: its connections "
+            "and background tasks live in that loop. Make one registry per event loop: create it inside the "
+            "coroutine that asyncio.run() runs (async with AsyncLockRegistry(...) as registry:), not at import time "
+            "or in an earlier asyncio.run()",
+            key=key,
+            server=context.server,
+        )
 
 
 @final

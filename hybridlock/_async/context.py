@@ -8,6 +8,8 @@ owner identity, and owns the registry's shared machinery, each piece with one jo
 * ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
 * ``describer``: this owner's description in the server, written by the renewer's worker;
 * ``closed``: set once the registry is closed; every wait watches it;
+* ``loop``: the event loop an asyncio registry belongs to, the first it is used in (``check_open`` refuses any
+  other: ``EventLoopMismatchError``); nothing on the thread side;
 * ``observer``: the registry's instrumentation hook (``observing.ObserverHook``), or None: the one
   attribute a lock checks before reporting anything.
 
@@ -23,7 +25,7 @@ from typing import Any
 
 from .._core.config import RegistryConfig
 from ..errors import RegistryClosedError
-from ._compat import AsyncEvent
+from ._compat import AsyncEvent, LoopBinding
 from .backends.base import AsyncLockBackend
 from .describer import OwnerDescriber
 from .leases import LeaseTable, LostCallback
@@ -43,6 +45,7 @@ class LockContext:
         "config",
         "describer",
         "leases",
+        "loop",
         "observer",
         "registry",
         "renewer",
@@ -71,6 +74,7 @@ class LockContext:
         self.closed = AsyncEvent()
         if closed:
             self.closed.set()
+        self.loop = LoopBinding()
         self.leases = LeaseTable(self, lost_callbacks)
         self.describer = OwnerDescriber(self)
         self.renewer = LeaseRenewer(self) if config.auto_renew else None
@@ -83,8 +87,18 @@ class LockContext:
         return self.backend.address
 
     def check_open(self, key: str | None = None) -> None:
+        """Before a lock does anything: ``RegistryClosedError`` after ``close()``, and ``EventLoopMismatchError``
+        from an event loop other than the registry's (asyncio; call it from a coroutine there)."""
+        self.check_not_closed(key)
+        self.check_loop(key)
+
+    def check_not_closed(self, key: str | None = None) -> None:
         if self.closed.is_set():
             raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
+
+    def check_loop(self, key: str | None = None) -> None:
+        """``EventLoopMismatchError`` from an event loop other than the registry's (asyncio; a coroutine only)."""
+        self.loop.check(self, key)
 
     def forked(self) -> LockContext:
         """The context a forked child continues with: same settings, backend and registry-wide ``on_lost``

@@ -18,7 +18,7 @@ import wrapt
 
 from .._core.config import validate_timeout
 from ..errors import InvalidArgumentError, LockTimeoutError
-from ._compat import IS_ASYNC
+from ._compat import IS_ASYNC, OTHER_API_REGISTRY
 
 if TYPE_CHECKING:
     from .lock import AsyncHybridLock
@@ -38,23 +38,103 @@ __all__ = ["execute_locked", "synchronized"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _placeholder_roots(template: str) -> list[str]:
-    """The parameter names a template refers to: ``"{self.account}:{invoice.id}"`` -> ``["self", "invoice"]``."""
-    roots = []
+_CONVERSIONS = (None, "r", "s", "a")  # what str.format knows: none, !r, !s, !a
+
+
+def _fields(template: str, text: str) -> list[tuple[str, str, str | None]]:
+    """Every replacement field of ``text`` (a template, or a format spec inside one) with those nested in its
+    format spec (``"{n:{width}}"``), as (field, spec, conversion)."""
     try:
-        parsed = list(string.Formatter().parse(template))
+        parsed = list(string.Formatter().parse(text))
     except ValueError as exc:
         raise InvalidArgumentError(f"bad lock key template {template!r}: {exc}") from exc
-    for _literal, field, _spec, _conversion in parsed:
-        if field is None:
-            continue
+    fields = []
+    for _literal, field, spec, conversion in parsed:
+        if field is not None:
+            fields.append((field, spec or "", conversion))
+            if spec and "{" in spec:
+                fields += _fields(template, spec)
+    return fields
+
+
+def _placeholder_roots(template: str) -> list[str]:
+    """The parameter names a template refers to: ``"{self.account}:{invoice.id}"`` -> ``["self", "invoice"]``.
+
+    Everything about the template that can be checked without the call's values is checked here, so that a
+    template that could never format fails when decorating: its syntax, positional fields and conversions
+    (``!r``, ``!s`` and ``!a`` only). A format spec (``{n:d}``) can only be checked against a value: a spec that
+    does not suit the argument fails at the call, as ``InvalidArgumentError``."""
+    roots = []
+    for field, _spec, conversion in _fields(template, template):
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise InvalidArgumentError(
                 f"lock key template {template!r} must name parameters ({{order_id}}), not positions ({{0}})"
             )
+        if conversion not in _CONVERSIONS:
+            raise InvalidArgumentError(
+                f"lock key template {template!r} converts {{{field}}} with !{conversion}, which str.format does not "
+                "know: use !r, !s or !a, or none"
+            )
         roots.append(root)
+    try:
+        # What parsing alone lets through (fields nested too deep, say) fails here, with stand-ins for the values.
+        template.format_map(_AnyNames())
+    except (ValueError, KeyError, AttributeError, IndexError, TypeError) as exc:
+        raise InvalidArgumentError(f"bad lock key template {template!r}: {exc}") from exc
     return roots
+
+
+class _StandIn:
+    """Any value: every attribute, index and format spec works and gives an empty string."""
+
+    def __getattr__(self, name: str) -> _StandIn:
+        return self
+
+    def __getitem__(self, index: object) -> _StandIn:
+        return self
+
+    def __format__(self, spec: str) -> str:
+        return ""
+
+
+class _AnyNames(dict[str, Any]):
+    def __missing__(self, name: str) -> _StandIn:
+        return _StandIn()
+
+
+def _fill(template: str, names: dict[str, Any], function: Any, server: str) -> str:
+    """The lock key for one call; ``InvalidArgumentError`` naming the template, the function and the argument when
+    the arguments cannot fill it (a spec that does not suit the value, a missing attribute, a failing ``__format__``,
+    ...)."""
+    try:
+        return template.format_map(names)
+    except Exception as exc:
+        culprit = _failing_field(template, names)
+        where = "" if culprit is None else f" at {{{culprit[0]}}} ({culprit[1]})"
+        raise InvalidArgumentError(
+            f"cannot fill lock key template {template!r} for {function.__qualname__}(){where}: "
+            f"{type(exc).__name__}: {exc}",
+            server=server,
+        ) from exc
+
+
+def _failing_field(template: str, names: dict[str, Any]) -> tuple[str, str] | None:
+    """The first field of ``template`` that ``names`` cannot fill, with what its argument is: for messages only
+    (the call has already failed; this formats field by field to say where)."""
+    formatter = string.Formatter()
+    for field, spec, conversion in _fields(template, template):
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if root not in names:
+            return field, "no such argument"
+        about = f"argument {root} is a {type(names[root]).__name__}"
+        try:
+            value, _ = formatter.get_field(field, (), names)
+            value = formatter.convert_field(value, conversion)
+            formatter.format_field(value, formatter.vformat(spec, (), names))
+        except Exception:
+            return field, about
+    return None
 
 
 async def _acquire_or_raise(registry: _Registry, key: str, timeout: float | None) -> Any:
@@ -83,11 +163,11 @@ def synchronized(registry: _Registry, template: str, *, timeout: float | None = 
                 f"@synchronized cannot hold a lock across a generator's yields ({raw.__qualname__})"
             )
         if inspect.iscoroutinefunction(raw) != IS_ASYNC:
+            # Worded for both sides (this runs on each): the other API is named through the shim.
+            what = "an async function" if inspect.iscoroutinefunction(raw) else "not an async function"
             raise InvalidArgumentError(
-                f"{raw.__qualname__} is an async function: decorate it with AsyncLockRegistry.synchronized"
-                if inspect.iscoroutinefunction(raw)
-                else f"{raw.__qualname__} is not an async function: AsyncLockRegistry.synchronized needs async def "
-                "(LockRegistry.synchronized decorates plain functions)"
+                f"{raw.__qualname__} is {what}, which {type(registry).__name__}.synchronized cannot run: decorate it "
+                f"with {OTHER_API_REGISTRY}.synchronized"
             )
         signature = inspect.signature(raw)
         accepts_any_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
@@ -111,10 +191,7 @@ def synchronized(registry: _Registry, template: str, *, timeout: float | None = 
             for parameter in signature.parameters.values():
                 if parameter.kind is parameter.VAR_KEYWORD:
                     names.update(names.pop(parameter.name, {}))
-            try:
-                key = template.format_map(names)
-            except (KeyError, AttributeError, IndexError, TypeError) as exc:
-                raise InvalidArgumentError(f"cannot fill lock key template {template!r}: {exc!r}") from exc
+            key = _fill(template, names, raw, registry.server)
             lock = await _acquire_or_raise(registry, key, timeout)
             try:
                 return await wrapped(*args, **kwargs)

@@ -238,7 +238,7 @@ class ServerLease:
 
     def _reentry_error(self, what: str = "lock") -> LockLostError:
         return LockLostError(
-            f"the {what}'s lease has ended (lost) while this thread held it: a reentrant acquire cannot succeed; "
+            f"the {what}'s lease has ended (lost) while this task held it: a reentrant acquire cannot succeed; "
             "release it (which raises LockLostError too) and take it afresh",
             key=self.key,
             server=self._context.server,

@@ -112,6 +112,7 @@ class LeaseTable:
         is not shorter costs what it always did. A longer lease is sent as asked, but ``valid_until`` counts the
         registry's at most (``RegistryConfig.valid_until``)."""
         context = self._context
+        context.check_loop(lock.key)
         config = context.config
         lease = (
             config.expire_after

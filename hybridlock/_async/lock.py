@@ -21,7 +21,7 @@ Failure modes
   fencing tokens (``fencing_token``) let the protected resource reject the stale holder's writes.
 * The server is unreachable: ``acquire`` raises ``BackendUnavailableError`` with the local mutex released, never
   returning True without the server lock; ``release`` releases locally, then raises the same error (the key ends
-  with its lease).
+  with its lease), or ``LockLostError`` if the lease was already known lost.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         """``threading.RLock``'s name (3.11+) for ``hold_count``: the current thread's depth, 0 if not the owner."""
         return self.hold_count
 
-    def is_held_by_current_thread(self) -> bool:
+    def is_held_by_current_task(self) -> bool:
+        """Whether this task holds the lock (no round trip)."""
         return self._owner == current_owner()
 
     async def locked(self) -> bool:
@@ -407,7 +408,9 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         Raises ``LockNotOwnedError`` (a ``RuntimeError``) when the current thread does not hold the lock,
         ``LockLostError`` when the lease had ended before the final release (the lock is released all the same),
         ``BackendUnavailableError`` when the server could not be told (the lock is released locally; the server
-        key ends with its lease).
+        key ends with its lease). A lease already known lost raises ``LockLostError`` even when the server cannot be
+        reached (the loss matters more; the server's error is its ``__cause__``): ``BackendUnavailableError`` means
+        the lease was not known lost.
         """
         me = current_owner()
         observer = self._context.observer
@@ -424,7 +427,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
                 self._failed_restores.discard(me)
                 return
             raise LockNotOwnedError(
-                "cannot release a lock this thread does not hold", key=self.key, server=self._context.server
+                "cannot release a lock this task does not hold", key=self.key, server=self._context.server
             )
         if self._count > 1:
             self._count -= 1
@@ -479,10 +482,15 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             # The queued thread gave up (timed out) in the meantime: release in the server after all.
             self._passes -= 1
         released = False
+        unreachable: HybridLockError | None = None
         was_lost = self._give_back_lease()
         try:
             # Shielded: a release cut off by a cancel could leave the server lease held by nobody until it expires.
             released = await shielded(partial(release_remote, context, self._names))
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear; the failure stays its cause
         finally:
             self._owner = None
             self._count = 0
@@ -490,7 +498,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             self._end_tenancy()
             self._mutex.release()
         if was_lost or not released:
-            raise self._lost_error()
+            raise self._lost_error() from unreachable
 
     # -- retention ------------------------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from .._core.config import validate_timeout
 from .._core.names import LockNames
 from .._core.results import AcquireManyResult, AcquireResult
-from ..errors import HybridLockError, LockNotOwnedError
+from ..errors import HybridLockError, LockLostError, LockNotOwnedError
 from ._compat import current_owner, monotonic, refuse_in_event_loop, shielded
 from .lock import _NEEDS_SERVER, _TIMED_OUT, AsyncHybridLock, AsyncJavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
@@ -194,12 +194,13 @@ class AsyncMultiLock(AsyncJavaStyleLock):
                 pass  # the attempt failed anyway; a part lost meanwhile has nothing left to give back
 
     async def release(self) -> None:
-        """Release every key (newest first). Raises the first error met after releasing all of them."""
-        not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
+        """Release every key (newest first), then raise what went wrong: ``LockLostError`` if any key's lease was
+        lost (whatever else failed), else the first error met."""
+        not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_task()]
         if not_held:
             # ``key`` names the first key not held, as a single lock's error names its key.
             raise LockNotOwnedError(
-                f"cannot release keys this thread does not hold: {not_held}",
+                f"cannot release keys this task does not hold: {not_held}",
                 key=not_held[0],
                 server=self._context.server,
             )
@@ -218,7 +219,11 @@ class AsyncMultiLock(AsyncJavaStyleLock):
                 try:
                     await lock._release_by(me)
                 except HybridLockError as exc:
-                    first_error = first_error or exc
+                    # A loss outranks an unreachable server: someone else may have held that key meanwhile.
+                    if first_error is None or (
+                        isinstance(exc, LockLostError) and not isinstance(first_error, LockLostError)
+                    ):
+                        first_error = exc
             return first_error
 
         # Shielded as a whole: a cancel between two keys' releases would leave the rest held.
@@ -226,9 +231,10 @@ class AsyncMultiLock(AsyncJavaStyleLock):
         if first_error is not None:
             raise first_error
 
-    def is_held_by_current_thread(self) -> bool:
-        return all(lock.is_held_by_current_thread() for lock in self._locks)
+    def is_held_by_current_task(self) -> bool:
+        """Whether this task holds every key (no round trip)."""
+        return all(lock.is_held_by_current_task() for lock in self._locks)
 
     def __repr__(self) -> str:
-        held = "held by this thread" if self.is_held_by_current_thread() else "not held by this thread"
+        held = "held by this task" if self.is_held_by_current_task() else "not held by this task"
         return f"<hybridlock.AsyncMultiLock {self.keys!r} {held}>"

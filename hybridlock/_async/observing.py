@@ -64,7 +64,7 @@ class ObserverHook:
         if coroutines:
             # Called synchronously, they would only make coroutines nobody awaits: nothing would be observed.
             raise InvalidArgumentError(
-                f"observer methods are called synchronously (also by AsyncLockRegistry) and must not be coroutine "
+                f"observer methods are called synchronously (by the asyncio API too) and must not be coroutine "
                 f"functions: {', '.join(coroutines)}"
             )
         return cls(observer, registry_key)

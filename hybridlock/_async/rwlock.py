@@ -33,8 +33,8 @@ from .._core.config import validate_timeout
 from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
-from ..errors import LockNotOwnedError, LockUpgradeError
-from ._compat import AsyncCondition, current_owner, monotonic, refuse_in_event_loop, shielded
+from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
+from ._compat import AsyncCondition, current_owner, describe_owner, monotonic, refuse_in_event_loop, shielded
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
@@ -94,7 +94,8 @@ class _Half(ServerLease, AsyncJavaStyleLock):
     def hold_count(self) -> int:
         raise NotImplementedError
 
-    def is_held_by_current_thread(self) -> bool:
+    def is_held_by_current_task(self) -> bool:
+        """Whether this task holds this half of the lock (no round trip)."""
         return self.hold_count > 0
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ class AsyncReadLock(_Half):
             depth = rw._readers.get(me, 0)
             if not depth:
                 raise LockNotOwnedError(
-                    "cannot release a read lock this thread does not hold", key=self.key, server=self._context.server
+                    "cannot release a read lock this task does not hold", key=self.key, server=self._context.server
                 )
             if depth > 1:
                 rw._readers[me] = depth - 1
@@ -240,10 +241,15 @@ class AsyncReadLock(_Half):
             rw._read_hold = "busy"
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
             # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
             released = await shielded(partial(self._give_back, self._context.client_id))
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -253,7 +259,7 @@ class AsyncReadLock(_Half):
                 rw._read_hold = "none"
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class AsyncWriteLock(_Half):
@@ -308,7 +314,7 @@ class AsyncWriteLock(_Half):
                 return True
             if rw._readers.get(me):
                 raise LockUpgradeError(
-                    "this thread holds the read lock: release it before taking the write lock (upgrading could "
+                    "this task holds the read lock: release it before taking the write lock (upgrading could "
                     "deadlock with another upgrading reader)",
                     key=self.key,
                     server=self._context.server,
@@ -348,24 +354,29 @@ class AsyncWriteLock(_Half):
         with rw._cond:
             if rw._writer != me:
                 raise LockNotOwnedError(
-                    "cannot release a write lock this thread does not hold", key=self.key, server=self._context.server
+                    "cannot release a write lock this task does not hold", key=self.key, server=self._context.server
                 )
             if rw._write_count > 1:
                 rw._write_count -= 1
                 return
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
             # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
             released = await shielded(partial(self._give_back, self._context.client_id))
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 self._end_lease()
                 rw._writer, rw._write_count = None, 0
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class AsyncReadWriteLock:
@@ -410,7 +421,7 @@ class AsyncReadWriteLock:
         self._read._watch = None
 
     def __repr__(self) -> str:
-        state: Any = f"{len(self._readers)} reader threads" if self._readers else "no readers"
+        state: Any = f"{len(self._readers)} readers" if self._readers else "no readers"
         if self._writer is not None:
-            state = f"written by thread {self._writer}"
+            state = f"written by {describe_owner(self._writer)}"
         return f"<hybridlock.AsyncReadWriteLock {self.key!r} {state} here at {id(self):#x}>"

@@ -34,13 +34,15 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from .._core.config import long_lease_note
 from .._sync.lock import HybridLock
 from .._sync.registry import LockRegistry, QuorumLockRegistry
-from ..errors import HybridLockError, LockLostError
+from ..errors import HybridLockError, LockLostError, LongLeaseWarning
 from . import keeper
 from .common import (
     CommandError,
@@ -181,11 +183,16 @@ def _command(args: argparse.Namespace) -> int:
             # A list that is no quorum (a cluster in it, a server twice) is a usage error, told before any wait.
             close_all(open_servers(urls, 2, EXIT_FAILED))
         registry: LockRegistry
+        note = long_lease_note("--expire-after", args.expire_after)
+        if note is not None:  # said here in the command's words (the registry's warning speaks of expire_after=)
+            print(f"{_PROG}: warning: {note}", file=sys.stderr)
         try:
-            if len(urls) > 1:
-                registry = QuorumLockRegistry(urls, registry_key=registry_key, expire_after=args.expire_after)
-            else:
-                registry = LockRegistry(urls[0], registry_key=registry_key, expire_after=args.expire_after)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", LongLeaseWarning)
+                if len(urls) > 1:
+                    registry = QuorumLockRegistry(urls, registry_key=registry_key, expire_after=args.expire_after)
+                else:
+                    registry = LockRegistry(urls[0], registry_key=registry_key, expire_after=args.expire_after)
         except HybridLockError as exc:
             raise CommandError(str(exc), EXIT_FAILED) from None
     except CommandError as exc:

@@ -17,6 +17,7 @@ from .names import validate_registry_key
 from .policy import WaitPolicy
 
 __all__ = [
+    "LONG_LEASE",
     "MAX_SECONDS",
     "MIN_LEASE",
     "QUEUE_PLACE_KEEP_MS",
@@ -24,6 +25,7 @@ __all__ = [
     "RegistryConfig",
     "ReplicaConfirmation",
     "lease_drift",
+    "long_lease_note",
     "validate_seconds",
     "validate_timeout",
 ]
@@ -46,7 +48,25 @@ MIN_LEASE = 0.1
 #: enough that a refresh delayed by one slow round trip does not lose the place.
 QUEUE_PLACE_KEEP_MS = 3000
 
+#: A lease this long or longer (seconds) was probably given in milliseconds, as Spring's ``RedisLockRegistry``
+#: takes it (``expireAfter=30000``): the registries warn (``LongLeaseWarning``). About 17 minutes: a lease is
+#: renewed while held, so its length is how long a crashed holder keeps everyone out, and few want that for long.
+LONG_LEASE = 1000.0
+
 LockType = Literal["pubsub", "spin"]
+
+
+def long_lease_note(name: str, lease: float) -> str | None:
+    """What to say about a lease of ``lease`` seconds given as ``name`` (an option, a command-line flag) when it
+    looks like milliseconds (``LONG_LEASE`` or more); None when it does not."""
+    if not LONG_LEASE <= lease < math.inf:
+        return None
+    hours = lease / 3600
+    length = f"{lease / 60:.1f} min" if hours < 1 else f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
+    return (
+        f"{name} is in seconds: {lease:g} s is {length} (did you mean {lease / 1000:g} s? Spring's RedisLockRegistry "
+        "takes milliseconds). A holder that crashes keeps every other owner out that long"
+    )
 
 
 def lease_drift(lease: float) -> float:

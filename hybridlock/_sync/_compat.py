@@ -26,7 +26,9 @@ __all__ = [
     "FanOut",
     "FifoMutex",
     "IS_ASYNC",
+    "OTHER_API_REGISTRY",
     "LateHandler",
+    "LoopBinding",
     "Thunk",
     "Worker",
     "at_exit",
@@ -45,6 +47,10 @@ T = TypeVar("T")
 
 #: Which side this is, for the few checks that must tell (a decorator accepts only functions it can call).
 IS_ASYNC = False
+
+#: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
+#: name it writes this side's. Here, the asyncio API's.
+OTHER_API_REGISTRY = "AsyncLockRegistry"
 
 #: A call with no arguments: ``Thunk[int]`` is ``Callable[[], int]`` here and ``Callable[[], Awaitable[int]]`` on
 #: the async side (callbacks handed to shared code).
@@ -103,6 +109,17 @@ def shielded(call: Thunk[T]) -> T:
     """Return ``call()``: a thread cannot be cancelled, so there is nothing to shield it from. Exists so that
     ``await shielded(cleanup)`` in async source becomes ``shielded(cleanup)`` here."""
     return call()
+
+
+@final
+class LoopBinding:
+    """Nothing to bind: a thread registry belongs to no event loop (the async side's twin binds an asyncio registry
+    to the loop it is first used in)."""
+
+    __slots__ = ()
+
+    def check(self, context: Any, key: str | None) -> None:
+        """Nothing to check."""
 
 
 #: ``threading.Event``; the async side's ``AsyncEvent`` has the same interface with ``await wait(timeout)``.

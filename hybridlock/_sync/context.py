@@ -9,6 +9,8 @@ owner identity, and owns the registry's shared machinery, each piece with one jo
 * ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
 * ``describer``: this owner's description in the server, written by the renewer's worker;
 * ``closed``: set once the registry is closed; every wait watches it;
+* ``loop``: the event loop an asyncio registry belongs to, the first it is used in (``check_open`` refuses any
+  other: ``EventLoopMismatchError``); nothing on the thread side;
 * ``observer``: the registry's instrumentation hook (``observing.ObserverHook``), or None: the one
   attribute a lock checks before reporting anything.
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from .._core.config import RegistryConfig
 from ..errors import RegistryClosedError
-from ._compat import Event
+from ._compat import Event, LoopBinding
 from .backends.base import LockBackend
 from .describer import OwnerDescriber
 from .leases import LeaseTable, LostCallback
@@ -44,6 +46,7 @@ class LockContext:
         "config",
         "describer",
         "leases",
+        "loop",
         "observer",
         "registry",
         "renewer",
@@ -72,6 +75,7 @@ class LockContext:
         self.closed = Event()
         if closed:
             self.closed.set()
+        self.loop = LoopBinding()
         self.leases = LeaseTable(self, lost_callbacks)
         self.describer = OwnerDescriber(self)
         self.renewer = LeaseRenewer(self) if config.auto_renew else None
@@ -84,8 +88,18 @@ class LockContext:
         return self.backend.address
 
     def check_open(self, key: str | None = None) -> None:
+        """Before a lock does anything: ``RegistryClosedError`` after ``close()``, and ``EventLoopMismatchError``
+        from an event loop other than the registry's (asyncio; call it from a coroutine there)."""
+        self.check_not_closed(key)
+        self.check_loop(key)
+
+    def check_not_closed(self, key: str | None = None) -> None:
         if self.closed.is_set():
             raise RegistryClosedError("the lock registry is closed", key=key, server=self.server)
+
+    def check_loop(self, key: str | None = None) -> None:
+        """``EventLoopMismatchError`` from an event loop other than the registry's (asyncio; a coroutine only)."""
+        self.loop.check(self, key)
 
     def forked(self) -> LockContext:
         """The context a forked child continues with: same settings, backend and registry-wide ``on_lost``

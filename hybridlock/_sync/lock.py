@@ -22,7 +22,7 @@ Failure modes
   fencing tokens (``fencing_token``) let the protected resource reject the stale holder's writes.
 * The server is unreachable: ``acquire`` raises ``BackendUnavailableError`` with the local mutex released, never
   returning True without the server lock; ``release`` releases locally, then raises the same error (the key ends
-  with its lease).
+  with its lease), or ``LockLostError`` if the lease was already known lost.
 """
 
 from __future__ import annotations
@@ -182,6 +182,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         return self.hold_count
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds the lock (no round trip)."""
         return self._owner == current_owner()
 
     def locked(self) -> bool:
@@ -408,7 +409,9 @@ class HybridLock(ServerLease, JavaStyleLock):
         Raises ``LockNotOwnedError`` (a ``RuntimeError``) when the current thread does not hold the lock,
         ``LockLostError`` when the lease had ended before the final release (the lock is released all the same),
         ``BackendUnavailableError`` when the server could not be told (the lock is released locally; the server
-        key ends with its lease).
+        key ends with its lease). A lease already known lost raises ``LockLostError`` even when the server cannot be
+        reached (the loss matters more; the server's error is its ``__cause__``): ``BackendUnavailableError`` means
+        the lease was not known lost.
         """
         me = current_owner()
         observer = self._context.observer
@@ -480,10 +483,15 @@ class HybridLock(ServerLease, JavaStyleLock):
             # The queued thread gave up (timed out) in the meantime: release in the server after all.
             self._passes -= 1
         released = False
+        unreachable: HybridLockError | None = None
         was_lost = self._give_back_lease()
         try:
             # Shielded: a release cut off by a cancel could leave the server lease held by nobody until it expires.
             released = shielded(partial(release_remote, context, self._names))
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear; the failure stays its cause
         finally:
             self._owner = None
             self._count = 0
@@ -491,7 +499,7 @@ class HybridLock(ServerLease, JavaStyleLock):
             self._end_tenancy()
             self._mutex.release()
         if was_lost or not released:
-            raise self._lost_error()
+            raise self._lost_error() from unreachable
 
     # -- retention ------------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .._core.config import validate_timeout
 from .._core.names import LockNames
 from .._core.results import AcquireManyResult, AcquireResult
-from ..errors import HybridLockError, LockNotOwnedError
+from ..errors import HybridLockError, LockLostError, LockNotOwnedError
 from ._compat import current_owner, monotonic, refuse_in_event_loop, shielded
 from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
@@ -195,7 +195,8 @@ class MultiLock(JavaStyleLock):
                 pass  # the attempt failed anyway; a part lost meanwhile has nothing left to give back
 
     def release(self) -> None:
-        """Release every key (newest first). Raises the first error met after releasing all of them."""
+        """Release every key (newest first), then raise what went wrong: ``LockLostError`` if any key's lease was
+        lost (whatever else failed), else the first error met."""
         not_held = [lock.key for lock in self._locks if not lock.is_held_by_current_thread()]
         if not_held:
             # ``key`` names the first key not held, as a single lock's error names its key.
@@ -219,7 +220,11 @@ class MultiLock(JavaStyleLock):
                 try:
                     lock._release_by(me)
                 except HybridLockError as exc:
-                    first_error = first_error or exc
+                    # A loss outranks an unreachable server: someone else may have held that key meanwhile.
+                    if first_error is None or (
+                        isinstance(exc, LockLostError) and not isinstance(first_error, LockLostError)
+                    ):
+                        first_error = exc
             return first_error
 
         # Shielded as a whole: a cancel between two keys' releases would leave the rest held.
@@ -228,6 +233,7 @@ class MultiLock(JavaStyleLock):
             raise first_error
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds every key (no round trip)."""
         return all(lock.is_held_by_current_thread() for lock in self._locks)
 
     def __repr__(self) -> str:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .._core.config import LockType, RegistryConfig, ReplicaConfirmation
+from .._core.config import LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
-from ..errors import InvalidArgumentError, LockNotOwnedError
+from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
 from ._compat import at_exit, new_guard
 from .backends.base import LockBackend
 from .backends.memory import MemoryBackend
@@ -62,7 +63,11 @@ class LockRegistry:
     class to use instead (``InvalidArgumentError``). ``registry_key`` prefixes every server key (it must not
     contain ``{`` or ``}``). ``expire_after`` is the lease in seconds (millisecond precision), at least
     ``MIN_LEASE`` (0.1 s: it is renewed every third of itself, so a shorter one is lost whenever a renewal is a
-    little late).
+    little late); 1000 s or more draws a ``LongLeaseWarning`` (it looks like milliseconds, as Spring takes them).
+
+    An asyncio registry belongs to the event loop it is first used in (its connections and background tasks live
+    there): from another loop, every call raises ``EventLoopMismatchError``. Make one per event loop, inside the
+    coroutine that ``asyncio.run()`` runs. (A thread registry serves every thread of the process.)
 
     Every duration (``expire_after``, ``max_hold``, the hand-off windows, ``retain_for``, and every ``timeout``)
     is at most ``threading.TIMEOUT_MAX`` seconds (about 292 years on Linux and macOS, 49 days on Windows), the
@@ -146,6 +151,7 @@ class LockRegistry:
             connection,
             observer,
         )
+        _warn_if_long(self._config)
 
     def _setup(self, config: RegistryConfig, connection: Any, observer: Any) -> None:
         self._config = config
@@ -288,10 +294,17 @@ class LockRegistry:
 
         Afterwards ``obtain`` and ``acquire`` raise ``RegistryClosedError``. Locks still held stay held until
         their holders release them (the compare-and-delete is still sent, so no key is left behind) or their
-        lease ends, since nothing renews them any more. Idempotent."""
+        lease ends, since nothing renews them any more: closing them would let the next owner in beside a holder
+        still at work. So closing with locks held warns (``LocksHeldAtCloseWarning``, naming them). Leases kept
+        idle by ``retain_for`` are given back. Idempotent."""
+        self._close(stacklevel=3)
+
+    def _close(self, stacklevel: int) -> None:
         context = self._context
         if context.closed.is_set():
             return
+        context.check_loop()
+        held = context.leases.held()
         context.closed.set()
         context.retention.stop()  # give retained leases back while the connection is still open
         context.wait_keeper.stop()
@@ -300,12 +313,14 @@ class LockRegistry:
         context.describer.forget()
         context.backend.close()
         _live_registries.discard(self)
+        if held:  # (once closed: a warning turned into an error must not leave the registry half-open)
+            warnings.warn(LocksHeldAtCloseWarning(_held_at_close(self, held)), stacklevel=stacklevel)
 
     def __enter__(self) -> LockRegistry:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        self._close(stacklevel=3)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._context.leases)} held"
@@ -315,7 +330,8 @@ class LockRegistry:
         )
 
     def _check_open(self, key: str | None = None) -> None:
-        self._context.check_open(key)
+        # (Not the event loop: obtain() may run outside any loop; the lock's first call checks it.)
+        self._context.check_not_closed(key)
 
     # -- fork ------------------------------------------------------------------------------------------------------
 
@@ -390,6 +406,7 @@ class QuorumLockRegistry(LockRegistry):
 
         backend = servers if isinstance(servers, QuorumBackend) else QuorumBackend(servers)
         self._setup(config, backend, observer)
+        _warn_if_long(config)
 
     def obtain_read_write(self, key: str) -> ReadWriteLock:
         """Refused: read-write locks are not available over a quorum (``InvalidArgumentError``)."""
@@ -398,6 +415,35 @@ class QuorumLockRegistry(LockRegistry):
         key = validate_key(key)
         self._check_open(key)
         raise InvalidArgumentError(READ_WRITE_REFUSED, key=key, server=self.server)
+
+
+def _warn_if_long(config: RegistryConfig) -> None:
+    """``LongLeaseWarning`` for an ``expire_after`` that looks like milliseconds, pointing at the registry's
+    caller (this runs in the registry's ``__init__``)."""
+    note = None if config.lease is None else long_lease_note("expire_after", config.lease)
+    if note is not None:
+        silence = "warnings.filterwarnings('ignore', category=hybridlock.LongLeaseWarning)"
+        warnings.warn(LongLeaseWarning(f"{note}. If it is meant to be that long: {silence}"), stacklevel=3)
+
+
+def _held_at_close(registry: LockRegistry, held: list[HeldLease]) -> str:
+    """What ``LocksHeldAtCloseWarning`` says: which locks, and what becomes of them."""
+    kinds = [getattr(lease, "kind", "lock") for lease in held]  # a read-write lock's halves are named as such
+    shown = [lease.key if kind == "lock" else f"{lease.key} ({kind})" for lease, kind in zip(held, kinds, strict=True)]
+    keys = ", ".join(repr(key) for key in shown[:10]) + (f" and {len(shown) - 10} more" if len(shown) > 10 else "")
+    lease = registry.expire_after
+    fate = (
+        "they stay held until their holders release them"
+        if lease == float("inf")
+        else "nothing renews their leases any more: each stays held until its holder releases it (which still "
+        f"works) or its lease ends (within {lease:g} s), and then another owner may take it while its holder still "
+        "runs"
+    )
+    return (
+        f"{type(registry).__name__} {registry.registry_key!r} closed while this process still holds {len(held)} "
+        f"lock(s): {keys}. Closing does not release them; {fate}. Release locks before closing their registry "
+        "(with lock: inside with registry:)"
+    )
 
 
 def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, server: str) -> None:

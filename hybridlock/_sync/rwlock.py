@@ -34,8 +34,8 @@ from .._core.config import validate_timeout
 from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
-from ..errors import LockNotOwnedError, LockUpgradeError
-from ._compat import Condition, current_owner, monotonic, refuse_in_event_loop, shielded
+from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
+from ._compat import Condition, current_owner, describe_owner, monotonic, refuse_in_event_loop, shielded
 from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .lock import JavaStyleLock
@@ -96,6 +96,7 @@ class _Half(ServerLease, JavaStyleLock):
         raise NotImplementedError
 
     def is_held_by_current_thread(self) -> bool:
+        """Whether this thread holds this half of the lock (no round trip)."""
         return self.hold_count > 0
 
     # -- one server tenancy ------------------------------------------------------------------------------------------
@@ -241,10 +242,15 @@ class ReadLock(_Half):
             rw._read_hold = "busy"
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
             # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
             released = shielded(partial(self._give_back, self._context.client_id))
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 if self._watch is not None:
@@ -254,7 +260,7 @@ class ReadLock(_Half):
                 rw._read_hold = "none"
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class WriteLock(_Half):
@@ -356,17 +362,22 @@ class WriteLock(_Half):
                 return
             was_lost = self._give_back_lease()
         released = False
+        unreachable: HybridLockError | None = None
         try:
             # Shielded, as the plain lock's final release: a cancel while the release is on its way (a reconnect,
             # say) would otherwise forget the hold here and leave it in the server, held by nobody, for its lease.
             released = shielded(partial(self._give_back, self._context.client_id))
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear (as for the plain lock)
         finally:
             with rw._cond:
                 self._end_lease()
                 rw._writer, rw._write_count = None, 0
                 rw._cond.notify_all()
         if was_lost or not released:
-            raise self._lost_error(f"{self.kind} hold")
+            raise self._lost_error(f"{self.kind} hold") from unreachable
 
 
 class ReadWriteLock:
@@ -411,7 +422,7 @@ class ReadWriteLock:
         self._read._watch = None
 
     def __repr__(self) -> str:
-        state: Any = f"{len(self._readers)} reader threads" if self._readers else "no readers"
+        state: Any = f"{len(self._readers)} readers" if self._readers else "no readers"
         if self._writer is not None:
-            state = f"written by thread {self._writer}"
+            state = f"written by {describe_owner(self._writer)}"
         return f"<hybridlock.ReadWriteLock {self.key!r} {state} here at {id(self):#x}>"
