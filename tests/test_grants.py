@@ -38,20 +38,35 @@ def _queued(client: redis.Redis, count: int = 1) -> bool:
     return client.zcard(f"{KEY_NAME}:queue") >= count
 
 
-def _waiter(lock: hybridlock.HybridLock, timeout: float = 20.0) -> tuple[threading.Thread, list[object]]:
-    """A thread that acquires ``lock`` (up to ``timeout``), records the outcome and the token, and keeps the lock."""
-    outcome: list[object] = []
+class _Waiter:
+    """A thread that acquires ``lock`` (up to ``timeout``), records the outcome and the token in ``outcome``, and
+    keeps the lock until ``finish()``."""
 
-    def run() -> None:
+    def __init__(self, lock: hybridlock.HybridLock, timeout: float = 20.0) -> None:
+        self.lock = lock
+        self.outcome: list[object] = []
+        self.got = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(timeout,), daemon=True)
+        self._thread.start()
+
+    def _run(self, timeout: float) -> None:
         try:
-            outcome.append(lock.acquire(timeout=timeout))
-            outcome.append(lock.fencing_token)
+            got = self.lock.acquire(timeout=timeout)
+            self.outcome.append(got)
+            self.outcome.append(self.lock.fencing_token)
+            self.got.set()
+            if got:
+                self._done.wait(30)
+                self.lock.release()
         except BaseException as exc:  # the test reads it
-            outcome.append(exc)
+            self.outcome.append(exc)
+            self.got.set()
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
+    def finish(self) -> None:
+        """Let the thread release the lock (if it got it) and end."""
+        self._done.set()
+        self._thread.join(10)
 
 
 def test_a_release_grants_the_lock_to_the_waiting_owner_without_another_acquire(make_registry, redis_client):
@@ -59,12 +74,13 @@ def test_a_release_grants_the_lock_to_the_waiting_owner_without_another_acquire(
     first = holder.obtain("k")
     assert first.acquire()
     lock = waiting.obtain("k")
-    thread, outcome = _waiter(lock)
+    waiter = _Waiter(lock)
+    outcome = waiter.outcome
     until(lambda: _queued(redis_client), "the waiter's place in the queue")
     redis_client.config_resetstat()
     token = first.fencing_token
     first.release()
-    thread.join(10)
+    assert waiter.got.wait(10)
     assert outcome[:1] == [True], outcome
     # The release was the only script: the waiter did not come back to acquire after it was told.
     assert script_runs(redis_client) == 1
@@ -75,11 +91,12 @@ def test_a_release_grants_the_lock_to_the_waiting_owner_without_another_acquire(
     pttl = redis_client.pttl(KEY_NAME)
     server_end = time.monotonic() + pttl / 1000
     assert 0 < pttl <= QUEUE_PLACE_KEEP_MS
-    valid_until = lock._valid_until  # (the thread holding it ended; the tenancy's deadline is what counts)
+    valid_until = lock._valid_until  # (held by the waiter's thread: the tenancy's deadline is what counts)
     assert valid_until is not None
     assert valid_until <= server_end + 0.005
     assert not redis_client.exists(f"{KEY_NAME}:queue")
     assert not redis_client.exists(f"{KEY_NAME}:grant:{waiting.client_id}")
+    waiter.finish()
 
 
 def test_a_grants_provisional_lease_is_extended_before_it_ends(make_registry, redis_client):
@@ -116,7 +133,8 @@ def test_no_published_message_grants_the_lock(make_registry, redis_client):
     first = holder.obtain("k")
     assert first.acquire()
     lock = waiting.obtain("k")
-    thread, outcome = _waiter(lock)
+    waiter = _Waiter(lock)
+    outcome = waiter.outcome
     until(lambda: _queued(redis_client), "the waiter's place in the queue")
     (place,) = [member.decode() for member in redis_client.zrange(f"{KEY_NAME}:queue", 0, -1)]
     wait_id = place.partition("|")[2]
@@ -132,8 +150,9 @@ def test_no_published_message_grants_the_lock(make_registry, redis_client):
         time.sleep(0.01)
     assert outcome == [], "a published message let the waiter in while the lock was held"
     first.release()
-    thread.join(10)
+    assert waiter.got.wait(10)
     assert outcome[:1] == [True]
+    waiter.finish()
 
 
 def test_a_replayed_grant_of_an_earlier_wait_does_not_let_a_waiter_in(make_registry, redis_client):
@@ -141,7 +160,8 @@ def test_a_replayed_grant_of_an_earlier_wait_does_not_let_a_waiter_in(make_regis
     first = holder.obtain("k")
     assert first.acquire()
     lock = waiting.obtain("k")
-    thread, outcome = _waiter(lock)
+    waiter = _Waiter(lock)
+    outcome = waiter.outcome
     until(lambda: _queued(redis_client), "the waiter's place in the queue")
     box = f"{KEY_NAME}:grant:{waiting.client_id}"
     for _ in range(20):  # a grant to another wait of the same owner: read, recognised as not ours, set aside
@@ -150,8 +170,9 @@ def test_a_replayed_grant_of_an_earlier_wait_does_not_let_a_waiter_in(make_regis
     assert outcome == [], "a grant to another wait let the waiter in while the lock was held"
     assert redis_client.get(KEY_NAME) == holder.client_id.encode()
     first.release()
-    thread.join(10)
+    assert waiter.got.wait(10)
     assert outcome[:1] == [True]
+    waiter.finish()
 
 
 def test_giving_up_just_as_the_lock_is_granted_gives_it_back(server, redis_client):
@@ -187,19 +208,20 @@ def test_a_granted_waiter_that_died_holds_the_lock_only_for_its_provisional_leas
         assert ready.wait(20)
         until(lambda: _queued(redis_client), "the doomed waiter's place")
         lock = make_registry(expire_after=30.0).obtain("k")
-        thread, outcome = _waiter(lock, timeout=20.0)
+        waiter = _Waiter(lock, timeout=20.0)
         until(lambda: _queued(redis_client, 2), "the second waiter's place")
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.join(10)
         released_at = time.monotonic()
         first.release()  # granted to the dead head: its place had not lapsed yet
         assert redis_client.pttl(KEY_NAME) <= QUEUE_PLACE_KEEP_MS
-        thread.join(20)
+        assert waiter.got.wait(20)
         waited = time.monotonic() - released_at
+        waiter.finish()
     finally:
         if doomed.is_alive():
             doomed.kill()
-    assert outcome[:1] == [True], outcome
+    assert waiter.outcome[:1] == [True], waiter.outcome
     # The dead head held the lock until its place would have lapsed (3 s at most), not for a 30 s lease.
     assert waited < QUEUE_PLACE_KEEP_MS / 1000 + 2.0, waited
 
