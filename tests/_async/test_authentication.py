@@ -59,7 +59,9 @@ async def take(connection: object, **options: object) -> None:
     quorum = isinstance(connection, list)
     registry_class = hybridlock.AsyncQuorumLockRegistry if quorum else hybridlock.AsyncLockRegistry
     async with registry_class(connection, **options) as registry:  # type: ignore[arg-type]
-        await registry.obtain("job").acquire(timeout=10)
+        lock = registry.obtain("job")
+        await lock.acquire(timeout=10)
+        await lock.release()  # (taken: given back before the registry closes)
 
 
 def check(error: hybridlock.AuthenticationFailedError, *, user: str, at: str, what: str, advice: str) -> None:

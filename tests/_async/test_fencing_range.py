@@ -52,7 +52,7 @@ async def test_an_acquire_refuses_a_counter_at_or_above_the_exact_range(
         with pytest.raises(hybridlock.FencingCounterError) as caught:
             await lock.acquire(timeout=2)
         check_error(caught.value, "k", value, server)
-        assert not lock.is_held_by_current_thread()
+        assert not lock.is_held_by_current_task()
         assert not redis_client.exists("hybridlock:{k}"), "a lease was left in the server"
         assert redis_client.get(fence("k")) == value.encode(), "the counter was changed"
         # Repaired by hand (here: deleted, so tokens start again from the server clock), the lock works again.
@@ -114,7 +114,7 @@ async def test_a_queued_waiter_is_refused_too_and_leaves_the_queue(
         error = await waiting.join()
         assert isinstance(error, hybridlock.FencingCounterError)
         check_error(error, "k", str(2**53 + 1), server)
-        assert not waiter.is_held_by_current_thread()
+        assert not waiter.is_held_by_current_task()
         assert not redis_client.exists("hybridlock:{k}")
         assert not redis_client.zcard("hybridlock:{k}:queue")
 
@@ -128,7 +128,7 @@ async def test_a_multi_key_acquire_refuses_and_takes_none_of_its_keys(
         with pytest.raises(hybridlock.FencingCounterError) as caught:
             await both.acquire(timeout=2)
         check_error(caught.value, "b", str(2**53 + 1), server)
-        assert not both.is_held_by_current_thread()
+        assert not both.is_held_by_current_task()
         for key in "abc":
             assert not redis_client.exists(f"hybridlock:{{{key}}}"), f"{key} was left taken"
 

@@ -135,7 +135,7 @@ async def test_a_counter_beyond_the_exact_range_on_a_minority_is_a_failed_server
         for server in skewed_quorum:
             assert f"127.0.0.1:{server.port}" in str(error.server)
         assert "2**53 - 1" in str(error)
-        assert not lock.is_held_by_current_thread()
+        assert not lock.is_held_by_current_task()
         for server in skewed_quorum:
             with redis.Redis(port=server.port) as client:
                 assert not client.exists("hybridlock:{k}"), "a lease was left behind"

@@ -60,7 +60,9 @@ def take(connection: object, **options: object) -> None:
     quorum = isinstance(connection, list)
     registry_class = hybridlock.QuorumLockRegistry if quorum else hybridlock.LockRegistry
     with registry_class(connection, **options) as registry:  # type: ignore[arg-type]
-        registry.obtain("job").acquire(timeout=10)
+        lock = registry.obtain("job")
+        lock.acquire(timeout=10)
+        lock.release()  # (taken: given back before the registry closes)
 
 
 def check(error: hybridlock.AuthenticationFailedError, *, user: str, at: str, what: str, advice: str) -> None:
