@@ -55,7 +55,7 @@ from ._compat import (
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .waiting import acquire_remote, contention_watch, release_remote
+from .waiting import WaitHint, acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -156,9 +156,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[object] = set()
-        # Whether the next remote acquire expects to wait (the last one did): it then waits for its grant in the
-        # same round trip as its attempt (see waiting.acquire_remote).
-        self._expect_wait = False
+        self._wait_hint = WaitHint()  # what the last remote wait tells the next (waiting.py's own)
         self.last_used = monotonic()
 
     # -- what the lock is -----------------------------------------------------------------------------------------
@@ -293,7 +291,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         try:
             self._context.check_open(self.key)
             grant = await acquire_remote(
-                self._context, self._names, blocking, deadline, probe=probe, expect_wait=self._expect_wait
+                self._context, self._names, blocking, deadline, probe=probe, hint=self._wait_hint
             )
         except BaseException:
             self._mutex.release()
@@ -301,8 +299,6 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         if grant is None:
             self._mutex.release()
             return False
-        # Granted after a wait, or taken with others queued: the next acquire will likely wait too.
-        self._expect_wait = grant.valid_until is not None or grant.result.contended
         self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at, grant.valid_until)
         try:
             await self._listen_for_contention()

@@ -107,11 +107,11 @@ class LeaseRenewer:
                 self._worker.start()
 
     def renew_before(self, deadline: float) -> None:
-        """A lease just began that ends at ``deadline`` (``monotonic()``), sooner than the next round would come:
-        plan a round for when two thirds of its time are used up, so that one slow round trip still renews it in
-        time. A plain call that never waits."""
+        """A lease just began that ends at ``deadline`` (``monotonic()``), sooner than the next round would come (a
+        grant's provisional lease): plan a round for when a third of its time is used up, as rounds come every third
+        of a lease, so that it is extended with two thirds of it still to run. A plain call that never waits."""
         now = monotonic()
-        at = now + (deadline - now) * 2 / 3
+        at = now + (deadline - now) / 3
         with self._guard:
             if self._due is not None and self._due <= at:
                 return

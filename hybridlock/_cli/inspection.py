@@ -28,6 +28,7 @@ import redis
 
 from .._core.config import QUEUE_PLACE_KEEP_MS
 from .._core.names import lock_names, owner_key, read_write_names
+from .._protocol.grants import owner_of_place
 from .._protocol.scripts import MAX_TOKEN
 
 __all__ = ["glob_matcher", "inspect_locks", "read_locks", "scan_keys"]
@@ -258,8 +259,7 @@ def _plain(
         lapse = max(arrived + QUEUE_PLACE_KEEP_MS, lapse_of.get(member, 0))
         if lapse <= now_ms:
             continue  # lapsed: the scripts drop it at their next look
-        # A single lock's wait is named "<owner>|<wait id>" (it is granted the lock when its turn comes).
-        entry = _owner(member.partition("|")[0], descriptions)
+        entry = _owner(owner_of_place(member), descriptions)  # (a single lock's wait names its place after itself)
         entry["queued_at"] = arrived / 1000.0
         entry["place_lapses_in_ms"] = int(lapse - now_ms)
         waiting.append(entry)

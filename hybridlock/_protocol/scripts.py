@@ -14,7 +14,9 @@ Conventions for all scripts:
 
 Fencing tokens
 --------------
-``ACQUIRE``, ``ACQUIRE_MANY`` and ``ACQUIRE_WRITE`` mint a token with one ``mint`` (in ``_FENCE_LIB``)::
+Every script that gives a lock to an owner mints its token with one ``mint`` (in ``_FENCE_LIB``): ``ACQUIRE``,
+``ACQUIRE_MANY``, ``ACQUIRE_WRITE``, and the scripts that grant a plain lock to the head of its queue (``RELEASE``,
+``CANCEL_WAIT``, ``KEEP_WAITING``; see "The queue of owners" below)::
 
     token = max(stored counter + 1, server clock in microseconds from TIME)
 
@@ -206,12 +208,19 @@ end
 # *granted* the lock: whoever frees the lock while that place heads the queue (a release, a wait given up, an attempt
 # finding the lock free, a refresh) writes the waiter's owner id into the lock key itself, with a provisional lease
 # that ends when the place would have lapsed (or after the waiter's own lease, if sooner), mints its fencing token,
-# removes the place and pushes "<wait id>:<token>:<contended>"
-# onto the waiter's grant box, ``<lock key>:grant:<owner>`` (a list in the lock's slot, read with BLPOP). The waiter
-# does not need an acquire of its own after the wake-up, and nothing but a write to a key of the lock's slot can
-# grant it anything: a message on a channel never does. The first kind (an owner taking several locks at once,
-# which must not be handed one of them while it waits for the others) is only woken, with "released:<owner>" on
-# the lock's channel, and takes the lock itself.
+# removes the place and pushes "<wait id>:<arrival>:<token>:<contended>" onto the waiter's grant box,
+# ``<lock key>:grant:<owner>`` (a list in the lock's slot, read with BLPOP). ``arrival`` is the place's score: a
+# wait whose place was granted, then lost (the lock key deleted before the grant was read) and taken again under the
+# same name, tells the old grant from a new one by it. The waiter does not need an acquire of its own after the
+# wake-up, and nothing but a write to a key of the lock's slot can grant it anything: a message on a channel never
+# does. The first kind (an owner taking several locks at once, which must not be handed one of them while it waits
+# for the others) is only woken, with "released:<owner>" on the lock's channel, and takes the lock itself. So the
+# scripts that serve the queue (RELEASE, CANCEL_WAIT, KEEP_WAITING, and ACQUIRE finding the lock free) mint tokens
+# too, as ACQUIRE does.
+#
+# Every process that waits for a key must run a release of this kind: an earlier one's scripts (whose queue places
+# all have an expiry entry) drop a new place that has none yet, and only wake heads; the waiter then learns of
+# releases at its registry's next refresh (within a second), never wrongly.
 #
 # The grant box is the one key a script touches without its name in KEYS: it is named after the head of the queue,
 # which only the script knows. It shares the lock key's hash tag, so it lives in the same cluster slot.
@@ -227,10 +236,14 @@ local function now_ms()
   return ms_of(t), t
 end
 -- Run a command on a key that should be a sorted set (or a list, for a grant box): a key of another type is not
--- state we wrote, so it is dropped, as if evicted, and the command runs again on the now missing key.
+-- state we wrote, so it is dropped, as if evicted, and the command runs again on the now missing key. Any other
+-- refusal (OOM under maxmemory with noeviction, an ACL) is raised again, as the script's error.
 local function on_kind(command, key, ...)
   local reply = redis.pcall(command, key, ...)
   if type(reply) == 'table' and reply['err'] then
+    if not string.find(tostring(reply['err']), 'WRONGTYPE', 1, true) then
+      return redis.call(command, key, ...)
+    end
     redis.call('DEL', key)
     reply = redis.call(command, key, ...)
   end
@@ -240,26 +253,25 @@ end
 local function first_places(queue)
   return on_kind('ZRANGE', queue, 0, 1, 'WITHSCORES')
 end
--- When ``place`` lapses: PLACE_KEEP_MS after its arrival, or after its last refresh if that is later. (Looking up the
--- refresh only when the arrival alone has run out keeps a short wait to the one ZRANGE.)
+-- When ``place`` lapses: PLACE_KEEP_MS after its arrival, or after its last refresh if that is later. (A key of
+-- another type, read with pcall, holds no refresh.)
 local function lapse_of(expiries, place, arrival, now)
   local lapse = arrival + PLACE_KEEP_MS
-  if lapse <= now then
-    local refreshed = tonumber(on_kind('ZSCORE', expiries, place))
-    if refreshed and refreshed > lapse then
-      lapse = refreshed
-    end
+  local refreshed = tonumber(redis.pcall('ZSCORE', expiries, place))
+  if refreshed and refreshed > lapse then
+    lapse = refreshed
   end
   return lapse
 end
--- The first live place in the queue, its lapse, and whether another place follows it; lapsed places found at the
--- head are removed on the way, so they hold nobody up. ``firsts`` is a reply of first_places, if one was read.
+-- The first live place in the queue, its arrival (as the server wrote it), its lapse, and whether another place
+-- follows it; lapsed places found at the head are removed on the way, so they hold nobody up. ``firsts`` is a reply
+-- of first_places, if one was read.
 local function live_head(queue, expiries, now, firsts)
   firsts = firsts or first_places(queue)
   while firsts[1] do
     local lapse = lapse_of(expiries, firsts[1], tonumber(firsts[2]), now)
     if lapse > now then
-      return firsts[1], lapse, firsts[3] ~= nil
+      return firsts[1], firsts[2], lapse, firsts[3] ~= nil
     end
     redis.call('ZREM', queue, firsts[1])
     redis.pcall('ZREM', expiries, firsts[1])
@@ -267,63 +279,81 @@ local function live_head(queue, expiries, now, firsts)
   end
   return nil
 end
--- Hand the free lock to ``place``, the live head of the queue (lapsing at ``lapse``), if it is a single lock's wait
--- ("<owner>|<wait id>|<lease in ms>"): the lock key becomes the waiter's, with a provisional lease that ends when its
--- place would have lapsed, or after its own lease if that is sooner (the waiter knows a lower bound of both, and has
--- the lease extended before then if it holds the lock longer); its token is minted, its place removed, and the
--- grant pushed to its box. Returns whether it did; the caller then wakes a head it did not grant.
-local function grant(lock, fence, fence_ttl, queue, place, lapse, more, t, now)
+-- Push a grant message to a waiter's box, for as long as its lease (a grant unread by then means nothing). False
+-- when the server refused the push (an ACL without LPUSH): nothing was granted.
+local function push_grant(box, message, ttl)
+  local pushed = redis.pcall('LPUSH', box, message)
+  if type(pushed) == 'table' and pushed['err'] then
+    if not string.find(tostring(pushed['err']), 'WRONGTYPE', 1, true) then
+      return false
+    end
+    redis.call('DEL', box)
+    redis.call('LPUSH', box, message)
+  end
+  redis.call('PEXPIRE', box, ttl)
+  return true
+end
+-- Hand the free lock to ``place``, the live head of the queue (which arrived at ``arrival`` and lapses at ``lapse``),
+-- if it is a single lock's wait ("<owner>|<wait id>|<lease in ms>"): the lock key becomes the waiter's, with a
+-- provisional lease that ends when its place would have lapsed, or after its own lease if that is sooner (the waiter
+-- knows a lower bound of both, and has the lease extended before then if it holds the lock longer); its token is
+-- minted, its place removed, and "<wait id>:<arrival>:<token>:<contended>" pushed to its box (``more``: other owners
+-- wait, or are about to). Returns whether it did; the caller then wakes a head it did not grant. A counter out of
+-- range (see mint) grants nothing: the head is sent "<wait id>:<arrival>:refused:0", so that its next attempt
+-- reports the counter.
+local function grant(lock, fence, fence_ttl, queue, place, arrival, lapse, more, t, now)
   local grantee, wait_id, own = string.match(place, '^([^|]+)|([^|]+)|(%d+)$')
   if not grantee then
     return false
   end
   local lease = math.min(lapse - now, tonumber(own))
-  local box = lock .. ':grant:' .. grantee
   local token = mint(fence, fence_ttl, t)
+  -- %.0f writes an integral double out in full (tostring would switch to exponent notation past 14 digits).
+  local granted = token and string.format('%.0f', token) or 'refused'
+  local message = wait_id .. ':' .. arrival .. ':' .. granted .. ':' .. (more and 1 or 0)
+  if not push_grant(lock .. ':grant:' .. grantee, message, lease) then
+    return false
+  end
   redis.call('ZREM', queue, place)
   if not token then
-    -- The counter is out of range (see mint): no token, so no grant. The waiter is told to attempt again, which
-    -- reports the counter; the lock is left free.
-    on_kind('LPUSH', box, wait_id .. ':refused:0')
-    redis.call('PEXPIRE', box, PLACE_KEEP_MS)
     return false
   end
   redis.call('SET', lock, grantee, 'PX', lease)
-  -- %.0f writes an integral double out in full (tostring would switch to exponent notation past 14 digits).
-  on_kind('LPUSH', box, wait_id .. ':' .. string.format('%.0f', token) .. ':' .. (more and 1 or 0))
-  redis.call('PEXPIRE', box, lease)
   return true
 end
 -- The lock is to be free and owners queue for it: grant it to the live head, or wake that head ("released:<owner>")
 -- if it takes the lock itself; with nobody live left, "released" tells everyone. Returns whether it granted the
 -- lock (the lock key was overwritten); if not, the caller deletes the lock key if it still holds anything.
 local function serve(lock, fence, fence_ttl, queue, expiries, mode, channel, t, now, firsts)
-  local head, lapse, more = live_head(queue, expiries, now, firsts)
-  if head and grant(lock, fence, fence_ttl, queue, head, lapse, more, t, now) then
+  local head, arrival, lapse, more = live_head(queue, expiries, now, firsts)
+  if head and grant(lock, fence, fence_ttl, queue, head, arrival, lapse, more, t, now) then
     return true
   end
   announce(mode, channel, head and ('released:' .. head) or 'released')
   return false
 end
--- Take our place at the back of the queue, or keep the one we have for PLACE_KEEP_MS more.
+-- Take our place at the back of the queue, or keep the one we have for PLACE_KEEP_MS more. Returns whether the
+-- place is new (it was not in the queue).
 local function enqueue(queue, expiries, place, now)
-  if on_kind('ZADD', queue, 'NX', now, place) == 0 then
+  local added = on_kind('ZADD', queue, 'NX', now, place) == 1
+  if not added then
     on_kind('ZADD', expiries, now + PLACE_KEEP_MS, place)
     redis.call('PEXPIRE', expiries, PLACE_KEEP_MS)
   end
   -- No place lapses later than the one taken or kept last, so the key lives as long as any place in it.
   redis.call('PEXPIRE', queue, PLACE_KEEP_MS)
+  return added
 end
 local function leave(queue, expiries, place)
   on_kind('ZREM', queue, place)
   redis.pcall('ZREM', expiries, place)
 end
 -- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known, or not asked
--- for: ``with_ttl`` false). A lock key
--- that is not a string holds no owner's lease: it counts as free (taking the lock overwrites it). A free lock whose
--- live head is another single lock's wait is granted to it here, so it does not wait for a release that will not
--- come (the lock became free by expiry, or by an operator's DEL).
-local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owner, place, t, now, with_ttl)
+-- for: ``with_ttl`` false). A lock key that is not a string holds no owner's lease: it counts as free (taking the
+-- lock overwrites it). A free lock whose live head is another single lock's wait is granted to it here, so it does
+-- not wait for a release that will not come (the lock became free by expiry, or by an operator's DEL); ``queuing``:
+-- the caller queues behind it (the grant says others wait).
+local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owner, place, t, now, with_ttl, queuing)
   if holder and holder ~= owner then
     if with_ttl then
       return redis.call('PTTL', lock)
@@ -331,9 +361,9 @@ local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owne
     return -1
   end
   if not holder then
-    local head, lapse, more = live_head(queue, expiries, now)
+    local head, arrival, lapse, more = live_head(queue, expiries, now)
     if head and head ~= place then
-      grant(lock, fence, fence_ttl, queue, head, lapse, more, t, now)
+      grant(lock, fence, fence_ttl, queue, head, arrival, lapse, more or queuing, t, now)
       return lapse - now
     end
   end
@@ -351,20 +381,20 @@ ACQUIRE = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
 -- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": queue if refused
 -- ARGV[7]  our place's name: "<owner>|<wait id>|<lease in ms>" to be granted the lock by whoever frees it, or ""
---          for "<owner>",
---          to be woken and take it ourselves (see the queue above)
--- ARGV[8]  "" or our wait id: acquired, we push our own grant to our box too (the caller's BLPOP, pipelined right
---          after this script to wait for a grant if refused, then returns at once)
+--          for "<owner>", to be woken and take it ourselves (see the queue above)
+-- ARGV[8]  "" or our wait id: acquired, we push a grant of our own to our box too (the caller's BLPOP, pipelined
+--          right after this script to wait for a grant if refused, then returns at once)
 -- returns  token                 acquired, and nobody else queues: the new fencing token, a bare integer (the
 --                                common case: no reply table to build, convert and parse)
 --          {1, token, 1}         acquired; other owners wait in the queue
---          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry
+--          {0, wait_ms, arrival} refused: held by another owner (wait_ms = its remaining lease; -1 = no expiry,
 --                                or others already queue: they are served first), or free but promised to the
 --                                queue's head (wait_ms = until its place lapses; a head to be granted the lock is
 --                                granted it now). With ARGV[6] = "1" we are also queued (KEEP_WAITING keeps the
---                                place while we wait). The first to queue announces "wanted" on the channel (a
---                                holder passing the lock among its threads, or keeping it idle, lets go at its next
---                                release; it learns of later waiters when it is granted the lock or takes it).
+--                                place while we wait): arrival = the server time (ms) our place was taken, as its
+--                                grant will name it, or 0 when we kept the place we had. Taking a new place
+--                                announces "wanted" on the channel (a holder passing the lock among its threads,
+--                                or keeping it idle, lets go at its next release).
 --          {-1, counter}         the fencing counter is at or above MAX_TOKEN (see mint): nothing taken, the
 --                                counter left as it was (a place we hold in the queue stays: the caller leaves
 --                                it)
@@ -394,9 +424,14 @@ if nobody_queued then
       return {-1, corrupt}
     end
     if ARGV[8] ~= nil and ARGV[8] ~= '' then
+      -- (The message push_grant sends, with no place: "<wait id>:0:<token>:0". A box of another type is replaced.)
       local box = KEYS[1] .. ':grant:' .. ARGV[1]
-      redis.pcall('LPUSH', box, ARGV[8] .. ':' .. string.format('%.0f', token) .. ':0')
-      redis.pcall('PEXPIRE', box, """
+      local message = ARGV[8] .. ':0:' .. string.format('%.0f', token) .. ':0'
+      if type(redis.pcall('LPUSH', box, message)) == 'table' then
+        redis.call('DEL', box)
+        redis.call('LPUSH', box, message)
+      end
+      redis.call('PEXPIRE', box, """
     + str(QUEUE_PLACE_KEEP_MS)
     + """)
     end
@@ -414,17 +449,21 @@ if place == nil or place == '' then
   place = ARGV[1]
 end
 local held = string_at(KEYS[1])
--- Behind other waiters, we are served in turn: the holder's lease end (for a holder that crashes) matters to the
--- first of them, and so does our wish to the holder, who learns of the later ones when it is granted or acquires.
-local wait_ms = blocked_for(KEYS[1], held, KEYS[2], ARGV[3], KEYS[3], KEYS[4], ARGV[1], place, t, now, nobody_queued)
+local queuing = ARGV[6] == '1'
+-- Behind other waiters, we are served in turn: the holder's lease end (for a holder that crashes) matters only to
+-- the first of them (a refresh that finds the lock free serves the queue: see KEEP_WAITING).
+local wait_ms = blocked_for(
+  KEYS[1], held, KEYS[2], ARGV[3], KEYS[3], KEYS[4], ARGV[1], place, t, now, nobody_queued, queuing
+)
 if wait_ms then
-  if ARGV[6] == '1' then
-    enqueue(KEYS[3], KEYS[4], place, now)
+  local arrival = 0
+  if queuing and enqueue(KEYS[3], KEYS[4], place, now) then
+    arrival = now
   end
-  if nobody_queued then
+  if arrival > 0 or nobody_queued then
     announce(ARGV[5], ARGV[4], 'wanted')
   end
-  return {0, wait_ms}
+  return {0, wait_ms, arrival}
 end
 local token, corrupt = mint(KEYS[2], ARGV[3], t)
 if not token then
@@ -445,8 +484,7 @@ if held == ARGV[1] then
 end
 local contended = redis.call('ZCARD', KEYS[3]) > 0
 if ARGV[8] ~= nil and ARGV[8] ~= '' then
-  on_kind('LPUSH', box, ARGV[8] .. ':' .. string.format('%.0f', token) .. ':' .. (contended and 1 or 0))
-  redis.call('PEXPIRE', box, PLACE_KEEP_MS)
+  push_grant(box, ARGV[8] .. ':0:' .. string.format('%.0f', token) .. ':' .. (contended and 1 or 0), PLACE_KEEP_MS)
 end
 if contended then
   return {1, token, 1}
@@ -477,7 +515,9 @@ local n = #KEYS / 4
 local now, t = now_ms()
 for i = 1, n do
   local lock, fence, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
-  local wait_ms = blocked_for(lock, string_at(lock), fence, ARGV[3], queue, expiries, ARGV[1], ARGV[1], t, now, true)
+  local wait_ms = blocked_for(
+    lock, string_at(lock), fence, ARGV[3], queue, expiries, ARGV[1], ARGV[1], t, now, true, ARGV[4] == '1'
+  )
   if wait_ms then
     if ARGV[4] == '1' then
       enqueue(queue, expiries, ARGV[1], now)
@@ -599,8 +639,8 @@ KEEP_WAITING = (
 -- serve a plain lock found free (its holder's lease ran out, or its key was deleted): its live head is granted it or
 -- woken, so that waiters told of no lease end do not wait for a release that will not come.
 -- KEYS     four per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
---          place -> arrival, place -> refreshed lapse, in server ms), its lock key and fencing counter; or twice the
---          waiting writers of a read-write lock (a zset: owner -> lapse), then twice "" (nothing to serve)
+--          place -> arrival, place -> refreshed lapse, in server ms), its lock key and fencing counter; or four times
+--          the waiting writers of a read-write lock (a zset: owner -> lapse; nothing to serve there)
 -- ARGV[1]  owner (client_id)     ARGV[2]  counter TTL in ms     ARGV[3]  "publish" | "spublish" | ""
 -- ARGV[3+2i-1]  place i's name ("" for "<owner>")               ARGV[3+2i]  lock i's channel
 -- returns  {r1, ..., rn}         ri = 1 kept; 0 not ours any more (we left, it lapsed, or we took or were granted

@@ -56,7 +56,7 @@ from ._compat import (
 from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .waiting import acquire_remote, contention_watch, release_remote
+from .waiting import WaitHint, acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -157,9 +157,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[object] = set()
-        # Whether the next remote acquire expects to wait (the last one did): it then waits for its grant in the
-        # same round trip as its attempt (see waiting.acquire_remote).
-        self._expect_wait = False
+        self._wait_hint = WaitHint()  # what the last remote wait tells the next (waiting.py's own)
         self.last_used = monotonic()
 
     # -- what the lock is -----------------------------------------------------------------------------------------
@@ -294,7 +292,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         try:
             self._context.check_open(self.key)
             grant = acquire_remote(
-                self._context, self._names, blocking, deadline, probe=probe, expect_wait=self._expect_wait
+                self._context, self._names, blocking, deadline, probe=probe, hint=self._wait_hint
             )
         except BaseException:
             self._mutex.release()
@@ -302,8 +300,6 @@ class HybridLock(ServerLease, JavaStyleLock):
         if grant is None:
             self._mutex.release()
             return False
-        # Granted after a wait, or taken with others queued: the next acquire will likely wait too.
-        self._expect_wait = grant.valid_until is not None or grant.result.contended
         self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at, grant.valid_until)
         try:
             self._listen_for_contention()

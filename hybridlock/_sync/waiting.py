@@ -7,13 +7,14 @@ then wait only if the epoch is unchanged); how long each wait lasts is ``WaitPol
 blocking attempt that is refused holds a place in the server queue, which the wait keeper keeps alive while we
 wait and which we leave when we give up.
 
-A plain lock's wait on a server that grants (``LockBackend.grants``) holds a place named after the wait
-(``"<owner>|<wait id>"``): whoever frees the lock while that place heads the queue writes our owner id into the lock
-key, mints our token and pushes the grant to our box in the server; we read it there (``await_grant``) and hold the
-lock without another round trip. The grant's lease is provisional: it ends when our place would have lapsed, which
-we know a lower bound of (when the last attempt or refresh that kept the place was sent, plus
-``QUEUE_PLACE_KEEP_MS``), and the renewer extends it before then if we hold the lock that long. Other waits (several
-keys at once, the halves of a read-write lock, a server that cannot grant) are woken and take the lock themselves.
+A plain lock's wait on a server that grants (``LockBackend.grants``), in a registry whose renewer can extend
+a lease, holds a place named after the wait (``grants.place_name``): whoever frees the lock while that place heads
+the queue writes our owner id into the lock key, mints our token and pushes the grant to our box in the server; we
+read it there (``await_grant``) and hold the lock without another round trip. The grant's lease is provisional: it
+ends when our place would have lapsed, or after our own lease if sooner; we know a lower bound of both
+(``config.grant_valid_until``), and the renewer extends it a third of the way into it if we hold the lock that long.
+Other waits (several keys at once, the halves of a read-write lock, a server that cannot grant) are woken and take
+the lock themselves.
 
 Interrupted waits leave nothing behind: a caller cancelled (or, on threads, interrupted by ``KeyboardInterrupt``)
 while an attempt was in flight may have been granted the lock by it, so the attempt's ``undo`` gives it back, and
@@ -27,9 +28,10 @@ import math
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
-from .._core.config import QUEUE_PLACE_KEEP_MS, lease_drift
+from .._core.config import CLOCK_RATE_MARGIN, QUEUE_PLACE_KEEP_MS, grant_valid_until
 from .._core.names import LockNames
 from .._core.results import AcquireResult
+from .._protocol.grants import place_name as place_name_of
 from ..errors import BackendUnavailableError, HybridLockError
 from ._compat import Thunk, monotonic, shielded
 from .backends.base import ReleaseWatch
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
     from .context import LockContext
 
-__all__ = ["Grant", "acquire_remote", "contention_watch", "release_remote"]
+__all__ = ["Grant", "WaitHint", "acquire_remote", "contention_watch", "release_remote"]
 
 
 class Grant(NamedTuple):
@@ -58,20 +60,19 @@ class Grant(NamedTuple):
     valid_until: float | None = None
 
 
-#: The provisional lease of a grant ends when the granted place would have lapsed: ``QUEUE_PLACE_KEEP_MS`` after the
-#: server last saw the place taken or kept. Counted from when that request was sent, less the drift margin.
+#: How long a granted place lives past the last request that took or kept it (the provisional lease's first bound).
 _PLACE_KEEP = QUEUE_PLACE_KEEP_MS / 1000.0
-_PLACE_VALIDITY = _PLACE_KEEP - lease_drift(_PLACE_KEEP)
 
 
-def grant_valid_until(kept_at: float, unread_since: float, lease: float) -> float:
-    """Until when a lease granted to our place (see the module docstring) is certainly ours: the server ended it
-    when the place would have lapsed, ``QUEUE_PLACE_KEEP_MS`` after the last request that took or kept the place
-    (sent at ``kept_at``), or ``lease`` after the grant if that is sooner. The grant came after that request, and
-    after ``unread_since``: a look at our box (a blocking pop that came back empty) saw no grant until then. Each
-    bound is counted from when its request was sent, less its drift margin (see ``RegistryConfig.valid_until``)."""
-    granted_after = max(kept_at, unread_since)
-    return min(kept_at + _PLACE_VALIDITY, granted_after + lease - lease_drift(lease))
+class WaitHint:
+    """What one lock's last remote wait tells its next one, kept by the lock and read and written here only: whether
+    to expect a wait (then a plain lock's first attempt waits for the grant in the same round trip, where the
+    backend can: ``LockBackend.acquire_and_await``)."""
+
+    __slots__ = ("expect_wait",)
+
+    def __init__(self) -> None:
+        self.expect_wait = False
 
 
 #: How long the wait for a grant pipelined after a first attempt lasts (then the wait goes on, one BLPOP at a time):
@@ -101,7 +102,7 @@ def acquire_remote(
     undo: Thunk[object] | None = None,
     queues: bool = True,
     probe: AcquireProbe | None = None,
-    expect_wait: bool = False,
+    hint: WaitHint | None = None,
 ) -> Grant | None:
     """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
@@ -112,21 +113,23 @@ def acquire_remote(
     the plain lock's release). ``queues``: a refused blocking attempt takes a place in the queue of the lock
     ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
     the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). ``probe``
-    (only when the registry has an observer) counts the attempts. ``expect_wait``: the caller expects the lock to be
-    held (its last wait for it was long enough to be granted): a plain lock's first attempt then waits for the grant
-    in the same round trip where the backend can (``LockBackend.acquire_and_await``). Returns the successful result
-    with the time its request was sent (``Grant``), or None when not blocking or out of time."""
+    (only when the registry has an observer) counts the attempts. ``hint``: the lock's ``WaitHint``, read and updated
+    here. Returns the successful result with the time its request was sent (``Grant``), or None when not blocking or
+    out of time."""
     backend = context.backend
     # A plain lock's blocking wait on a server that grants: our place is named after this wait, and a release that
     # finds it at the head of the queue grants us the lock (see the module docstring).
+    # (A provisional lease must be extended by the renewer: a registry without one, or without leases, is woken.)
+    lease_ms = context.config.lease_ms
     grants = (
         attempt is None
         and blocking
         and backend.grants
         and context.config.lock_type == "pubsub"
-        and context.config.lease is not None
+        and lease_ms is not None
+        and context.renewer is not None
     )
-    place_name = f"{context.client_id}|{_new_wait_id()}|{context.config.lease_ms}" if grants else None
+    place_name = place_name_of(context.client_id, _new_wait_id(), lease_ms) if grants and lease_ms else None
     if attempt is None:
 
         def attempt() -> AcquireResult:
@@ -148,7 +151,7 @@ def acquire_remote(
     sent_at = 0.0  # when the latest attempt's request was sent (attempts run one at a time)
     grant_wait = _GrantWait(context, names, place_name) if place_name is not None else None
     # The first attempt waits for the grant in the same round trip when a wait is expected.
-    pipelined = grant_wait is not None and expect_wait and backend.pipelines_waits
+    pipelined = grant_wait is not None and hint is not None and hint.expect_wait and backend.pipelines_waits
 
     def tracked_attempt() -> AcquireResult:
         nonlocal queued, place, in_flight, sent_at, pipelined
@@ -158,10 +161,12 @@ def acquire_remote(
         sent_at = monotonic()
         if pipelined and grant_wait is not None:
             pipelined = False
-            result = grant_wait.attempt_and_wait()
+            result = grant_wait.attempt_and_wait(deadline)
         else:
             result = attempt()
         in_flight = False
+        if grant_wait is not None and result.queued_at is not None:
+            grant_wait.arrival = result.queued_at
         if blocking and not result.acquired:
             queued = True
             if queues:
@@ -191,11 +196,15 @@ def acquire_remote(
     finally:
         if place is not None:
             context.wait_keeper.end(place)
+    granted_until = None if grant_wait is None else grant_wait.valid_until
+    if hint is not None:
+        # Granted after a wait, or taken with others queued (or out of time): the next acquire will likely wait too.
+        hint.expect_wait = result is None or granted_until is not None or result.contended
     if result is None:
         if queued:
             shielded(partial(_quietly, give_up))
         return None
-    return Grant(result, sent_at, None if grant_wait is None else grant_wait.valid_until)
+    return Grant(result, sent_at, granted_until)
 
 
 class _GrantWait:
@@ -206,16 +215,21 @@ class _GrantWait:
         self._names = names
         self._place_name = place_name
         self.place: WaitingPlace | None = None  # set once an attempt queued us
+        #: When the server took our current place (its clock, ms), as its grant names it (from the attempt's reply).
+        self.arrival: int | None = None
         #: Until when the lease of the grant read is certainly ours (None: none read).
         self.valid_until: float | None = None
         self._pending: AcquireResult | None = None  # what the pipelined attempt's wait read
         self._unread_since = -math.inf  # no grant was pushed to our box before this (see _looked)
 
-    def attempt_and_wait(self) -> AcquireResult:
+    def attempt_and_wait(self, deadline: float | None) -> AcquireResult:
         """The first attempt, and if refused a short wait for the grant in the same round trip (see
-        ``LockBackend.acquire_and_await``); what the wait read is returned by the next call."""
+        ``LockBackend.acquire_and_await``), never past ``deadline``; what the wait read is returned by the next
+        call."""
         context = self._context
         timeout = min(PIPELINED_WAIT, context.backend.grant_wait_limit)
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - monotonic()))
         sent_at = monotonic()
         result, self._pending = context.backend.acquire_and_await(
             self._names, context.client_id, context.config.lease_ms, self._place_name, timeout
@@ -225,16 +239,17 @@ class _GrantWait:
         return result
 
     def _looked(self, sent_at: float, timeout: float) -> None:
-        """A blocking pop sent at ``sent_at`` found our box empty for its whole ``timeout``: any grant to come is
-        pushed later than that (by the server's clock, whose rate may differ by the drift margin's 1 %)."""
-        self._unread_since = max(self._unread_since, sent_at + timeout * 0.99)
+        """A look at our box sent at ``sent_at`` found it empty for its whole ``timeout`` (a blocking pop that came
+        back empty; a plain pop is one of no time): any grant to come is pushed later than that, by the server's
+        clock, whose rate may differ from ours by the drift margin's."""
+        self._unread_since = max(self._unread_since, sent_at + timeout * (1 - CLOCK_RATE_MARGIN))
 
     def __call__(self, timeout: float) -> AcquireResult | None:
         """Wait up to ``timeout`` for the grant (see ``LockBackend.await_grant``)."""
         context, place = self._context, self.place
         lease_ms = context.config.lease_ms
-        if place is None or lease_ms is None:  # (never: we wait for a grant only once queued, with a lease)
-            return AcquireResult(False)
+        assert place is not None  # (we wait for a grant only once an attempt queued us)
+        assert lease_ms is not None  # (and only with a lease)
         result, self._pending = self._pending, None
         if result is None:
             if place.lost:
@@ -242,12 +257,12 @@ class _GrantWait:
             timeout = min(timeout, context.backend.grant_wait_limit)
             sent_at = monotonic()
             result = context.backend.await_grant(
-                self._names, context.client_id, self._place_name, timeout, lease_ms
+                self._names, context.client_id, self._place_name, timeout, lease_ms, self.arrival
             )
             if result is None:
                 self._looked(sent_at, timeout)
         if result is not None and result.acquired:
-            self.valid_until = grant_valid_until(place.kept_at, self._unread_since, lease_ms / 1000.0)
+            self.valid_until = grant_valid_until(place.kept_at, self._unread_since, lease_ms / 1000.0, _PLACE_KEEP)
         return result
 
 

@@ -62,9 +62,9 @@ class AsyncLockBackend(abc.ABC):
     #: Human-readable server address, used in error messages (``redis://127.0.0.1:6379/0``, ``memory``).
     address: str = "unknown"
 
-    #: Whether a release grants the lock to the head of its queue when that is a single lock's wait (a place named
-    #: ``"<owner>|<wait id>"``, see ``try_acquire``), which then reads its grant with ``await_grant`` instead of
-    #: being woken and acquiring again. False: waiters are woken (``watch``) or poll.
+    #: Whether a release grants the lock to the head of its queue when that is a single lock's wait (a place named by
+    #: ``grants.place_name``, see ``try_acquire``), which then reads its grant with ``await_grant`` instead of being
+    #: woken and acquiring again. False: waiters are woken (``watch``) or poll.
     grants: bool = False
 
     @abc.abstractmethod
@@ -74,8 +74,8 @@ class AsyncLockBackend(abc.ABC):
         """Take ``names.lock`` for ``owner`` for ``lease_ms`` milliseconds (None: no expiry), in one round trip,
         minting a fencing token on success. Never waits for the lock; when refused and ``queue`` is true, joins
         the lock's queue (a caller that then gives up calls ``cancel_wait``), under the name ``place`` (None:
-        ``owner``; on a backend that ``grants``, ``"<owner>|<wait id>"`` asks for the lock to be granted to this
-        wait when its turn comes)."""
+        ``owner``; on a backend that ``grants``, a name made by ``grants.place_name`` asks for the lock to be granted
+        to this wait when its turn comes: a refused result then says when the server took the place, ``queued_at``)."""
 
     @abc.abstractmethod
     async def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
@@ -105,7 +105,7 @@ class AsyncLockBackend(abc.ABC):
         result = await self.try_acquire(names, owner, lease_ms, True, place)
         if result.acquired or lease_ms is None:
             return result, None
-        return result, await self.await_grant(names, owner, place, timeout, lease_ms)
+        return result, await self.await_grant(names, owner, place, timeout, lease_ms, result.queued_at)
 
     @property
     def pipelines_waits(self) -> bool:
@@ -119,13 +119,15 @@ class AsyncLockBackend(abc.ABC):
         return 0.5
 
     async def await_grant(
-        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
+        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int, arrival: int | None = None
     ) -> AcquireResult | None:
         """Wait ``timeout`` seconds (at most ``grant_wait_limit``) for the lock to be granted to ``place`` (a wait of
-        ``owner`` queued by ``try_acquire``; only where ``grants``). Returns the grant (acquired, with its token and
-        whether others queue; with replica confirmation, confirmed like an acquire and its lease extended to
-        ``lease_ms``); a refused result when the caller should attempt again now (a grant to an earlier wait of
-        ``owner`` was found instead, and the lock may be ours by it); None when no grant came in that time."""
+        ``owner`` queued by ``try_acquire``, whose place the server took at ``arrival``, as the attempt reported it;
+        only where ``grants``). Returns the grant (acquired, with its token and whether others queue; with replica
+        confirmation, confirmed like an acquire and its lease extended to ``lease_ms``); a refused result when the
+        caller should attempt again now (a grant to an earlier wait or place of ``owner`` was found instead, and the
+        lock may be ours by it; or the wait could not go on: its connection broke, or the server refused it); None
+        when no grant came in that time."""
         raise NotImplementedError
 
     async def can_acquire_together(self, names: Sequence[LockNames]) -> bool:

@@ -39,6 +39,7 @@ from ..._core.config import ReplicaConfirmation
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
+from ..._protocol.grants import box_of, read_grant, wait_id_of
 from ...backends.clients import (
     ClientFamily,
     Login,
@@ -56,7 +57,7 @@ from ...errors import (
     InvalidArgumentError,
     ReplicationNotConfirmedError,
 )
-from .._compat import AsyncCondition, shielded
+from .._compat import AsyncCondition, shielded, sleep
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
 
@@ -241,7 +242,8 @@ class ScriptRunner:
         self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
     ) -> tuple[Any, Any] | None:
         """Run ``source`` and, pipelined right after it on the same connection, ``BLPOP box timeout``: one round
-        trip, which lasts until the pop returns. Returns both replies; None when the server's script cache was cold
+        trip, which lasts until the pop returns. Returns both replies, the pop's as the error the server answered
+        it with if it refused it (the script's writes are done then); None when the server's script cache was cold
         (NOSCRIPT: nothing ran, the pop waited out its timeout; the caller runs the script on its own)."""
         try:
             return await self._run_then_pop_once(source, keys, args, box, timeout)
@@ -257,9 +259,8 @@ class ScriptRunner:
         reply, popped = await pipe.execute(raise_on_error=False)
         if isinstance(reply, self._no_script):
             return None
-        for outcome in (reply, popped):
-            if isinstance(outcome, Exception):
-                raise outcome
+        if isinstance(reply, Exception):
+            raise reply
         return reply, popped
 
     async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -443,8 +444,8 @@ class AsyncRedisBackend(AsyncLockBackend):
             raise self._out_of_range(names, reply[1], "acquire")
         if reply[0]:
             return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
-        pttl = reply[1]
-        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+        pttl, arrival = reply[1], reply[2] if len(reply) > 2 else 0
+        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0, queued_at=arrival or None)
 
     async def try_acquire(
         self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
@@ -568,7 +569,7 @@ class AsyncRedisBackend(AsyncLockBackend):
     @property
     def pipelines_waits(self) -> bool:
         """Whether ``acquire_and_await`` saves a round trip here (one server, no replica confirmation)."""
-        return self.confirmation is None
+        return self.confirmation is None and self.grants
 
     @property
     def grant_wait_limit(self) -> float:
@@ -577,65 +578,81 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def acquire_and_await(
         self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
     ) -> tuple[AcquireResult, AcquireResult | None]:
-        if not self.pipelines_waits:
+        if not self.pipelines_waits or timeout < _SERVER_TICK:
             return await super().acquire_and_await(names, owner, lease_ms, place, timeout)
-        wait_id = place.split("|")[1]
+        wait_id = wait_id_of(place)
         keys, args = await self._acquire_args(names, owner, lease_ms, True, place, wait_id)
         async with self._translated(names, "acquire"):
-            replies = await self._scripts.run_then_pop(
-                scripts.ACQUIRE, keys, args, _box(names, owner), max(0.001, timeout)
-            )
+            replies = await self._scripts.run_then_pop(scripts.ACQUIRE, keys, args, box_of(names.lock, owner), timeout)
         if replies is None:  # a cold script cache: the script did not run
             return await self.try_acquire(names, owner, lease_ms, True, place), None
         reply, popped = replies
         result = self._acquire_result(names, reply)
         if result.acquired:
-            return result, None  # (the pop took our own grant, pushed by the script)
-        return result, None if popped is None else self._grant_read(popped[1], wait_id)
+            return result, None  # (the pop took our own grant, pushed by the script; or it was refused: see below)
+        if isinstance(popped, Exception):
+            return result, await self._pop_refused(names, owner, popped)
+        return result, None if popped is None else self._grant_read(popped[1], wait_id, result.queued_at)
 
-    def _grant_read(self, grant: Any, wait_id: str) -> AcquireResult:
-        """What a grant popped from our box says: ours (acquired, with its token and whether others queue); or
-        refused, so that the caller attempts again now: a grant to an earlier wait of ours, never read (that wait
-        ended without leaving the queue, the server being out of reach), and the lock may be ours by it; or our turn
-        came but no token could be minted ("refused": the fencing counter is out of range, which the attempt
-        reports)."""
-        granted, token, contended = _text(grant).split(":")
-        if granted != wait_id or not token.isdigit():
+    def _grant_read(self, message: Any, wait_id: str, arrival: int | None) -> AcquireResult:
+        """What a grant popped from our box says (``grants.read_grant``): acquired, with its token and whether others
+        queue; or refused, so that the caller attempts again now: a grant to an earlier wait or place of ours, never
+        read (the lock may be ours by it), an entry that is no grant, or our turn with no token to give (the counter
+        is out of range, which the attempt reports)."""
+        grant = read_grant(_text(message), wait_id, arrival)
+        if grant is None or grant.token is None:
             return AcquireResult(False)
-        return AcquireResult(True, int(token), None, contended == "1")
+        return AcquireResult(True, grant.token, None, grant.contended)
 
-    async def await_grant(
-        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int
-    ) -> AcquireResult | None:
-        box = _box(names, owner)
-        wait_id = place.split("|")[1]
-        try:
+    async def _pop_refused(self, names: LockNames, owner: str, error: BaseException) -> AcquireResult | None:
+        """The server refused a blocking pop of our box with ``error``: what the wait does instead. A connection
+        that broke under it (a restart, CLIENT KILL, a network fault): attempt again, which takes over a grant the
+        pop may have taken and not delivered (or reports the server unreachable). A box of another type (not ours):
+        delete it, and attempt again. BLPOP refused (an ACL of an earlier release, a server or proxy without it): wait
+        as a poller does from now on (grants to our places still happen, and an attempt takes one over). Anything
+        else is raised, translated."""
+        translated = translated_error(error, names.key, self.address, "wait for a grant", self._family, self.login)
+        if isinstance(translated, BackendUnavailableError):
+            return AcquireResult(False)
+        text = str(error)
+        if "WRONGTYPE" in text:
             async with self._translated(names, "wait for a grant"):
-                # BLPOP takes seconds (a fraction since Redis 6); 0 would wait for ever. Kept well inside the
-                # client's socket timeout, which its read of the reply must not run into.
-                reply = await self.client.blpop([box], timeout=max(0.001, timeout))
-        except BackendUnavailableError:
-            # The connection broke under the wait (a server restart, CLIENT KILL, a network fault). A grant it had
-            # popped and not delivered left the lock ours all the same: attempt again, which takes it over (or
-            # reports the server unreachable).
+                await self.client.delete(box_of(names.lock, owner))
             return AcquireResult(False)
-        except HybridLockError as exc:
-            if not _refused(exc):
-                raise
-            # BLPOP refused (an ACL written for an earlier release): wait as a poller does from now on. Grants to
-            # our places still happen, and an attempt takes a lock granted to us over.
+        if "NOPERM" in text or "no permissions" in text or "unknown command" in text:
             if self.grants:
                 self.grants = False
                 logger.warning(
                     "hybridlock: the lock server %s refused BLPOP (%s): waiters poll instead of reading their grants; "
                     "allow +blpop for the lock user (see docs/acl.md)",
                     self.address,
-                    exc.__cause__,
+                    error,
                 )
             return AcquireResult(False)
+        raise translated or error
+
+    async def await_grant(
+        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int, arrival: int | None = None
+    ) -> AcquireResult | None:
+        box = box_of(names.lock, owner)
+        wait_id = wait_id_of(place)
+        try:
+            async with self._translated(names, "wait for a grant"):
+                if timeout < _SERVER_TICK:
+                    # The server times a blocking pop out at its next tick (up to 100 ms late on an idle server): a
+                    # wait this short sleeps here, then looks once without blocking.
+                    await sleep(timeout)
+                    popped = await self.client.lpop(box)
+                    reply = None if popped is None else (box, popped)
+                else:
+                    # BLPOP takes seconds (a fraction since Redis 6); 0 would wait for ever. Kept well inside the
+                    # client's socket timeout (grant_wait_limit), which its read of the reply must not run into.
+                    reply = await self.client.blpop([box], timeout=timeout)
+        except HybridLockError as exc:
+            return await self._pop_refused(names, owner, exc.__cause__ or exc)
         if reply is None:
             return None
-        result = self._grant_read(reply[1], wait_id)
+        result = self._grant_read(reply[1], wait_id, arrival)
         if result.acquired and self.confirmation is not None:
             # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
             # replicas means the grant before it did too (one replication stream).
@@ -842,6 +859,9 @@ def keys_of(about: About) -> str | None:
 #: The longest BLPOP of a wait for a grant: a closed registry is noticed within it (on threads), and the client's
 #: socket timeout must leave room for it (see ``blocking_slice``).
 GRANT_WAIT_SLICE = 0.5
+#: How late a server may time a blocking command out: it does so at its next event-loop tick, every 100 ms at the
+#: default ``hz`` when nothing else wakes it.
+_SERVER_TICK = 0.1
 
 
 def blocking_slice(client: Any) -> float:
@@ -855,16 +875,6 @@ def blocking_slice(client: Any) -> float:
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         return GRANT_WAIT_SLICE
     return max(0.001, min(GRANT_WAIT_SLICE, timeout / 2))
-
-
-def _box(names: LockNames, owner: str) -> str:
-    """The list in which ``owner`` is handed the grants of ``names``'s lock (see ``scripts``)."""
-    return f"{names.lock}:grant:{owner}"
-
-
-def _refused(error: HybridLockError) -> bool:
-    """Whether the server refused a command for want of permission (an ACL), rather than failing it."""
-    return "NOPERM" in str(error.__cause__) or "no permissions" in str(error.__cause__)
 
 
 def _text(value: Any) -> str:
