@@ -6,6 +6,7 @@ whose holder is gone is in ``tests/_async/test_dead_owners.py`` (and its generat
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import gc
 import json
@@ -102,6 +103,23 @@ def _release_error(lock: Any) -> str:
     return "released"
 
 
+def test_a_thread_not_started_by_threading_is_an_owner_too(caplog: pytest.LogCaptureFixture) -> None:
+    # acquire() called straight from C (no Python frame above it), in a thread threading knows nothing of: it takes
+    # the lock, and once that thread has ended its hold is found and ended like any other.
+    caplog.set_level(logging.WARNING, logger="hybridlock.lock")
+    registry = hybridlock.LocalLockRegistry()
+    try:
+        lock = registry.obtain("foreign")
+        _thread.start_new_thread(lock.acquire, ())
+        until(lambda: lock.statistics().owner_thread is not None, what="the foreign thread to take the lock")
+        assert lock.statistics().acquired_from is None  # (no frame to tell)
+        assert in_thread(lambda: _take_and_give_back(lock, timeout=WITHIN)), "its hold was never ended"
+        (warning,) = [record.getMessage() for record in caplog.records if "still holding" in record.getMessage()]
+        assert "'foreign'" in warning
+    finally:
+        registry.close()
+
+
 # -- `with lock.acquire(timeout=...):` -------------------------------------------------------------------------------
 
 
@@ -169,8 +187,8 @@ def test_with_acquire_of_a_busy_lock_runs_nothing_and_holds_nothing(registries: 
         holder.join(30)
 
 
-def _take_and_give_back(lock: Any) -> bool:
-    if not lock.acquire(timeout=10):
+def _take_and_give_back(lock: Any, timeout: float = 10) -> bool:
+    if not lock.acquire(timeout=timeout):
         return False
     lock.release()
     return True

@@ -99,7 +99,7 @@ def owner_name(owner: object) -> str | None:
     return owner.get_name() if isinstance(owner, asyncio.Task) else None
 
 
-def returned_to_with(lock: Any, acquired: bool, caller: FrameType) -> bool:
+def returned_to_with(lock: Any, acquired: bool, caller: FrameType | None) -> bool:
     """``acquired``: ``async with lock.acquire()`` fails on the coroutine (not an asynchronous context manager)
     before anything is taken, so there is nothing to look for here (the sync twin lets ``with lock.acquire(...):``
     work)."""

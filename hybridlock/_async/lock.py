@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from functools import partial
 from types import FrameType
@@ -60,7 +59,7 @@ from ._compat import (
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .owners import Site, caller_site, site_text
+from .owners import Site, caller_frame, caller_site, site_text
 from .waiting import acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
@@ -112,10 +111,10 @@ class AsyncJavaStyleLock:
     # recorded from it (owners.py), and `with lock.acquire(timeout=1):` is told apart by it (returned_to_with).
 
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        caller = sys._getframe(1)
+        caller = caller_frame()
         return returned_to_with(self, await self._acquire_from(caller, blocking, timeout), caller)
 
-    async def _acquire_from(self, caller: FrameType, blocking: bool, timeout: float) -> bool:
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         """``acquire(blocking, timeout)`` called from the frame ``caller``."""
         raise NotImplementedError
 
@@ -130,7 +129,7 @@ class AsyncJavaStyleLock:
             raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
         if timeout is not None and math.isnan(timeout):
             raise InvalidArgumentError("timeout must not be NaN")
-        caller = sys._getframe(1)
+        caller = caller_frame()
         if timeout is None or timeout <= 0:
             acquired = await self._acquire_from(caller, False, -1)
         else:
@@ -141,7 +140,7 @@ class AsyncJavaStyleLock:
 
     async def lock(self) -> None:
         """Java's ``lock()``: wait as long as it takes."""
-        caller = sys._getframe(1)
+        caller = caller_frame()
         held = returned_to_with(self, await self._acquire_from(caller, True, -1), caller)
         if held is not True:
             return held  # type: ignore[return-value]  # `with lock.lock():` (see acquire)
@@ -151,7 +150,7 @@ class AsyncJavaStyleLock:
         await self.release()
 
     async def __aenter__(self: _L) -> _L:
-        await self._acquire_from(sys._getframe(1), True, -1)
+        await self._acquire_from(caller_frame(), True, -1)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -301,10 +300,10 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         the lock and releases it at its end, or does not run at all (``LockTimeoutError``) when the lock was not
         acquired. Everywhere else the result is exactly True or False.
         """
-        caller = sys._getframe(1)
+        caller = caller_frame()
         return returned_to_with(self, await self._acquire_from(caller, blocking, timeout), caller)
 
-    async def _acquire_from(self, caller: FrameType, blocking: bool, timeout: float) -> bool:
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.key, self._context.server)
         me = current_owner()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from .context import LockContext
     from .leases import HeldLease
 
-__all__ = ["Site", "caller_site", "site_text", "watch_owner"]
+__all__ = ["Site", "caller_frame", "caller_site", "site_text", "watch_owner"]
 
 logger = logging.getLogger("hybridlock.lock")
 
@@ -50,11 +51,22 @@ logger = logging.getLogger("hybridlock.lock")
 Site: TypeAlias = "tuple[CodeType, int] | None"
 
 
-def caller_site(frame: FrameType) -> Site:
+def caller_frame() -> FrameType | None:
+    """The frame that called the function calling this (a few attribute reads; None when there is none: a function
+    called straight from C, as by ``_thread.start_new_thread(lock.acquire, ())``)."""
+    try:
+        return sys._getframe(2)
+    except ValueError:
+        return None
+
+
+def caller_site(frame: FrameType | None) -> Site:
     """Where the code that called into hybridlock from ``frame`` is: ``frame``, or the first frame above it outside
     the package (and outside the standard library's ``threading`` and ``contextlib``, which only pass a ``with`` on:
     ``Condition``, ``ExitStack``). None when that is asyncio's own (a task whose coroutine is the acquire itself:
     nothing of the caller is left)."""
+    if frame is None:
+        return None
     code = frame.f_code
     place = _places.get(code.co_filename) or _place_of(code.co_filename)
     if place == _OUTSIDE:  # (the common case: called from the program's own code)

@@ -27,7 +27,6 @@ Failure modes
 from __future__ import annotations
 
 import logging
-import sys
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,7 @@ from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .owners import Site, caller_site
+from .owners import Site, caller_frame, caller_site
 from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
@@ -83,10 +82,10 @@ class _Half(ServerLease, AsyncJavaStyleLock):
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait. (On the thread side
         ``with half.acquire(timeout=5):`` works too: see ``HybridLock.acquire``.)"""
-        caller = sys._getframe(1)
+        caller = caller_frame()
         return returned_to_with(self, await self._acquire_from(caller, blocking, timeout), caller)
 
-    async def _acquire_from(self, caller: FrameType, blocking: bool, timeout: float) -> bool:
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.key, self._context.server)
         self._context.check_open(self.key)

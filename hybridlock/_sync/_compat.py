@@ -183,12 +183,14 @@ class _Hold:
         return f"<held {self.lock!r}>"
 
 
-def returned_to_with(lock: Any, acquired: bool, caller: FrameType) -> bool:
+def returned_to_with(lock: Any, acquired: bool, caller: FrameType | None) -> bool:
     """What an ``acquire``-like call made from the frame ``caller`` returns: ``acquired``, unless ``caller`` goes on
     to enter the result as a context manager (``with lock.acquire(timeout=1):``, as filelock allows): then an object
     whose ``__enter__`` gives the lock and whose ``__exit__`` releases it, or, when the lock was not acquired,
     ``LockTimeoutError`` (the block must not run without it). The async twin returns ``acquired``: ``async with
     lock.acquire()`` fails on the coroutine before anything is taken."""
+    if caller is None:
+        return acquired
     # The instruction after the call (f_lasti is the call's, or on 3.11 its last inline cache's: skip the others).
     code = caller.f_code.co_code
     at = caller.f_lasti + 2

@@ -14,7 +14,6 @@ A failed or timed-out attempt leaves nothing behind; the timeout covers the whol
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from functools import partial
 from types import FrameType
@@ -27,7 +26,7 @@ from ..errors import HybridLockError, LockNotOwnedError
 from ._compat import current_owner, monotonic, refuse_in_event_loop, returned_to_with, shielded
 from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .owners import Site, caller_site
+from .owners import Site, caller_frame, caller_site
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
@@ -76,10 +75,10 @@ class MultiLock(JavaStyleLock):
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first. (On the thread
         side ``with locks.acquire(timeout=5):`` works too: see ``HybridLock.acquire``.)"""
-        caller = sys._getframe(1)
+        caller = caller_frame()
         return returned_to_with(self, self._acquire_from(caller, blocking, timeout), caller)
 
-    def _acquire_from(self, caller: FrameType, blocking: bool, timeout: float) -> bool:
+    def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.keys[0], self._context.server)
         deadline = None if wait is None else monotonic() + wait

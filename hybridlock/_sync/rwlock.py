@@ -28,7 +28,6 @@ Failure modes
 from __future__ import annotations
 
 import logging
-import sys
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -52,7 +51,7 @@ from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .lock import JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
-from .owners import Site, caller_site
+from .owners import Site, caller_frame, caller_site
 from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
@@ -84,10 +83,10 @@ class _Half(ServerLease, JavaStyleLock):
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait. (On the thread side
         ``with half.acquire(timeout=5):`` works too: see ``HybridLock.acquire``.)"""
-        caller = sys._getframe(1)
+        caller = caller_frame()
         return returned_to_with(self, self._acquire_from(caller, blocking, timeout), caller)
 
-    def _acquire_from(self, caller: FrameType, blocking: bool, timeout: float) -> bool:
+    def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.key, self._context.server)
         self._context.check_open(self.key)
