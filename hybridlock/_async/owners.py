@@ -65,21 +65,14 @@ def caller_site(frame: FrameType | None) -> Site:
     the package (and outside the standard library's ``threading`` and ``contextlib``, which only pass a ``with`` on:
     ``Condition``, ``ExitStack``). None when that is asyncio's own (a task whose coroutine is the acquire itself:
     nothing of the caller is left)."""
-    if frame is None:
-        return None
-    code = frame.f_code
-    place = _places.get(code.co_filename) or _place_of(code.co_filename)
-    if place == _OUTSIDE:  # (the common case: called from the program's own code)
-        return code, frame.f_lasti
-    found: FrameType | None = frame
-    while found is not None:
-        code = found.f_code
+    while frame is not None:
+        code = frame.f_code
         place = _places.get(code.co_filename) or _place_of(code.co_filename)
-        if place == _OUTSIDE:
-            return code, found.f_lasti
+        if place == _OUTSIDE:  # (at once, in the common case: called from the program's own code)
+            return code, frame.f_lasti
         if place == _ASYNCIO:
             return None
-        found = found.f_back
+        frame = frame.f_back
     return None
 
 

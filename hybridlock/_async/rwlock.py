@@ -92,7 +92,7 @@ class _Half(ServerLease, AsyncJavaStyleLock):
         start = monotonic()
         deadline = None if wait is None else start + wait
         me = current_owner()
-        if self.hold_count:
+        if self._depth(me):
             return await self._acquire(me, blocking, deadline)  # reentrant: only counts (and is not reported)
         site = caller_site(caller)
         observer = self._context.observer
@@ -114,6 +114,10 @@ class _Half(ServerLease, AsyncJavaStyleLock):
 
     @property
     def hold_count(self) -> int:
+        return self._depth(current_owner())
+
+    def _depth(self, owner: object) -> int:
+        """How many times ``owner`` holds this half (0: not at all)."""
         raise NotImplementedError
 
     def is_held_by_current_thread(self) -> bool:
@@ -180,9 +184,8 @@ class AsyncReadLock(_Half):
         super().__init__(parent, parent._names.read)
         self._watch: AsyncReleaseWatch | None = None  # hears writers of other owners asking for the lock
 
-    @property
-    def hold_count(self) -> int:
-        return self._parent._readers.get(current_owner(), 0)
+    def _depth(self, owner: object) -> int:
+        return self._parent._readers.get(owner, 0)
 
     def _holder(self) -> object | None:
         # One of the reader threads here (the first to come): the server sees one read hold for all of them.
@@ -345,10 +348,9 @@ class AsyncWriteLock(_Half):
     kind: LockKind = "write"
     _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
 
-    @property
-    def hold_count(self) -> int:
+    def _depth(self, owner: object) -> int:
         rw = self._parent
-        return rw._write_count if rw._writer == current_owner() else 0
+        return rw._write_count if rw._writer == owner else 0
 
     def __init__(self, parent: AsyncReadWriteLock) -> None:
         super().__init__(parent, parent._names.write)

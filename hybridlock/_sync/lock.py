@@ -310,8 +310,12 @@ class HybridLock(ServerLease, JavaStyleLock):
         me = current_owner()
         start = monotonic()
         deadline = None if wait is None else start + wait
-        if self._owner == me:
-            return self._acquire(me, blocking, deadline)  # reentrant: only counts (and is not reported)
+        if self._owner == me:  # reentrant: only counts (and is not reported); as _enter_locally does
+            self._context.check_open(self.key)
+            if self._lost:
+                raise self._reentry_error()
+            self._count += 1
+            return True
         site = caller_site(caller)
         observer = self._context.observer
         if observer is not None:
@@ -351,7 +355,7 @@ class HybridLock(ServerLease, JavaStyleLock):
     def _enter_locally(self, me: object, blocking: bool, deadline: float | None, site: Site = None) -> str:
         """The local half of ``acquire``: ``_HELD`` (reentrant, or passed on with the server lease: done),
         ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken).
-        ``site``: where ``me`` asked for it (``owners.acquire_site``)."""
+        ``site``: where ``me`` asked for it (``owners.caller_site``)."""
         self._context.check_open(self.key)
         if self._owner == me:
             if self._lost:
@@ -656,7 +660,7 @@ class HybridLock(ServerLease, JavaStyleLock):
                 "cannot wait on a condition without holding its lock", key=self.key, server=self._context.server
             )
         count = self._count
-        site = self._site  # the wait takes the lock back in threading.py: keep where the caller took it
+        site = self._site  # the wait takes the lock back from its own line: keep where the caller first took it
         observer = self._context.observer
         try:
             if observer is None:

@@ -86,7 +86,8 @@ class MultiLock(JavaStyleLock):
         self._context.check_open(self.keys[0])
         if self._atomic is None:
             self._atomic = self._context.backend.can_acquire_together([lock._names for lock in self._locks])
-        if self.hold_count:
+        me = current_owner()
+        if min(lock._count if lock._owner == me else 0 for lock in self._locks):
             return self._acquire(blocking, deadline)  # reentrant: only counts (and is not reported)
         site = caller_site(caller)
         observer = self._context.observer
