@@ -33,6 +33,8 @@ __all__ = [
     "AsyncWorker",
     "IS_ASYNC",
     "OTHER_API_REGISTRY",
+    "OWNER_ENDED",
+    "OWNER_KIND",
     "LateHandler",
     "LoopBinding",
     "Thunk",
@@ -59,6 +61,9 @@ IS_ASYNC = True
 #: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
 #: name it writes this side's. Here, the thread API's.
 OTHER_API_REGISTRY = "LockRegistry"
+#: What an owner is on this side, and what it does when it stops running, for messages.
+OWNER_KIND = "task"
+OWNER_ENDED = "finished"
 
 #: A call with no arguments whose result is awaited: ``Thunk[int]`` is ``Callable[[], Awaitable[int]]`` here and
 #: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).

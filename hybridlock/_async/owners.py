@@ -37,7 +37,7 @@ import sys
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, TypeAlias
 
-from ._compat import IS_ASYNC, owner_name
+from ._compat import OWNER_ENDED, OWNER_KIND, owner_name
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -128,6 +128,7 @@ def _report(lease: HeldLease, context: LockContext, gone: list[tuple[object, Sit
     kind = getattr(lease, "kind", "lock")
     what = "lock" if kind == "lock" else f"{kind} lock"
     config = context.config
+    holder = OWNER_KIND
     if not lease._abandoned:
         fate = "its part of the read hold is dropped; the other readers here keep it"
     elif config.lease is None:
@@ -135,10 +136,9 @@ def _report(lease: HeldLease, context: LockContext, gone: list[tuple[object, Sit
     else:
         fate = (
             f"its lease is no longer renewed and ends within {config.lease:g} s, as if its process had crashed; "
-            "threads (or tasks) here waiting for it take it afresh then"
+            f"{holder}s here waiting for it take it afresh then"
         )
-    holder = "task" if IS_ASYNC else "thread"
-    ended = "finished" if IS_ASYNC else "ended"
+    ended = OWNER_ENDED
     for owner, site in gone:
         name = owner_name(owner)
         logger.warning(

@@ -197,6 +197,10 @@ class AsyncReadLock(_Half):
         holder = next(iter(rw._readers), None)
         return None if holder is None else rw._reader_sites.get(holder)
 
+    def _holders_gone(self) -> bool:
+        readers = list(self._parent._readers)
+        return self._abandoned or (bool(readers) and not any(owner_alive(reader) for reader in readers))
+
     def _find_abandoned(self) -> list[tuple[object, Site]]:
         rw = self._parent
         with rw._cond:

@@ -30,6 +30,8 @@ __all__ = [
     "FifoMutex",
     "IS_ASYNC",
     "OTHER_API_REGISTRY",
+    "OWNER_ENDED",
+    "OWNER_KIND",
     "LateHandler",
     "LoopBinding",
     "ThreadOwner",
@@ -58,6 +60,9 @@ IS_ASYNC = False
 #: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
 #: name it writes this side's. Here, the asyncio API's.
 OTHER_API_REGISTRY = "AsyncLockRegistry"
+#: What an owner is on this side, and what it does when it stops running, for messages.
+OWNER_KIND = "thread"
+OWNER_ENDED = "ended"
 
 #: A call with no arguments: ``Thunk[int]`` is ``Callable[[], int]`` here and ``Callable[[], Awaitable[int]]`` on
 #: the async side (callbacks handed to shared code).

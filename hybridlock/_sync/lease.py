@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
 from ..errors import InvalidArgumentError, LockLostError
-from ._compat import monotonic
+from ._compat import monotonic, owner_alive
 from .leases import LostCallback
 
 if TYPE_CHECKING:
@@ -114,6 +114,14 @@ class ServerLease:
         return None
 
     # -- holders that are gone (owners.py) ----------------------------------------------------------------------------
+
+    def _holders_gone(self) -> bool:
+        """Whether the hold here is abandoned, or every holder it has has ended (a look that changes nothing: the
+        worker's ``_find_abandoned`` acts on it)."""
+        if self._abandoned:
+            return True
+        holder = self._holder()
+        return holder is not None and not owner_alive(holder)
 
     def _find_abandoned(self) -> list[tuple[object, Site]]:
         """Look for holders here that ended without releasing: forget them and return them with where they took the
