@@ -59,7 +59,9 @@ def test_the_shims_pair_up() -> None:
     from hybridlock._sync._compat import FifoMutex
 
     assert sync_compat.FifoMutex is FifoMutex
-    assert sync_compat.current_owner() == threading.get_ident()
+    owner = sync_compat.current_owner()
+    assert owner is sync_compat.current_owner()  # one per thread (tests/test_dead_owners.py has the rest)
+    assert sync_compat.owner_ident(owner) == threading.get_ident()
     assert sync_compat.shielded(lambda: 42) == 42
 
 

@@ -68,6 +68,22 @@ class FakeLease:
         self._retained_until: float | None = None
         self.lost = False
         self.renewed = 0
+        self._abandoned = False
+        self._abandoned_by: tuple[object, object] | None = None
+        self.holder_gone = False  # set by a test: the holder ended without releasing (owners.py)
+        self.ended = 0  # how often the worker ended it as abandoned
+        self.key = key
+
+    def _find_abandoned(self) -> list[tuple[object, object]]:
+        if not self.holder_gone or self._abandoned:
+            return []
+        self._abandoned = True
+        self._abandoned_by = ("the holder", None)
+        return [self._abandoned_by]
+
+    async def _end_abandoned(self) -> None:
+        await asyncio.sleep(0)  # the real lock gives the lease back here
+        self.ended += 1
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
         if tenancy == self._tenancy:
@@ -264,6 +280,46 @@ def test_max_hold_stops_renewing_and_marks_lost_once_the_lease_ends() -> None:
         await renewer.stop()
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"auto_renew": False}, {"never_expires": True}], ids=["renews", "watches", "local"]
+)
+def test_a_hold_whose_holder_is_gone_is_not_renewed_and_ends_with_its_lease(
+    options: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The worker also runs where nothing is renewed (auto_renew=False, LocalLockRegistry), only to look for holders
+    # that are gone (owners.py); without leases (never_expires) it looks every second and ends such a hold at once.
+    async def main() -> None:
+        context = FakeContext(**options)
+        renewer = LeaseRenewer(context)
+        kept, gone = FakeLease("kept"), FakeLease("gone")
+        if options.get("never_expires"):
+            kept._valid_until = gone._valid_until = float("inf")
+        gone.holder_gone = True
+        context.leases.held.extend([kept, gone])
+        start = monotonic()
+        renewer.ensure_started()
+        await until(lambda: gone.ended, "the abandoned hold to be ended", within=3.0)
+        took = monotonic() - start
+        assert gone.renewed == 0
+        if options.get("never_expires"):
+            assert 0.9 <= took < 2.5  # at the first look, a second in
+        else:
+            # Not before its lease ran out (valid_until), and not long after: the worker wakes for it.
+            assert LEASE * 0.9 <= took < LEASE + 0.5
+        if options:
+            assert context.backend.renewals == []
+        else:
+            await until(lambda: kept.renewed >= 2, "the other hold to be renewed as usual")
+        await renewer.stop()
+
+    with caplog.at_level(logging.WARNING, logger="hybridlock.lock"):
+        run(main())
+    warnings = [r.getMessage() for r in caplog.records if "still holding" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once, however many rounds saw it
+    assert "'gone'" in warnings[0]
+    assert "'the holder'" in warnings[0]
 
 
 def test_renew_once_by_hand_and_stop_mid_sleep() -> None:

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import partial
+from types import FrameType
 from typing import Any, TypeAlias, TypeVar, final
 
 from ..errors import EventLoopMismatchError
@@ -32,6 +33,8 @@ __all__ = [
     "AsyncWorker",
     "IS_ASYNC",
     "OTHER_API_REGISTRY",
+    "OWNER_ENDED",
+    "OWNER_KIND",
     "LateHandler",
     "LoopBinding",
     "Thunk",
@@ -41,8 +44,11 @@ __all__ = [
     "describe_owner",
     "monotonic",
     "new_guard",
+    "owner_alive",
+    "owner_ident",
     "owner_name",
     "refuse_in_event_loop",
+    "returned_to_with",
     "shielded",
     "sleep",
 ]
@@ -55,6 +61,9 @@ IS_ASYNC = True
 #: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
 #: name it writes this side's. Here, the thread API's.
 OTHER_API_REGISTRY = "LockRegistry"
+#: What an owner is on this side, and what it does when it stops running, for messages.
+OWNER_KIND = "task"
+OWNER_ENDED = "finished"
 
 #: A call with no arguments whose result is awaited: ``Thunk[int]`` is ``Callable[[], Awaitable[int]]`` here and
 #: ``Callable[[], int]`` on the sync side (callbacks handed to shared code).
@@ -73,7 +82,7 @@ def at_exit(callback: Thunk[None]) -> None:
 
 
 def current_owner() -> object:
-    """Who is running: the current asyncio task (the thread's ident on the sync side). Compare with ``==``.
+    """Who is running: the current asyncio task (the thread's ``ThreadOwner`` on the sync side). Compare with ``==``.
 
     Raises ``RuntimeError`` outside a task. The task object itself is returned (not its ``id()``, which a later task
     could reuse), so whoever stores it keeps the task alive until it lets go."""
@@ -81,6 +90,17 @@ def current_owner() -> object:
     if task is None:
         raise RuntimeError("current_owner() called outside an asyncio task")
     return task
+
+
+def owner_alive(owner: object) -> bool:
+    """Whether ``owner`` (from ``current_owner()``) may still run: the task is not done (the sync twin: the thread
+    has not ended)."""
+    return not isinstance(owner, asyncio.Task) or not owner.done()
+
+
+def owner_ident(owner: object) -> object:
+    """What ``statistics().owner_thread`` shows of an owner: the task itself."""
+    return owner
 
 
 def describe_owner(owner: object) -> str:
@@ -91,6 +111,13 @@ def describe_owner(owner: object) -> str:
 def owner_name(owner: object) -> str | None:
     """The name of an owner, for holder descriptions: the task's name (None if ``owner`` is not a task)."""
     return owner.get_name() if isinstance(owner, asyncio.Task) else None
+
+
+def returned_to_with(lock: Any, acquired: bool, caller: FrameType | None) -> bool:
+    """``acquired``: ``async with lock.acquire()`` fails on the coroutine (not an asynchronous context manager)
+    before anything is taken, so there is nothing to look for here (the sync twin lets ``with lock.acquire(...):``
+    work)."""
+    return acquired
 
 
 def refuse_in_event_loop(key: str, server: str) -> None:

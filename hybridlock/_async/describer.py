@@ -2,12 +2,14 @@
 
 An owner (a registry in a process) describes itself in one small hash of the server (``owner_key`` in
 ``hybridlock._core.names``): its host, pid and start, and, for each lease it holds, the name of the holding thread
-or task, when the tenancy was granted and its fencing token. Nothing of it is sent by ``acquire`` or ``release``:
-the registry's renewer writes it from its own worker,
+or task, where it took the lock (``file:line``), when the tenancy was granted, its fencing token, and whether its
+holder has ended without releasing it (``abandoned``: no longer renewed, see ``owners.py``). Nothing of it is sent
+by ``acquire`` or ``release``: the registry's renewer writes it from its own worker,
 
 * one second after the worker starts (at the registry's first lease after a quiet spell), so a lock held for
   longer than that is described soon after it was taken;
-* at each renewal round, for the leases taken since the last one, dropping the fields of leases given back since;
+* at each renewal round, for the leases taken (or found abandoned) since the last one, dropping the fields of
+  leases given back since;
   the whole hash is rewritten, with its expiry, at the first round after half its life (``ttl_ms``: a minute, or
   three leases if longer), so it outlives every lease of a live owner;
 * by the wait keeper, at its refreshes (every second while some thread waits in a server queue): an owner that
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from .._core.names import owner_key
 from ._compat import monotonic, new_guard, owner_name
+from .owners import site_text
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -49,11 +52,15 @@ _MIN_OWNER_TTL_MS = 60_000
 
 def lease_description(lease: HeldLease) -> dict[str, object]:
     """What the owner hash says of one held lease (also what ``statistics()`` shows)."""
-    holder = lease._holder()
+    holder, site = lease._holder(), lease._holder_site()
+    if lease._abandoned_by is not None:
+        holder, site = lease._abandoned_by  # (a read hold whose last reader here ended has no holder left)
     return {
         "thread": None if holder is None else owner_name(holder),
+        "site": site_text(site),
         "acquired_at": lease._granted_wall,
         "token": lease._fencing_token,
+        "abandoned": lease._abandoned,
     }
 
 
@@ -68,7 +75,8 @@ class OwnerDescriber:
         self.ttl_ms = max(_MIN_OWNER_TTL_MS, 3 * lease_ms)
         self.started_at = time.time()
         self._refresh_at = -1.0  # monotonic: when the hash must be written again (it lapses at ttl_ms)
-        self._described: dict[str, int] = {}  # server key of a lease -> the tenancy its field describes
+        # Server key of a lease -> the tenancy its field describes, and whether it said the hold was abandoned.
+        self._described: dict[str, tuple[int, bool]] = {}
         self._written = False  # the hash may exist in the server
         # The renewer and the wait keeper both describe; one write at a time (the other skips: nothing is lost, the
         # next occasion writes what it would have).
@@ -99,13 +107,13 @@ class OwnerDescriber:
         if refresh:
             fields.update(host=socket.gethostname(), pid=str(os.getpid()), started_at=repr(self.started_at))
         for name, lease in current.items():
-            if refresh or self._described.get(name) != lease._tenancy:
+            if refresh or self._described.get(name) != (lease._tenancy, lease._abandoned):
                 fields[name] = json.dumps(lease_description(lease), separators=(",", ":"))
         gone = [name for name in self._described if name not in current]
         if not fields and not gone:
             return
         await self._context.backend.describe_owner(self.key, fields, gone, self.ttl_ms)
-        self._described = {name: lease._tenancy for name, lease in current.items()}
+        self._described = {name: (lease._tenancy, lease._abandoned) for name, lease in current.items()}
         self._written = True
         if refresh:
             self._refresh_at = now + self.ttl_ms / 2000.0

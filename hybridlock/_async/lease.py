@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
 from ..errors import InvalidArgumentError, LockLostError
-from ._compat import monotonic
+from ._compat import monotonic, owner_alive
 from .leases import LostCallback
 
 if TYPE_CHECKING:
     from .context import LockContext
+    from .owners import Site
 
 __all__ = ["ServerLease"]
 
@@ -75,6 +76,10 @@ class ServerLease:
         # tenancy needs no reset on the acquire path).
         self._short: _ShortRenewals | None = None
         self._callbacks: list[LostCallback] = []
+        # Every holder here of the current tenancy has ended without releasing it (see owners.py): it is no longer
+        # renewed, and ends when its lease runs out. With (one of) those holders and where it took the lock.
+        self._abandoned = False
+        self._abandoned_by: tuple[object, Site] | None = None
         # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
         # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
         self._retained_until: float | None = None
@@ -99,8 +104,33 @@ class ServerLease:
         self._callbacks.append(callback)
 
     def _holder(self) -> object | None:
-        """Who holds the lease here (a thread ident, or a task), for holder descriptions; None if nobody does."""
+        """Who holds the lease here (``current_owner()``: a thread's token, or a task), for holder descriptions;
+        None if nobody does."""
         return None
+
+    def _holder_site(self) -> Site:
+        """Where ``_holder()`` took the lock."""
+        return None
+
+    # -- holders that are gone (owners.py) ----------------------------------------------------------------------------
+
+    def _holders_gone(self) -> bool:
+        """Whether the hold here is abandoned, or every holder it has has ended (a look that changes nothing: the
+        worker's ``_find_abandoned`` acts on it)."""
+        if self._abandoned:
+            return True
+        holder = self._holder()
+        return holder is not None and not owner_alive(holder)
+
+    def _find_abandoned(self) -> list[tuple[object, Site]]:
+        """Look for holders here that ended without releasing: forget them and return them with where they took the
+        lock, and mark the hold abandoned (``_abandoned``, ``_abandoned_by``) once none of its holders is left. (Called
+        by the registry's worker only.)"""
+        return []
+
+    async def _end_abandoned(self) -> None:
+        """End an abandoned hold in the server and here, in place of its holder (the registry's worker calls it once
+        the lease has run out)."""
 
     def _begin_lease(self, token: int | None, sent_at: float, valid_until: float | None = None) -> None:
         """The server granted a fresh tenancy, to the request sent at ``sent_at`` (``monotonic()``; see
@@ -121,6 +151,8 @@ class ServerLease:
         self._giving_back = False
         self._retained_until = None
         self._lost = False
+        self._abandoned = False
+        self._abandoned_by = None
         self._fencing_token = token
         self._acquired_at = monotonic()
         self._granted_wall = time.time()
@@ -148,6 +180,8 @@ class ServerLease:
         """The tenancy is over (released, or found lost)."""
         self._in_server = False
         self._giving_back = False
+        self._abandoned = False
+        self._abandoned_by = None
         self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
@@ -158,6 +192,8 @@ class ServerLease:
         self._observed_hold_starts = None
         self._in_server = False
         self._giving_back = False
+        self._abandoned = False
+        self._abandoned_by = None
         self._retained_until = None
         self._fencing_token = None
         self._valid_until = None

@@ -32,6 +32,7 @@ import os
 import socket
 from dataclasses import dataclass
 from functools import partial
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.config import validate_timeout
@@ -48,13 +49,17 @@ from ._compat import (
     current_owner,
     describe_owner,
     monotonic,
+    owner_alive,
+    owner_ident,
     owner_name,
     refuse_in_event_loop,
+    returned_to_with,
     shielded,
 )
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
+from .owners import Site, caller_frame, caller_site, site_text
 from .waiting import WaitHint, acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
@@ -75,7 +80,7 @@ class LockStatistics:
     """A snapshot of one lock's state in this process (``HybridLock.statistics()``), for logs and debugging."""
 
     key: str
-    owner_thread: object | None  # the holder here, if any: a thread ident (the task, for an asyncio lock)
+    owner_thread: object | None  # the holder here, if any: its thread's ident (the task, for an asyncio lock)
     hold_count: int  # that thread's reentrancy depth
     local_waiters: int  # threads of this process queued for it
     holds_server_lease: bool
@@ -89,6 +94,10 @@ class LockStatistics:
     client_id: str = ""  # this registry's owner identity in the server
     host: str = ""
     pid: int = 0
+    # The holder's thread has ended (its task is done) without releasing the lock: the lease is no longer renewed
+    # and ends by itself within expire_after (see hybridlock._async.owners); found by the registry's next round.
+    abandoned: bool = False
+    acquired_from: str | None = None  # where the holder took the lock ("file:line" of the first frame outside)
 
 
 _L = TypeVar("_L", bound="AsyncJavaStyleLock")
@@ -98,7 +107,15 @@ class AsyncJavaStyleLock:
     """The calls every lock kind offers on top of its own ``acquire(blocking, timeout)`` and ``release()``: the
     context manager and Java's ``lock`` / ``unlock`` / ``try_lock`` (alias ``tryLock``)."""
 
+    # Each public way in reads the frame that called it, once (a few attribute reads): where a hold is taken is
+    # recorded from it (owners.py), and `with lock.acquire(timeout=1):` is told apart by it (returned_to_with).
+
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        caller = caller_frame()
+        return returned_to_with(self, await self._acquire_from(caller, blocking, timeout), caller)
+
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
+        """``acquire(blocking, timeout)`` called from the frame ``caller``."""
         raise NotImplementedError
 
     async def release(self) -> None:
@@ -112,22 +129,28 @@ class AsyncJavaStyleLock:
             raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
         if timeout is not None and math.isnan(timeout):
             raise InvalidArgumentError("timeout must not be NaN")
+        caller = caller_frame()
         if timeout is None or timeout <= 0:
-            return await self.acquire(blocking=False)
-        return await self.acquire(blocking=True, timeout=timeout)
+            acquired = await self._acquire_from(caller, False, -1)
+        else:
+            acquired = await self._acquire_from(caller, True, timeout)
+        return returned_to_with(self, acquired, caller)  # (`with lock.try_lock(5):` works as `with lock.acquire()`)
 
     tryLock = try_lock  # noqa: N815 - documented Java-style alias
 
     async def lock(self) -> None:
         """Java's ``lock()``: wait as long as it takes."""
-        await self.acquire()
+        caller = caller_frame()
+        held = returned_to_with(self, await self._acquire_from(caller, True, -1), caller)
+        if held is not True:
+            return held  # type: ignore[return-value]  # `with lock.lock():` (see acquire)
 
     async def unlock(self) -> None:
         """Java's ``unlock()``: ``release()``."""
         await self.release()
 
     async def __aenter__(self: _L) -> _L:
-        await self.acquire()
+        await self._acquire_from(caller_frame(), True, -1)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -148,6 +171,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         self._mutex = AsyncFifoMutex(context.config.handoff_barge_window)
         self._owner: object | None = None  # the holder in this process (see current_owner)
         self._count = 0
+        self._site: Site = None  # where the holder took the lock (owners.py)
         # Local hand-off (lock cohorting): while threads of this process queue for the key, the server lease is
         # kept and the local lock passed along, within a budget (see _may_keep_lease).
         self._contended = False  # another owner is known to want the lock during this tenancy
@@ -220,21 +244,24 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
 
     def statistics(self) -> LockStatistics:
         """A snapshot of the lock's state here; costs no round trip."""
+        owner = self._owner
         return LockStatistics(
             key=self.key,
-            owner_thread=self._owner,
-            hold_count=self._count if self._owner is not None else 0,
+            owner_thread=None if owner is None else owner_ident(owner),
+            hold_count=self._count if owner is not None else 0,
             local_waiters=self._mutex.waiting,
             holds_server_lease=self._in_server,
             fencing_token=self._fencing_token if self._in_server else None,
             lost=self._lost,
             local_passes=self._passes if self._in_server else 0,
             retained=self._retained_until is not None and self._owner is None,
-            owner_name=None if self._owner is None else owner_name(self._owner),
+            owner_name=None if owner is None else owner_name(owner),
             acquired_at=self._granted_wall if self._in_server else None,
             client_id=self._context.client_id,
             host=_HOST,
             pid=os.getpid(),
+            abandoned=self._abandoned,
+            acquired_from=None if owner is None else site_text(self._site),
         )
 
     def __repr__(self) -> str:
@@ -246,6 +273,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         extra = ""
         if owner is not None and self._lost:
             extra += " lost"
+        if self._abandoned:
+            extra += " abandoned"
         if owner is None and self._retained_until is not None:
             extra += " retained"
         waiting = self._mutex.waiting
@@ -270,22 +299,42 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         Raises ``BackendUnavailableError`` (the local lock is then released again), ``RegistryClosedError``,
         ``InvalidArgumentError`` for bad arguments, and ``LockLostError`` for a reentrant acquire of a lock whose
         lease is known lost (the hold is unchanged: release it, which raises ``LockLostError`` too).
+
+        On the thread side, ``with lock.acquire(timeout=5):`` works too, as filelock's does: the block runs holding
+        the lock and releases it at its end, or does not run at all (``LockTimeoutError``) when the lock was not
+        acquired. Everywhere else the result is exactly True or False.
         """
+        caller = caller_frame()
+        return returned_to_with(self, await self._acquire_from(caller, blocking, timeout), caller)
+
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.key, self._context.server)
         me = current_owner()
         start = monotonic()
         deadline = None if wait is None else start + wait
+        if self._owner == me:  # reentrant: only counts (and is not reported); as _enter_locally does
+            self._context.check_open(self.key)
+            if self._lost:
+                raise self._reentry_error()
+            self._count += 1
+            return True
+        site = caller_site(caller)
         observer = self._context.observer
-        if observer is not None and self._owner != me:  # (a reentrant acquire is not reported)
-            acquire = partial(self._acquire, me, blocking, deadline)
+        if observer is not None:
+            acquire = partial(self._acquire, me, blocking, deadline, site=site)
             return await observe_acquire(observer, self, self.key, "lock", me, start, acquire)
-        return await self._acquire(me, blocking, deadline)
+        return await self._acquire(me, blocking, deadline, site=site)
 
     async def _acquire(
-        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+        self,
+        me: object,
+        blocking: bool,
+        deadline: float | None,
+        probe: AcquireProbe | None = None,
+        site: Site = None,
     ) -> bool:
-        entered = await self._enter_locally(me, blocking, deadline)
+        entered = await self._enter_locally(me, blocking, deadline, site)
         if entered != _NEEDS_SERVER:
             return entered == _HELD
         try:
@@ -299,7 +348,9 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         if grant is None:
             self._mutex.release()
             return False
-        self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at, grant.valid_until)
+        self._start_tenancy(
+            me, grant.result.fencing_token, grant.result.contended, grant.sent_at, site, grant.valid_until
+        )
         try:
             await self._listen_for_contention()
         except BaseException:
@@ -308,9 +359,10 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             raise
         return True
 
-    async def _enter_locally(self, me: object, blocking: bool, deadline: float | None) -> str:
+    async def _enter_locally(self, me: object, blocking: bool, deadline: float | None, site: Site = None) -> str:
         """The local half of ``acquire``: ``_HELD`` (reentrant, or passed on with the server lease: done),
-        ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken)."""
+        ``_TIMED_OUT``, or ``_NEEDS_SERVER`` (we hold the local mutex; the server lock is still to be taken).
+        ``site``: where ``me`` asked for it (``owners.caller_site``)."""
         self._context.check_open(self.key)
         if self._owner == me:
             if self._lost:
@@ -342,6 +394,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
                     self._failed_restores.discard(me)
                     self._owner = me
                     self._count = 1
+                    self._site = site
                     self.last_used = monotonic()
                     return _HELD
                 # NOTE: the lease ended during the streak. Nobody enters on a lost lease: end that tenancy (its
@@ -358,14 +411,21 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
             raise
 
     def _start_tenancy(
-        self, me: object, token: int | None, contended: bool, sent_at: float, valid_until: float | None = None
+        self,
+        me: object,
+        token: int | None,
+        contended: bool,
+        sent_at: float,
+        site: Site,
+        valid_until: float | None = None,
     ) -> None:
         """``me`` holds the lock in a fresh server tenancy, granted to the request sent at ``sent_at`` (the lease
         counts from there, the hold from now: see ``ServerLease._begin_lease``), or, for a lock granted to our place
-        in the queue, valid until ``valid_until``."""
+        in the queue, valid until ``valid_until``; ``me`` asked for it at ``site``."""
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
+        self._site = site
         self._contended = contended
         self._passes = 0
         self.last_used = monotonic()
@@ -545,6 +605,46 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         finally:
             self._end_tenancy()
 
+    # -- a holder that is gone (owners.py) ----------------------------------------------------------------------------
+
+    def _holder_site(self) -> Site:
+        return self._site
+
+    def _find_abandoned(self) -> list[tuple[object, Site]]:
+        owner = self._owner
+        # NOTE: read again once the owner is known to be gone. It may have released the lock (and ended) since the
+        # first read; but a holder that is gone changes nothing any more, so a second read that still finds it is
+        # final: the lock is abandoned. (While it is, no thread here can take the mutex: only _end_abandoned frees
+        # it.)
+        if owner is None or owner_alive(owner) or self._owner is not owner:
+            return []
+        self._abandoned = True
+        self._abandoned_by = (owner, self._site)
+        return [self._abandoned_by]
+
+    async def _end_abandoned(self) -> None:
+        """Release an abandoned hold in place of its holder, which left the local mutex held: in the server (its key
+        is due to expire by now; this wakes whoever waits for it) and here, handing the mutex to the next thread
+        queued, which takes the lock afresh."""
+        owner = self._owner
+        if not self._abandoned or owner is None:
+            return
+        self._give_back_lease()
+        try:
+            await shielded(partial(release_remote, self._context, self._names))
+        except HybridLockError as exc:
+            logger.warning("hybridlock: could not give back the abandoned lease of %r: %s", self.key, exc)
+        finally:
+            if self._observed_hold_starts:
+                self._observed_hold_starts.pop(owner, None)
+            self._failed_restores.discard(owner)
+            self._owner = None
+            self._count = 0
+            self._site = None
+            self.last_used = monotonic()
+            self._end_tenancy()
+            self._mutex.release()
+
     async def _mark_lost(self, tenancy: int) -> None:
         if self._retained_until is not None and self._owner is None and await self._mutex.acquire(False):
             # Perhaps an idle retained lease: with the mutex held, no thread can enter on it while we look.
@@ -575,12 +675,13 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
     def _is_owned(self) -> bool:
         return self._owner == current_owner()
 
-    async def _release_save(self) -> tuple[int, bool]:
+    async def _release_save(self) -> tuple[int, bool, Site]:
         if self._owner != current_owner():
             raise LockNotOwnedError(
                 "cannot wait on a condition without holding its lock", key=self.key, server=self._context.server
             )
         count = self._count
+        site = self._site  # the wait takes the lock back from its own line: keep where the caller first took it
         observer = self._context.observer
         try:
             if observer is None:
@@ -589,21 +690,22 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
                 await observe_release(observer, self, self.key, "lock", current_owner(), self._release_fully)
         except LockLostError:
             # Report it after the wait, once the lock is held again, so the caller's `with` exits cleanly.
-            return count, True
+            return count, True, site
         except BaseException:
             # Released locally but the wait is aborted: the `with` exit must let this error through.
             self._failed_restores.add(current_owner())
             raise
-        return count, False
+        return count, False, site
 
-    async def _acquire_restore(self, state: tuple[int, bool]) -> None:
-        count, lost_before_wait = state
+    async def _acquire_restore(self, state: tuple[int, bool, Site]) -> None:
+        count, lost_before_wait, site = state
         try:
             await self.acquire()
         except BaseException:
             self._failed_restores.add(current_owner())
             raise
         self._count = count
+        self._site = site
         if lost_before_wait:
             raise LockLostError(
                 "the lock's lease had ended before Condition.wait() released it; it is held again now",
@@ -620,6 +722,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
         self._mutex = AsyncFifoMutex(context.config.handoff_barge_window)
         self._owner = None
         self._count = 0
+        self._site = None
         self._forget_lease_after_fork()
         self._failed_restores = set()
         self._contended = False

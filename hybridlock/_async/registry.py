@@ -303,7 +303,8 @@ class AsyncLockRegistry:
         if context.closed.is_set():
             return
         context.check_loop()
-        held = context.leases.held()
+        # (A hold whose holders have all ended was warned about as such: see owners.py.)
+        held = [lease for lease in context.leases.held() if not lease._holders_gone()]
         context.closed.set()
         await context.retention.stop()  # give retained leases back while the connection is still open
         await context.wait_keeper.stop()

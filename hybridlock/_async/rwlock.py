@@ -26,7 +26,9 @@ Failure modes
 
 from __future__ import annotations
 
+import logging
 from functools import partial
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._core.config import validate_timeout
@@ -34,17 +36,29 @@ from .._core.events import LockKind
 from .._core.names import LockNames, ReadWriteNames
 from .._core.results import AcquireResult
 from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
-from ._compat import AsyncCondition, current_owner, describe_owner, monotonic, refuse_in_event_loop, shielded
+from ._compat import (
+    AsyncCondition,
+    current_owner,
+    describe_owner,
+    monotonic,
+    owner_alive,
+    refuse_in_event_loop,
+    returned_to_with,
+    shielded,
+)
 from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
+from .owners import Site, caller_frame, caller_site
 from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
     from .context import LockContext
 
 __all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]
+
+logger = logging.getLogger("hybridlock.lock")
 
 
 class _Half(ServerLease, AsyncJavaStyleLock):
@@ -66,18 +80,26 @@ class _Half(ServerLease, AsyncJavaStyleLock):
     # -- the thread-facing API ---------------------------------------------------------------------------------------
 
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait."""
+        """As ``threading.RLock.acquire``; the timeout covers the local and the remote wait. (On the thread side
+        ``with half.acquire(timeout=5):`` works too: see ``HybridLock.acquire``.)"""
+        caller = caller_frame()
+        return returned_to_with(self, await self._acquire_from(caller, blocking, timeout), caller)
+
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.key, self._context.server)
         self._context.check_open(self.key)
         start = monotonic()
         deadline = None if wait is None else start + wait
         me = current_owner()
+        if self._depth(me):
+            return await self._acquire(me, blocking, deadline)  # reentrant: only counts (and is not reported)
+        site = caller_site(caller)
         observer = self._context.observer
-        if observer is not None and not self.hold_count:  # (a reentrant acquire is not reported)
-            acquire = partial(self._acquire, me, blocking, deadline)
+        if observer is not None:
+            acquire = partial(self._acquire, me, blocking, deadline, site=site)
             return await observe_acquire(observer, self, self.key, self.kind, me, start, acquire)
-        return await self._acquire(me, blocking, deadline)
+        return await self._acquire(me, blocking, deadline, site=site)
 
     async def release(self) -> None:
         me = current_owner()
@@ -92,6 +114,10 @@ class _Half(ServerLease, AsyncJavaStyleLock):
 
     @property
     def hold_count(self) -> int:
+        return self._depth(current_owner())
+
+    def _depth(self, owner: object) -> int:
+        """How many times ``owner`` holds this half (0: not at all)."""
         raise NotImplementedError
 
     def is_held_by_current_task(self) -> bool:
@@ -125,9 +151,21 @@ class _Half(ServerLease, AsyncJavaStyleLock):
         raise NotImplementedError
 
     async def _acquire(
-        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+        self,
+        me: object,
+        blocking: bool,
+        deadline: float | None,
+        probe: AcquireProbe | None = None,
+        site: Site = None,
     ) -> bool:
         raise NotImplementedError
+
+    async def _give_back_abandoned(self) -> None:
+        """The I/O of ``_end_abandoned``: release the server hold in place of its holders, which are gone."""
+        try:
+            await shielded(partial(self._give_back, self._context.client_id))
+        except HybridLockError as exc:
+            logger.warning("hybridlock: could not give back the abandoned %s hold of %r: %s", self.kind, self.key, exc)
 
     async def _release(self, me: object) -> None:
         raise NotImplementedError
@@ -147,13 +185,57 @@ class AsyncReadLock(_Half):
         super().__init__(parent, parent._names.read)
         self._watch: AsyncReleaseWatch | None = None  # hears writers of other owners asking for the lock
 
-    @property
-    def hold_count(self) -> int:
-        return self._parent._readers.get(current_owner(), 0)
+    def _depth(self, owner: object) -> int:
+        return self._parent._readers.get(owner, 0)
 
     def _holder(self) -> object | None:
         # One of the reader threads here (the first to come): the server sees one read hold for all of them.
         return next(iter(self._parent._readers), None)
+
+    def _holder_site(self) -> Site:
+        rw = self._parent
+        holder = next(iter(rw._readers), None)
+        return None if holder is None else rw._reader_sites.get(holder)
+
+    def _holders_gone(self) -> bool:
+        readers = list(self._parent._readers)
+        return self._abandoned or (bool(readers) and not any(owner_alive(reader) for reader in readers))
+
+    def _find_abandoned(self) -> list[tuple[object, Site]]:
+        rw = self._parent
+        with rw._cond:
+            if rw._read_hold != "held" or self._abandoned:
+                return []
+            # Reader threads that are gone can release nothing: their part of the read hold is dropped.
+            gone = [(reader, rw._reader_sites.get(reader)) for reader in rw._readers if not owner_alive(reader)]
+            for reader, _ in gone:
+                del rw._readers[reader]
+                rw._reader_sites.pop(reader, None)
+                if self._observed_hold_starts:
+                    self._observed_hold_starts.pop(reader, None)
+            if gone and not rw._readers:
+                # Nobody left to give the read hold back; nobody joins it (may_enter) until it has ended.
+                self._abandoned = True
+                self._abandoned_by = gone[-1]
+            return gone
+
+    async def _end_abandoned(self) -> None:
+        rw = self._parent
+        with rw._cond:
+            if not self._abandoned or rw._readers or rw._read_hold != "held":
+                return
+            rw._read_hold = "busy"
+            self._give_back_lease()
+        try:
+            await self._give_back_abandoned()
+        finally:
+            with rw._cond:
+                if self._watch is not None:
+                    self._watch.close()
+                    self._watch = None
+                self._end_lease()
+                rw._read_hold = "none"
+                rw._cond.notify_all()
 
     async def _try_once(self, owner: str, wait: bool) -> AcquireResult:
         return await self._context.backend.try_acquire_read(self._parent._names, owner, self._context.config.lease_ms)
@@ -172,7 +254,12 @@ class AsyncReadLock(_Half):
         return self._watch is not None and self._watch.contended()
 
     async def _acquire(
-        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+        self,
+        me: object,
+        blocking: bool,
+        deadline: float | None,
+        probe: AcquireProbe | None = None,
+        site: Site = None,
     ) -> bool:
         rw = self._parent
         with rw._cond:
@@ -186,8 +273,10 @@ class AsyncReadLock(_Half):
             def may_enter() -> bool:
                 if rw._read_hold == "busy":
                     return False
-                if rw._read_hold == "held" and self._lost:
-                    return False  # nobody joins a lost read hold: wait for it to drain, then take a fresh one
+                if rw._read_hold == "held" and (self._lost or self._abandoned):
+                    # Nobody joins a lost read hold (wait for it to drain, then take a fresh one), nor an abandoned
+                    # one (no longer renewed: wait for it to end, see owners.py).
+                    return False
                 if downgrade:
                     return True
                 if rw._writer is not None or rw._writers_waiting:
@@ -202,6 +291,7 @@ class AsyncReadLock(_Half):
                 return False
             if rw._read_hold == "held":
                 rw._readers[me] = 1
+                rw._reader_sites[me] = site
                 return True
             rw._read_hold = "busy"
         grant = watch = None
@@ -215,6 +305,7 @@ class AsyncReadLock(_Half):
                 if grant is not None:
                     rw._read_hold = "held"
                     rw._readers[me] = 1
+                    rw._reader_sites[me] = site
                     self._begin_lease(grant.result.fencing_token, grant.sent_at)
                     self._watch = watch
                 else:
@@ -236,6 +327,7 @@ class AsyncReadLock(_Half):
                 rw._readers[me] = depth - 1
                 return
             del rw._readers[me]
+            rw._reader_sites.pop(me, None)
             if rw._readers:
                 return  # other reader threads of this process keep the read hold
             rw._read_hold = "busy"
@@ -268,16 +360,48 @@ class AsyncWriteLock(_Half):
     kind: LockKind = "write"
     _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
 
+    def _depth(self, owner: object) -> int:
+        rw = self._parent
+        return rw._write_count if rw._writer == owner else 0
+
     def __init__(self, parent: AsyncReadWriteLock) -> None:
         super().__init__(parent, parent._names.write)
-
-    @property
-    def hold_count(self) -> int:
-        rw = self._parent
-        return rw._write_count if rw._writer == current_owner() else 0
+        self._site: Site = None  # where the writer here took the lock (owners.py)
 
     def _holder(self) -> object | None:
         return self._parent._writer
+
+    def _holder_site(self) -> Site:
+        return self._site if self._parent._writer is not None else None
+
+    def _find_abandoned(self) -> list[tuple[object, Site]]:
+        rw = self._parent
+        with rw._cond:
+            writer = rw._writer
+            if writer is None or owner_alive(writer) or self._abandoned:
+                return []
+            # (A writer that is gone changes nothing any more, and nobody else can write meanwhile.)
+            self._abandoned = True
+            self._abandoned_by = (writer, self._site)
+            return [self._abandoned_by]
+
+    async def _end_abandoned(self) -> None:
+        rw = self._parent
+        with rw._cond:
+            writer = rw._writer
+            if not self._abandoned or writer is None:
+                return
+            self._give_back_lease()
+        try:
+            await self._give_back_abandoned()
+        finally:
+            with rw._cond:
+                self._end_lease()
+                rw._writer, rw._write_count = None, 0
+                self._site = None
+                rw._cond.notify_all()
+            if self._observed_hold_starts:
+                self._observed_hold_starts.pop(writer, None)
 
     @property
     def fencing_token(self) -> int | None:
@@ -303,7 +427,12 @@ class AsyncWriteLock(_Half):
         return await self._context.backend.release_write(self._parent._names, owner)
 
     async def _acquire(
-        self, me: object, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None
+        self,
+        me: object,
+        blocking: bool,
+        deadline: float | None,
+        probe: AcquireProbe | None = None,
+        site: Site = None,
     ) -> bool:
         rw = self._parent
         with rw._cond:
@@ -335,6 +464,7 @@ class AsyncWriteLock(_Half):
                     rw._cond.notify_all()  # readers held back by our wish may go now
                     return False
             rw._writer, rw._write_count = me, 1
+            self._site = site
         grant = None
         try:
             grant = await self._remote(blocking, deadline, probe)
@@ -398,6 +528,7 @@ class AsyncReadWriteLock:
         self._writer: object | None = None
         self._write_count = 0
         self._readers: dict[object, int] = {}  # owner (thread, or task) -> read depth
+        self._reader_sites: dict[object, Site] = {}  # owner -> where it took the read lock (owners.py)
         self._writers_waiting = 0  # local threads waiting to write
         # The process's read hold in the server: "none", "busy" (being taken or given back) or "held".
         self._read_hold = "none"
@@ -419,6 +550,7 @@ class AsyncReadWriteLock:
         for half in (self._read, self._write):
             half._forget_lease_after_fork()
         self._read._watch = None
+        self._write._site = None
 
     def __repr__(self) -> str:
         state: Any = f"{len(self._readers)} readers" if self._readers else "no readers"

@@ -126,7 +126,7 @@ async def acquire_remote(
         and backend.grants
         and context.config.lock_type == "pubsub"
         and lease_ms is not None
-        and context.renewer is not None
+        and context.config.auto_renew
     )
     place_name = place_name_of(context.client_id, _new_wait_id(), lease_ms) if grants and lease_ms else None
     if attempt is None:

@@ -2,8 +2,9 @@
 
 What a lock looks like from outside (see ``hybridlock._core.names`` for the key layout): its holder (the owner's
 ``client_id``, and what the owner wrote about itself in ``R:owner:<client_id>``: host, pid, the holding thread or
-task, when it was granted), the remaining lease, the owners waiting in queue order, and the fencing counter; for a
-read-write lock, its writer, readers and waiting writers.
+task, where it took the lock, when it was granted, and whether that thread or task has ended without releasing it:
+``abandoned``, its lease no longer renewed), the remaining lease, the owners waiting in queue order, and the
+fencing counter; for a read-write lock, its writer, readers and waiting writers.
 
 Everything is read in two pipelined round trips per batch of keys (the lock keys, then the owners' descriptions),
 with plain read commands (``GET``, ``PTTL``, ``ZRANGE``, ``HGETALL``, ``TIME``; ``SCAN`` to list, never ``KEYS``).
@@ -226,11 +227,16 @@ def _owner(
     shown["owner_started_at"] = started
     if lease_name is not None:
         shown["thread"] = None
+        shown["site"] = None
         shown["acquired_at"] = None
+        shown["abandoned"] = False
         about = _json(described.get(lease_name))
         if about is not None and (token is None or about.get("token") in (None, token)):
             shown["thread"] = about.get("thread")
+            shown["site"] = about.get("site")
             shown["acquired_at"] = about.get("acquired_at")
+            # The holding thread (task) ended without releasing it: no longer renewed, it ends with its lease.
+            shown["abandoned"] = about.get("abandoned") is True
         if shown["acquired_at"] is None and token is not None and _CLOCK_TOKEN <= token <= MAX_TOKEN:
             # The token of a fresh acquisition is the server's clock in microseconds (see scripts.py): a fair
             # "since" even for a holder that has not described itself (yet).

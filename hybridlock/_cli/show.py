@@ -51,9 +51,10 @@ def add_parsers(subparsers: Any) -> None:
     inspect = subparsers.add_parser(
         "inspect",
         help="show who holds locks, for how long still, who waits and the fencing counter",
-        description="Show each KEY's lock: its holder (owner id, host, pid, thread or task, since when), the "
-        "remaining lease, the owners waiting in queue order and the fencing counter; for a read-write lock its "
-        "writer, readers and waiting writers. Read only.",
+        description="Show each KEY's lock: its holder (owner id, host, pid, thread or task, where it took the lock, "
+        "since when, and whether that thread or task ended without releasing it), the remaining lease, the owners "
+        "waiting in queue order and the fencing counter; for a read-write lock its writer, readers and waiting "
+        "writers. Read only.",
         epilog=_STATUSES,
     )
     inspect.add_argument("keys", nargs="+", metavar="KEY", help="lock key, as given to registry.obtain()")
@@ -257,8 +258,12 @@ def _who(owner: dict[str, Any] | None, now: float) -> str:
         parts.append(f"on {owner.get('host') or '?'} pid {owner.get('pid') or '?'}")
     if owner.get("thread"):
         parts.append(f"thread {owner['thread']!r}")
+    if owner.get("site"):
+        parts.append(f"taken at {owner['site']}")
     if owner.get("acquired_at"):
         parts.append(f"since {_when(owner['acquired_at'], now)}")
+    if owner.get("abandoned"):
+        parts.append("ABANDONED: that thread (or task) ended holding it; no longer renewed, it ends with its lease")
     return ", ".join(parts)
 
 

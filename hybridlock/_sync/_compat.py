@@ -7,17 +7,20 @@ after ``scripts/unasync.py``'s renames, same signatures with ``async``/``await``
 from __future__ import annotations
 
 import atexit
+import dis
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from functools import partial
-from typing import Any, TypeAlias, TypeVar, final
+from types import FrameType
+from typing import Any, TypeAlias, TypeVar, cast, final
 
-from ..errors import EventLoopBlockedError
+from ..errors import EventLoopBlockedError, LockTimeoutError
 
 __all__ = [
     "Alarm",
@@ -27,8 +30,11 @@ __all__ = [
     "FifoMutex",
     "IS_ASYNC",
     "OTHER_API_REGISTRY",
+    "OWNER_ENDED",
+    "OWNER_KIND",
     "LateHandler",
     "LoopBinding",
+    "ThreadOwner",
     "Thunk",
     "Worker",
     "at_exit",
@@ -37,8 +43,11 @@ __all__ = [
     "monotonic",
     "describe_owner",
     "new_guard",
+    "owner_alive",
+    "owner_ident",
     "owner_name",
     "refuse_in_event_loop",
+    "returned_to_with",
     "shielded",
     "sleep",
 ]
@@ -51,6 +60,9 @@ IS_ASYNC = False
 #: How a message names the other API's registry: generated code cannot spell it, since the renames would make any
 #: name it writes this side's. Here, the asyncio API's.
 OTHER_API_REGISTRY = "AsyncLockRegistry"
+#: What an owner is on this side, and what it does when it stops running, for messages.
+OWNER_KIND = "thread"
+OWNER_ENDED = "ended"
 
 #: A call with no arguments: ``Thunk[int]`` is ``Callable[[], int]`` here and ``Callable[[], Awaitable[int]]`` on
 #: the async side (callbacks handed to shared code).
@@ -70,24 +82,144 @@ def at_exit(callback: Thunk[None]) -> None:
     atexit.register(callback)
 
 
-def current_owner() -> object:
-    """Who is running: the current thread's ident (the current task on the async side). Compare with ``==``.
+# -- owners -------------------------------------------------------------------------------------------------------
+# A lock's holder in this process is a token made once per thread and kept in a threading.local, not the thread's
+# ident: the system hands an ended thread's ident to the next thread it starts (on Linux, usually the very next
+# one), which would then "hold" the ended thread's locks, re-enter them and release them. Nor is it the
+# ``threading.Thread`` object: ``threading.current_thread()`` in a thread not started by ``threading`` makes a
+# ``_DummyThread`` that is never forgotten (CPython's own lock tests count them).
 
-    An ident can be reused once its thread has ended, as with ``threading.RLock``."""
-    return threading.get_ident()
+
+class _Life:
+    """Referenced only by its thread's ``threading.local``, which Python clears when the thread ends."""
+
+    __slots__ = ("__weakref__",)
+
+
+@final
+class ThreadOwner:
+    """Who holds a lock: one thread, from its first use of hybridlock to its end (compared by identity).
+
+    ``alive`` turns False once the thread has ended (its ``threading.local`` is cleared then: right after the thread's
+    function returns, before ``join()`` does). ``thread`` is the ``threading.Thread`` (None for a thread started by
+    other means, such as ``_thread.start_new_thread`` or a C library)."""
+
+    __slots__ = ("_life", "ident", "thread")
+
+    def __init__(self, life: _Life) -> None:
+        self._life = weakref.ref(life)
+        self.ident = threading.get_ident()
+        # threading.current_thread() would make a _DummyThread here for a thread threading did not start.
+        self.thread: threading.Thread | None = threading._active.get(self.ident)  # type: ignore[attr-defined]
+
+    @property
+    def alive(self) -> bool:
+        return self._life() is not None
+
+    def __repr__(self) -> str:
+        name = self.thread.name if self.thread is not None else "a thread not started by threading"
+        return f"<ThreadOwner {name!r} ident={self.ident}{'' if self.alive else ' ended'}>"
+
+
+_owners = threading.local()
+
+
+def current_owner() -> object:
+    """Who is running: the current thread's ``ThreadOwner`` (the current task on the async side). Compare with
+    ``==``; the same object for the thread's whole life, and never another thread's, even one with the same ident."""
+    try:
+        return _owners.owner
+    except AttributeError:
+        return _new_owner()
+
+
+def _new_owner() -> ThreadOwner:
+    life = _Life()
+    owner = ThreadOwner(life)
+    _owners.life = life  # the only reference: see _Life
+    _owners.owner = owner
+    return owner
+
+
+def owner_alive(owner: object) -> bool:
+    """Whether ``owner`` (from ``current_owner()``) may still run: its thread has not ended (the async twin: the task
+    is not done). The main thread counts as alive until the interpreter is torn down, atexit handlers included."""
+    return not isinstance(owner, ThreadOwner) or owner.alive
+
+
+def owner_ident(owner: object) -> object:
+    """What ``statistics().owner_thread`` shows of an owner: the thread's ident, as ``threading.RLock`` would."""
+    return owner.ident if isinstance(owner, ThreadOwner) else owner
 
 
 def describe_owner(owner: object) -> str:
     """How a repr shows an owner: the thread ident, as ``threading.RLock``'s repr does."""
-    return str(owner)
+    return str(owner_ident(owner))
 
 
 def owner_name(owner: object) -> str | None:
-    """The name of an owner, for holder descriptions: the name of the live thread with that ident, if any."""
-    for thread in threading.enumerate():
-        if thread.ident == owner:
-            return thread.name
-    return None
+    """The name of an owner, for holder descriptions: its thread's name (None for a thread threading did not
+    start)."""
+    thread = owner.thread if isinstance(owner, ThreadOwner) else None
+    return None if thread is None else thread.name
+
+
+# -- `with lock.acquire(timeout=1):` --------------------------------------------------------------------------------
+# A mistake that filelock and portalocker users make, since theirs works: `acquire()` returns True, and the `with`
+# statement then fails on the bool (TypeError) with the lock held by a thread that goes on. So acquire() looks at
+# the one instruction its caller runs next: the start of a `with` statement gets a context manager instead.
+
+_WITH_OPCODES = frozenset(dis.opmap[name] for name in ("BEFORE_WITH", "SETUP_WITH") if name in dis.opmap)
+_CACHE = dis.opmap.get("CACHE", -1)  # inline cache entries after a call (3.11+): not instructions
+
+
+@final
+class _Hold:
+    """What ``acquire()`` returns to ``with lock.acquire(...):``: the lock, held, released when the block ends."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __enter__(self) -> Any:
+        return self.lock
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.lock.release()
+
+    def __repr__(self) -> str:
+        return f"<held {self.lock!r}>"
+
+
+def returned_to_with(lock: Any, acquired: bool, caller: FrameType | None) -> bool:
+    """What an ``acquire``-like call made from the frame ``caller`` returns: ``acquired``, unless ``caller`` goes on
+    to enter the result as a context manager (``with lock.acquire(timeout=1):``, as filelock allows): then an object
+    whose ``__enter__`` gives the lock and whose ``__exit__`` releases it, or, when the lock was not acquired,
+    ``LockTimeoutError`` (the block must not run without it). The async twin returns ``acquired``: ``async with
+    lock.acquire()`` fails on the coroutine before anything is taken."""
+    if caller is None:
+        return acquired
+    # The instruction after the call (f_lasti is the call's, or on 3.11 its last inline cache's: skip the others).
+    code = caller.f_code.co_code
+    at = caller.f_lasti + 2
+    op = code[at]  # (a call is never a code object's last instruction)
+    while op == _CACHE:
+        at += 2
+        op = code[at]
+    if op not in _WITH_OPCODES:
+        return acquired
+    if not acquired:
+        raise LockTimeoutError(
+            "the lock was not acquired (the timeout passed, or blocking=False and it was busy): the with-block "
+            "did not run",
+            key=getattr(lock, "key", None) or lock.keys[0],  # (a multi-key lock names its first key)
+            server=lock._context.server,
+        )
+    return cast(bool, _Hold(lock))
 
 
 def refuse_in_event_loop(key: str, server: str) -> None:

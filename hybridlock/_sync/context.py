@@ -6,7 +6,8 @@ as kazoo's lock recipe is given its client's handler. The context holds the regi
 owner identity, and owns the registry's shared machinery, each piece with one job:
 
 * ``leases``: the table of leases held in the server (renewal by hand, loss reporting);
-* ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules);
+* ``renewer``, ``retention``, ``wait_keeper``: the background workers (see their modules); the renewer's also
+  looks for holders that are gone (``owners.py``), in every registry;
 * ``describer``: this owner's description in the server, written by the renewer's worker;
 * ``closed``: set once the registry is closed; every wait watches it;
 * ``loop``: the event loop an asyncio registry belongs to, the first it is used in (``check_open`` refuses any
@@ -78,7 +79,9 @@ class LockContext:
         self.loop = LoopBinding()
         self.leases = LeaseTable(self, lost_callbacks)
         self.describer = OwnerDescriber(self)
-        self.renewer = LeaseRenewer(self) if config.auto_renew else None
+        # Also where leases are not renewed (auto_renew=False, LocalLockRegistry): its worker then only looks for
+        # holders that are gone (owners.py).
+        self.renewer = LeaseRenewer(self)
         self.retention = RetentionReaper(self)
         self.wait_keeper = WaitKeeper(self)
 

@@ -19,6 +19,7 @@ from ._compat import monotonic, new_guard
 
 if TYPE_CHECKING:
     from .context import LockContext
+    from .owners import Site
 
 __all__ = ["HeldLease", "LeaseTable", "LostCallback"]
 
@@ -37,6 +38,8 @@ class HeldLease(Protocol):
     _retained_until: float | None  # set while the lease is kept idle (retain_for)
     _granted_wall: float | None  # when the server granted the tenancy (time.time())
     _fencing_token: int | None
+    _abandoned: bool  # every holder here ended without releasing it (owners.py)
+    _abandoned_by: tuple[object, Site] | None
 
     @property
     def key(self) -> str: ...
@@ -45,6 +48,14 @@ class HeldLease(Protocol):
     def lost(self) -> bool: ...
 
     def _holder(self) -> object | None: ...
+
+    def _holders_gone(self) -> bool: ...
+
+    def _holder_site(self) -> Site: ...
+
+    def _find_abandoned(self) -> list[tuple[object, Site]]: ...
+
+    def _end_abandoned(self) -> None: ...
 
     def _mark_lost(self, tenancy: int) -> None: ...
 
@@ -123,6 +134,13 @@ class LeaseTable:
         if lock._owner is None:
             raise LockNotOwnedError(
                 "cannot renew a lock this registry does not hold", key=lock.key, server=context.server
+            )
+        if lock._abandoned:
+            raise LockNotOwnedError(
+                "cannot renew a lock whose holder here has ended without releasing it: its lease is left to run out "
+                "(see statistics().abandoned)",
+                key=lock.key,
+                server=context.server,
             )
         if lock.lost:
             raise LockLostError("the lock's lease has already ended", key=lock.key, server=context.server)

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import partial
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from .._core.config import validate_timeout
 from .._core.names import LockNames
 from .._core.results import AcquireManyResult, AcquireResult
 from ..errors import HybridLockError, LockLostError, LockNotOwnedError
-from ._compat import current_owner, monotonic, refuse_in_event_loop, shielded
+from ._compat import current_owner, monotonic, refuse_in_event_loop, returned_to_with, shielded
 from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
+from .owners import Site, caller_frame, caller_site
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
@@ -71,7 +73,12 @@ class MultiLock(JavaStyleLock):
         return any(lock.lost for lock in self._locks)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first."""
+        """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first. (On the thread
+        side ``with locks.acquire(timeout=5):`` works too: see ``HybridLock.acquire``.)"""
+        caller = caller_frame()
+        return returned_to_with(self, self._acquire_from(caller, blocking, timeout), caller)
+
+    def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
         wait = validate_timeout(blocking, timeout)
         refuse_in_event_loop(self.keys[0], self._context.server)
         deadline = None if wait is None else monotonic() + wait
@@ -79,30 +86,38 @@ class MultiLock(JavaStyleLock):
         self._context.check_open(self.keys[0])
         if self._atomic is None:
             self._atomic = self._context.backend.can_acquire_together([lock._names for lock in self._locks])
+        me = current_owner()
+        if min(lock._count if lock._owner == me else 0 for lock in self._locks):
+            return self._acquire(blocking, deadline)  # reentrant: only counts (and is not reported)
+        site = caller_site(caller)
         observer = self._context.observer
-        if observer is not None and not self.hold_count:  # (a reentrant acquire is not reported)
+        if observer is not None:
             start = monotonic()
-            acquire = partial(self._acquire, blocking, deadline)
+            acquire = partial(self._acquire, blocking, deadline, site=site)
             return observe_acquire(observer, self, ",".join(self.keys), "multi", current_owner(), start, acquire)
-        return self._acquire(blocking, deadline)
+        return self._acquire(blocking, deadline, site=site)
 
-    def _acquire(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None) -> bool:
+    def _acquire(
+        self, blocking: bool, deadline: float | None, probe: AcquireProbe | None = None, site: Site = None
+    ) -> bool:
         if self._atomic:
-            return self._acquire_together(blocking, deadline, probe)
-        return self._acquire_in_order(blocking, deadline, probe)
+            return self._acquire_together(blocking, deadline, probe, site)
+        return self._acquire_in_order(blocking, deadline, probe, site)
 
-    def _acquire_together(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
+    def _acquire_together(
+        self, blocking: bool, deadline: float | None, probe: AcquireProbe | None, site: Site
+    ) -> bool:
         me = current_owner()
         entered: list[HybridLock] = []  # done locally: reentrant, or passed on with the server lease
         pending: list[HybridLock] = []  # local mutex held, server lock still to take
         done = False
         try:
             for lock in self._locks:
-                state = lock._enter_locally(me, blocking, deadline)
+                state = lock._enter_locally(me, blocking, deadline, site)
                 if state == _TIMED_OUT:
                     return False
                 (pending if state == _NEEDS_SERVER else entered).append(lock)
-            if pending and not self._take_in_server(pending, blocking, deadline, me, probe):
+            if pending and not self._take_in_server(pending, blocking, deadline, me, probe, site):
                 return False
             done = True
         finally:
@@ -125,6 +140,7 @@ class MultiLock(JavaStyleLock):
         deadline: float | None,
         me: object,
         probe: AcquireProbe | None,
+        site: Site,
     ) -> bool:
         """One atomic attempt for all of ``pending`` at a time, waiting on whichever key blocks it. Every key's
         lease counts from when the granting attempt was sent (see ``ServerLease._begin_lease``)."""
@@ -162,7 +178,7 @@ class MultiLock(JavaStyleLock):
         if grant is None:
             return False
         for lock, part in zip(pending, outcome[0].parts, strict=True):
-            lock._start_tenancy(me, part.fencing_token, part.contended, grant.sent_at)
+            lock._start_tenancy(me, part.fencing_token, part.contended, grant.sent_at, site)
         return True
 
     @staticmethod
@@ -170,13 +186,15 @@ class MultiLock(JavaStyleLock):
         for lock in reversed(pending):
             lock._mutex.release()
 
-    def _acquire_in_order(self, blocking: bool, deadline: float | None, probe: AcquireProbe | None) -> bool:
+    def _acquire_in_order(
+        self, blocking: bool, deadline: float | None, probe: AcquireProbe | None, site: Site
+    ) -> bool:
         me = current_owner()
         taken: list[HybridLock] = []
         try:
             for lock in self._locks:
                 # Each key as its own acquire would take it, but unreported: the observer hears of the whole.
-                ok = lock._acquire(me, blocking, deadline, probe)
+                ok = lock._acquire(me, blocking, deadline, probe, site)
                 if not ok:
                     self._roll_back(taken, me)
                     return False

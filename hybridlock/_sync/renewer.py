@@ -29,6 +29,9 @@ Failure modes
   keys gone or taken and reports the loss. Fencing tokens are the defence for the resource.
 * ``max_hold``: locks held longer than that (since the server granted them: ``_acquired_at``) are no longer renewed
   and end with their lease.
+* A holder ends (its thread, or task) without releasing: its hold is no longer renewed and ends with its lease,
+  released by this worker then (``owners.py``). So the worker also runs in a registry that renews nothing
+  (``auto_renew=False``, every ``expire_after / 3``; ``LocalLockRegistry``, every second), only to look for those.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import BackendUnavailableError, ReplicationNotConfirmedError
 from ._compat import Alarm, Worker, monotonic, new_guard
+from .owners import watch_owner
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -51,6 +55,10 @@ _IDLE_LINGER = 0.15  # seconds the worker waits, with nothing held, before it en
 _RETRY_MIN = 0.05  # seconds: the shortest wait before retrying a failed round
 _STOP_TIMEOUT = 5.0  # seconds stop() waits for a round in progress (bounded by the client's socket timeout)
 _DESCRIBE_AFTER = 1.0  # seconds into a new worker's first period at which it describes the holders
+_WATCH_PERIOD = 1.0  # seconds between looks for holders that are gone, in a registry without leases (owners.py)
+# A worker that only watches (nothing to renew) lingers longer: in a registry whose acquires cost microseconds
+# (LocalLockRegistry), a thread started again at every acquire after a short pause would cost more than they do.
+_WATCH_LINGER = 5.0
 
 
 class LeaseRenewer:
@@ -67,7 +75,13 @@ class LeaseRenewer:
 
     def __init__(self, context: LockContext) -> None:
         self._context = context
-        self._period = context.config.renew_period
+        config = context.config
+        # Whether it renews: else (auto_renew=False, or no leases at all) it only looks for holders that are gone.
+        self._renews = config.auto_renew and config.lease is not None
+        self._period = _WATCH_PERIOD if config.lease is None else config.renew_period
+        self._abandoned_until: float | None = None  # the earliest end of an abandoned hold still held (owners.py)
+        self._linger = _IDLE_LINGER if self._renews else _WATCH_LINGER
+        self._linger_until = 0.0  # (monotonic) when a worker lingering with nothing held ends
         self._guard = new_guard()
         # The latest worker (it stays here after it ends, until the next one starts).
         self._worker: Worker | None = None
@@ -199,7 +213,7 @@ class LeaseRenewer:
         self._round_due = self._describe_due = False
         if at_round:
             self.renew_once()
-        if (at_round or at_describe) and not self._failing:
+        if (at_round or at_describe) and not self._failing and self._renews:
             if not at_round:
                 # A new worker's first description comes before its first round, which arms the deadline watch: arm
                 # it here, or a server gone silent would keep the holders untold until the description gives up.
@@ -217,23 +231,28 @@ class LeaseRenewer:
             self._sleeping_with_leases = True
             if not leases:
                 self._sleeping_with_leases = False
-                if self._lingering:
+                now = monotonic()
+                if not self._lingering:
+                    self._lingering = True
+                    self._linger_until = now + self._linger
+                elif now >= self._linger_until:
                     self._live = False  # from here on, a new lease starts a new worker (see __init__)
                     if not leases:
                         # The new worker arms the watch again at its first round (or a renewal by hand does).
                         self._watch.cancel()
                         return None
                     self._live = True
-                self._lingering = True
-                return _IDLE_LINGER
+                # Looking again at least every period meanwhile: a lease taken during a long linger (a watching
+                # worker's) is looked at a period later, not at the linger's end.
+                return min(max(self._linger_until - now, 0.0), self._period)
             if self._lingering:
-                # Every lease now held was taken during the linger, at most _IDLE_LINGER ago: renew it a period
+                # Every lease now held was taken during the linger, at most a linger ago: renew it a period
                 # from now, not at once.
                 self._lingering = False
                 self._delay = self._period
             if self._describe_pending:
                 self._describe_pending = False
-                if self._delay > _DESCRIBE_AFTER:
+                if self._delay > _DESCRIBE_AFTER and self._renews:
                     # A new worker: describe the holders a moment after their leases began (a hold shorter than
                     # that is never described, and costs the server nothing), then renew at the period as usual.
                     self._describe_due = True
@@ -264,7 +283,7 @@ class LeaseRenewer:
                     self._context.server,
                     exc_info=exc,
                 )
-            self._delay = self._retry_delay()
+            self._delay = self._soonest(self._retry_delay())
             return
         if asked and self._failing:
             self._failing = False
@@ -273,7 +292,14 @@ class LeaseRenewer:
                 self._context.config.registry_key,
                 self._context.server,
             )
-        self._delay = self._period
+        self._delay = self._soonest(self._period)
+
+    def _soonest(self, delay: float) -> float:
+        """``delay``, or less when an abandoned hold's lease ends sooner (the worker ends it then)."""
+        until = self._abandoned_until
+        if until is None:
+            return delay
+        return min(delay, max(until - monotonic(), _RETRY_MIN))
 
     def _renew_all(self) -> bool:
         """One round; returns whether it asked the server (False: nothing to renew)."""
@@ -284,7 +310,16 @@ class LeaseRenewer:
         max_hold = context.config.max_hold
         locks = []
         earliest: float | None = None
+        abandoned_until: float | None = None
         for lock in context.leases.in_server():
+            if watch_owner(lock, context, now):
+                # Its holders are gone: left to run out, then ended (owners.py).
+                until = lock._valid_until
+                if lock._abandoned and until is not None and (abandoned_until is None or until < abandoned_until):
+                    abandoned_until = until
+                continue
+            if not self._renews:
+                continue
             tenancy, acquired_at, valid_until = lock._tenancy, lock._acquired_at, lock._valid_until
             if lock.lost:
                 continue
@@ -299,8 +334,9 @@ class LeaseRenewer:
         if earliest is not None:
             # Before the round leaves: it may not come back before some of these deadlines.
             self._watch.ring_by(earliest)
+        self._abandoned_until = abandoned_until
         lease_ms = context.config.lease_ms
-        if not locks or lease_ms is None:  # (a registry whose leases never end has no renewer)
+        if not locks or lease_ms is None:  # (nothing to renew, or a registry whose leases never end)
             return False
         start = monotonic()
         try:
