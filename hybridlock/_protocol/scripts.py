@@ -123,7 +123,9 @@ end
 # eviction under any maxmemory policy, an operator's DEL or FLUSHALL, a restart without persistence, a failover.
 # Scripts read a key that should hold a string with ``string_at`` (nil unless it is a string), and make sure a key
 # that should be a sorted set is one, or absent, with ``zset_at`` before using it (a key of another type is not
-# state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty.
+# state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty. The queue's scripts do
+# the same without the TYPE call on their hot paths: ``on_kind`` runs the command and drops the key only when the
+# server answers WRONGTYPE (see "The queue of owners").
 _KEYS_LIB = f"""
 local PLACE_KEEP_MS = {QUEUE_PLACE_KEEP_MS}
 local function string_at(key)
