@@ -202,7 +202,7 @@ def test_async_with_acquire_takes_nothing(server: Any) -> None:
             with pytest.raises((TypeError, AttributeError)):
                 async with lock.acquire(timeout=1):  # type: ignore[attr-defined]
                     pass
-            assert not lock.is_held_by_current_thread()
+            assert not lock.is_held_by_current_task()
             assert not await registry.obtain("k").locked()
 
     def run_and_collect() -> None:
