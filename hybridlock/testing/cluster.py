@@ -255,13 +255,18 @@ class EmbeddedCluster:
             return
         # Its epoch is the greatest it knows of, and tied: no bump of its own can pass it. A bump elsewhere can.
         other = next(
-            node
-            for node in self.nodes
-            if node is not promoted
-            and node.process is not None
-            and node.process.poll() is None
-            and self.role(node) == "master"
+            (
+                node
+                for node in self.nodes
+                if node is not promoted
+                and node.process is not None
+                and node.process.poll() is None
+                and self.role(node) == "master"
+            ),
+            None,
         )
+        if other is None:  # no other master running: nothing here can break the tie (wait_healthy will say so)
+            return
         self._bump_epoch(other)
         above = self.config_epoch(other)
         while self._current_epoch(promoted) < above and time.monotonic() < deadline:
