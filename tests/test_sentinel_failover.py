@@ -8,6 +8,7 @@ waiters get it at the new master; with confirmation, a lock survives even the ol
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -146,7 +147,7 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
     lost = threading.Event()
 
     def where() -> str:
-        """The master the sentinels name now, and each node's role and copy of the lock key (for messages)."""
+        """Each node's role and copy of the lock key, and each sentinel's view (for messages)."""
         nodes = []
         for node in service.servers:
             try:
@@ -155,7 +156,7 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
                     nodes.append(f"{node.port}:{role}:{client.get(LOCK_KEY)!r}")
             except Exception as exc:  # a node down just now
                 nodes.append(f"{node.port}:{type(exc).__name__}")
-        return f"{service.master_address()[1]} ({', '.join(nodes)})"
+        return f"{', '.join(nodes)}; sentinels: {service.state_report()}"
 
     with (
         # One replica is enough against a crash: the sentinels promote the replica furthest ahead, which has it.
@@ -164,9 +165,26 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
     ):
         holder = holder_registry.obtain("orders:1")
         holder.on_lost(lambda _lock: lost.set())
-        assert holder.acquire(timeout=5)  # on a replica before acquire returned
+        events: list[str] = []
+        # This is the crash of the master of a settled service. A failover under way when the lease is taken (one
+        # this test did not cause: on a loaded machine the sentinels may hold a slow master down) is another row
+        # of the guarantees: the lease may then be on a master being replaced, confirmed by a replica not yet
+        # moved, and a second owner may get in at the new master (documented for N below the replicas). So once
+        # the lease is taken, the service must still be settled on the master it was taken from (a failover
+        # shows at the sentinels for seconds); if not, the lease is given back and taken again once it is.
+        for _attempt in range(3):
+            master_port = service.master().port
+            assert holder.acquire(timeout=5)  # on a replica before acquire returned
+            events.append(f"holder granted token {holder.fencing_token} with the master at {master_port}: {where()}")
+            if service.healthy(master_port):
+                break
+            with contextlib.suppress(hybridlock.HybridLockError):
+                holder.release()
+            service.wait_healthy()
+            lost.clear()
+        else:
+            pytest.fail("the service did not stay settled while the lease was taken:\n" + "\n".join(events))
         order: list[str] = []
-        events: list[str] = [f"holder granted token {holder.fencing_token} with the master at {where()}"]
 
         def wait_for_it() -> None:
             lock = waiter_registry.obtain("orders:1")
@@ -177,7 +195,7 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
                     if lock.acquire(timeout=max(0.1, deadline - time.monotonic())):
                         order.append("waiter")
                         # For a failure message: where and with which token the waiter got in.
-                        events.append(f"waiter granted token {lock.fencing_token} with the master at {where()}")
+                        events.append(f"waiter granted token {lock.fencing_token}: {where()}")
                         lock.release()
                         return
                 except hybridlock.BackendUnavailableError:
@@ -191,14 +209,14 @@ def test_with_confirmation_a_lock_survives_the_masters_crash_and_waiters_go_on(
         events.append(f"master {killed} killed, {new_port} promoted")
         # The lease was on a replica: still ours at the new master, and renewals go on there.
         holder.renew()
-        events.append(f"holder renewed with the master at {where()}")
+        events.append(f"holder renewed: {where()}")
         with service.node_client(service.master()) as master:
             assert master.get(LOCK_KEY) == holder_registry.client_id
-        assert not waiter.is_alive() or not order, events  # nobody got in meanwhile
+        assert not order, "\n".join(events)  # nobody got in meanwhile
         order.append("holder released")
         holder.release()
         waiter.join(40)
-        assert order == ["holder released", "waiter"], events
+        assert order == ["holder released", "waiter"], "\n".join(events)
         assert not lost.is_set()
 
 

@@ -2,7 +2,8 @@
 
 Each node is an :class:`~hybridlock.testing.EmbeddedServer` started with ``--cluster-enabled yes``. A cluster node
 also listens on its port + 10000 (the cluster bus), so every port is chosen with that one free too. The cluster is
-then formed with plain commands, so no ``redis-cli`` is needed: the 16384 slots are split evenly over the masters
+then formed with plain commands, so no ``redis-cli`` is needed: each node gets a config epoch of its own (``CLUSTER
+SET-CONFIG-EPOCH``, as ``redis-cli --cluster create`` gives them), the 16384 slots are split evenly over the masters
 (``CLUSTER ADDSLOTSRANGE``), the nodes meet (``CLUSTER MEET``), each replica follows its master (``CLUSTER
 REPLICATE``), and ``start`` returns once every node reports ``cluster_state:ok`` and agrees on the slots, and every
 replica has made its first sync with its master and caught up (``wait_synced``): a lease taken right after
@@ -39,6 +40,17 @@ def _port_pair_free(port: int) -> bool:
             except OSError:
                 return False
     return True
+
+
+def _slots(fields: list[str]) -> set[int]:
+    """The slots in the slot fields of a ``CLUSTER NODES`` line (``0-5460``, ``5461``; migrations in brackets
+    are left out)."""
+    slots: set[int] = set()
+    for field in fields:
+        if not field.startswith("["):
+            low, _, high = field.partition("-")
+            slots.update(range(int(low), int(high or low) + 1))
+    return slots
 
 
 def _free_cluster_port(taken: set[int]) -> int:
@@ -119,6 +131,14 @@ class EmbeddedCluster:
         return self
 
     def _form(self, timeout: float) -> None:
+        # Every node a config epoch of its own, given before it knows any other (the only time the server takes
+        # one). Left to the servers, all start at 0 and tell clashes apart only between two masters: a node that
+        # turns replica first keeps an epoch equal to another's, unseen (a replica is listed with its master's).
+        # Then a takeover by a replica whose epoch is already the greatest keeps it (the server bumps only an
+        # epoch that is not), and claims its dead master's slots with the master's own epoch: the other nodes
+        # keep the dead master as the owner for good (see settle_takeover).
+        for epoch, node in enumerate(self.nodes, start=1):
+            self.command(node, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
         first = self.client(self.nodes[0])
         per_master = SLOTS // self.masters_count
         for index, master in enumerate(self.masters):
@@ -200,22 +220,98 @@ class EmbeddedCluster:
             time.sleep(0.05)
 
     def settle_takeover(self, promoted: EmbeddedServer, timeout: float = 60.0) -> None:
-        """Wait until the cluster settles after ``CLUSTER FAILOVER TAKEOVER`` on ``promoted``.
+        """Wait until the cluster settles after ``CLUSTER FAILOVER TAKEOVER`` on ``promoted`` (as ``wait_healthy``
+        does), making sure the others can give it the slots; ``TimeoutError`` if it does not within ``timeout``.
 
-        A takeover claims the slots with a config epoch the replica gives itself, without the other masters'
-        agreement. Seen here (Redis 7.0): after the old master was killed while the replica was stopped, the other
-        nodes kept the dead master as the slots' owner and the promoted node as a master without slots, and stayed
-        that way (``cluster_state:fail``) past a minute. A fresh epoch (``CLUSTER BUMPEPOCH``), broadcast with the
-        slots, wins over the dead master's; so each few seconds without settling, bump it."""
+        A takeover claims the old master's slots with a config epoch the replica gives itself without the others'
+        agreement: a fresh one (one past the cluster's current epoch), unless its own is already the greatest it
+        knows of. The other nodes hand it the slots only for an epoch greater than the one they hold for their
+        owner; an equal one is a tie that the servers break only between two live masters, so with the old master
+        dead the other nodes keep it as the owner (``cluster_state:fail``) for good. ``start`` gives every node an
+        epoch of its own, so a takeover claims an epoch no other node has; should the promoted node's epoch still be
+        no greater than another master's (as the other nodes see it), this raises it with ``CLUSTER BUMPEPOCH``:
+        on the promoted node, and, when it answers that its epoch is already the greatest it knows of, first on
+        another master (which then holds a greater one) and on the promoted node once it has heard of that."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self.wait_healthy(timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+                self._outbid(promoted, deadline)
+            except Exception:  # a node not answering yet: try again while there is time
+                if time.monotonic() > deadline:
+                    raise
+            try:
+                self.wait_healthy(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise
-                self.command(promoted, "CLUSTER", "BUMPEPOCH")
+
+    def _outbid(self, promoted: EmbeddedServer, deadline: float) -> None:
+        """Give ``promoted`` a config epoch greater than any a running node holds for another owner of the slots it
+        claims (see ``settle_takeover``), if it does not have one."""
+        if self.config_epoch(promoted) > self._rival_epoch(self.node_id(promoted)):
+            return
+        if self._bump_epoch(promoted):
+            return
+        # Its epoch is the greatest it knows of, and tied: no bump of its own can pass it. A bump elsewhere can.
+        other = next(
+            (
+                node
+                for node in self.nodes
+                if node is not promoted
+                and node.process is not None
+                and node.process.poll() is None
+                and self.role(node) == "master"
+            ),
+            None,
+        )
+        if other is None:  # no other master running: nothing here can break the tie (wait_healthy will say so)
+            return
+        self._bump_epoch(other)
+        above = self.config_epoch(other)
+        while self._current_epoch(promoted) < above and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the promoted node hears of it (its next heartbeat)
+        self._bump_epoch(promoted)
+
+    def _bump_epoch(self, node: EmbeddedServer) -> bool:
+        """``CLUSTER BUMPEPOCH`` on ``node``: whether it took a new epoch (not when its own is already the
+        greatest it knows of)."""
+        reply = self.command(node, "CLUSTER", "BUMPEPOCH")
+        return (reply.decode() if isinstance(reply, bytes) else str(reply)).startswith("BUMPED")
+
+    def config_epoch(self, node: EmbeddedServer) -> int:
+        """The config epoch under which ``node`` serves its slots, as it says now (a replica: its master's)."""
+        return int(self._cluster_info(node)["cluster_my_epoch"])
+
+    def _current_epoch(self, node: EmbeddedServer) -> int:
+        return int(self._cluster_info(node)["cluster_current_epoch"])
+
+    def _cluster_info(self, node: EmbeddedServer) -> dict[str, str]:
+        info = self.command(node, "CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+    def _rival_epoch(self, promoted_id: str) -> int:
+        """The greatest config epoch that a running node holds for another master it lists as owning any of the
+        slots the node ``promoted_id`` claims (0 if none does)."""
+        running = [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+        views = []
+        for node in running:
+            known = self.command(node, "CLUSTER", "NODES")
+            views.append(
+                [line.split() for line in (known.decode() if isinstance(known, bytes) else str(known)).splitlines()]
+            )
+        claimed = set()
+        for view in views:
+            for fields in view:
+                if fields[0] == promoted_id and "myself" in fields[2].split(","):
+                    claimed = _slots(fields[8:])
+        rival = 0
+        for view in views:
+            for fields in view:
+                if fields[0] != promoted_id and "master" in fields[2].split(",") and claimed & _slots(fields[8:]):
+                    rival = max(rival, int(fields[6]))
+        return rival
 
     def _state_report(self) -> str:
         """Each running node's cluster state and what it thinks of every node (for a settling that timed out)."""
@@ -229,7 +325,8 @@ class EmbeddedCluster:
                 known = self.command(node, "CLUSTER", "NODES")
                 lines = (known.decode() if isinstance(known, bytes) else str(known)).splitlines()
                 seen = ", ".join(
-                    f"{fields[1].split('@')[0].rsplit(':', 1)[-1]} {fields[2]} {' '.join(fields[8:]) or '-'}"
+                    f"{fields[1].split('@')[0].rsplit(':', 1)[-1]} {fields[2]} epoch {fields[6]} "
+                    f"{' '.join(fields[8:]) or '-'}"
                     for fields in (line.split() for line in lines)
                 )
                 parts.append(f"node {node.port}: {state.strip()}; sees [{seen}]")

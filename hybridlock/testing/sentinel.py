@@ -224,8 +224,31 @@ class SentinelService:
         deadline = time.monotonic() + timeout
         while not self.healthy(master_port):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the sentinel service {self.service} did not settle within {timeout} s")
+                raise TimeoutError(
+                    f"the sentinel service {self.service} did not settle within {timeout} s: {self.state_report()}"
+                )
             time.sleep(0.1)
+
+    def state_report(self) -> str:
+        """What each sentinel says of the service now (the master's port, its flags, such as ``o_down`` or
+        ``failover_in_progress``, and the config epoch, which each failover raises) and each data node's role: for
+        failure messages."""
+        parts = []
+        for _host, port in self.sentinel_addresses:
+            try:
+                with _client(port) as client:
+                    state = _pairs(client.execute_command("SENTINEL", "MASTER", self.service))
+                flags, epoch = state.get("flags"), state.get("config-epoch")
+                parts.append(f"sentinel {port}: master {state.get('port')} {flags} epoch {epoch}")
+            except redis.RedisError as exc:
+                parts.append(f"sentinel {port}: {type(exc).__name__}")
+        for server in self.servers:
+            try:
+                with _client(server.port) as client:
+                    parts.append(f"node {server.port}: {client.info('replication').get('role')}")
+            except redis.RedisError as exc:
+                parts.append(f"node {server.port}: {type(exc).__name__}")
+        return "; ".join(parts)
 
     def wait_new_master(self, old_port: int, timeout: float = 30.0) -> int:
         """Wait until every sentinel has switched to a master other than ``old_port`` (``SENTINEL MASTER``, which is
