@@ -197,6 +197,8 @@ def acquire_remote(
         if place is not None:
             context.wait_keeper.end(place)
     granted_until = None if grant_wait is None else grant_wait.valid_until
+    if probe is not None and granted_until is not None:
+        probe.attempt()  # the release that granted us the lock took it in the server for us: an attempt of ours
     if hint is not None:
         # Granted after a wait, or taken with others queued (or out of time): the next acquire will likely wait too.
         hint.expect_wait = result is None or granted_until is not None or result.contended
