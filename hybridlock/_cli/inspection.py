@@ -182,8 +182,9 @@ def inspect_locks(
     for value, _pttl, _fence, first, second in per_key:
         if isinstance(value, str):
             owners.add(value)
-        owners.update(member for member, _score in first or ())
-        owners.update(member for member, _score in second or ())
+        # (a place in a plain lock's queue is named after its owner and its wait: described under the owner)
+        owners.update(owner_of_place(member) for member, _score in first or ())
+        owners.update(owner_of_place(member) for member, _score in second or ())
     descriptions = _descriptions(describer if describer is not None else client, registry_key, sorted(owners))
 
     result = []

@@ -607,7 +607,8 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def _pop_refused(self, names: LockNames, owner: str, error: BaseException) -> AcquireResult | None:
         """The server refused a blocking pop of our box with ``error``: what the wait does instead. A connection
         that broke under it (a restart, CLIENT KILL, a network fault): attempt again, which takes over a grant the
-        pop may have taken and not delivered (or reports the server unreachable). A box of another type (not ours):
+        pop may have taken and not delivered (or reports the server unreachable); the same when the server unblocked
+    the pop (a master turned replica in a failover). A box of another type (not ours):
         delete it, and attempt again. BLPOP refused (an ACL of an earlier release, a server or proxy without it): wait
         as a poller does from now on (grants to our places still happen, and an attempt takes one over). Anything
         else is raised, translated."""
@@ -615,6 +616,10 @@ class AsyncRedisBackend(AsyncLockBackend):
         if isinstance(translated, BackendUnavailableError):
             return AcquireResult(False)
         text = str(error)
+        if text.startswith("UNBLOCKED"):
+            # The server stopped serving the pop (a master turned replica in a failover, or CLIENT UNBLOCK ERROR):
+            # attempt again, at whichever server serves the lock now.
+            return AcquireResult(False)
         if "WRONGTYPE" in text:
             async with self._translated(names, "wait for a grant"):
                 await self.client.delete(box_of(names.lock, owner))
