@@ -607,12 +607,12 @@ class RedisBackend(LockBackend):
 
     def _pop_refused(self, names: LockNames, owner: str, error: BaseException) -> AcquireResult | None:
         """The server refused a blocking pop of our box with ``error``: what the wait does instead. A connection
-            that broke under it (a restart, CLIENT KILL, a network fault): attempt again, which takes over a grant the
-            pop may have taken and not delivered (or reports the server unreachable); the same when the server unblocked
-        the pop (a master turned replica in a failover). A box of another type (not ours):
-            delete it, and attempt again. BLPOP refused (an ACL of an earlier release, a server or proxy without it): wait
-            as a poller does from now on (grants to our places still happen, and an attempt takes one over). Anything
-            else is raised, translated."""
+        that broke under it (a restart, CLIENT KILL, a network fault), or a pop the server ended (``UNBLOCKED``: a
+        master turned replica in a failover): attempt again, which takes over a grant the pop may have taken and not
+        delivered (or reports the server unreachable). A box of another type (not ours): delete it, and attempt
+        again. BLPOP refused (an ACL of an earlier release, a server or proxy without it): wait as a poller does
+        from now on (grants to our places still happen, and an attempt takes one over). Anything else is raised,
+        translated."""
         translated = translated_error(error, names.key, self.address, "wait for a grant", self._family, self.login)
         if isinstance(translated, BackendUnavailableError):
             return AcquireResult(False)
