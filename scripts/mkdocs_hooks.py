@@ -42,6 +42,9 @@ WORKLOADS = {
     "async-tasks": "12. asyncio, 100 tasks of one process on one key",
     "async-processes": "13. asyncio, four processes x 50 tasks on one key",
     "async-loop": "14. asyncio, the event loop while 1,000 tasks wait",
+    "procs-8x1": "15. Prefork: 8 processes x 1 thread, one key",
+    "procs-16x1": "16. Prefork: 16 processes x 1 thread, one key",
+    "async-procs-8x1": "17. asyncio prefork: 8 processes x 1 task, one key",
 }
 
 _GALLERY = re.compile(r"^<!-- workload-charts: (?P<folder>[\w./-]+) -->$", re.MULTILINE)

@@ -120,3 +120,12 @@ def flood(url: str, channel: str, message: str, seconds: float, sent) -> None:  
         count += 500
     sent.value = count
     client.close()
+
+
+def wait_for_lock(url: str, key: str, ready) -> None:  # type: ignore[no-untyped-def]
+    """Wait for ``key`` (held by the test), saying so just before; the test kills us while we wait."""
+    registry = hybridlock.LockRegistry(url, expire_after=30.0)
+    lock = registry.obtain(key)
+    ready.set()
+    lock.acquire(timeout=60)
+    time.sleep(60)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -78,13 +78,14 @@ class Waiter:
         assert self.got.is_set(), "the waiter never got the lock"
 
 
-def _contended_cycle(mine: object, theirs: object, subscriber: object, channel: str) -> None:
-    """``mine`` held past several renewals while ``theirs`` waits on its notification; then handed over."""
+def _contended_cycle(mine: object, theirs: object, waiting: Callable[[], object]) -> None:
+    """``mine`` held past several renewals while ``theirs`` waits (``waiting()`` says when it does: subscribed to its
+    notification, or queued for a grant); then handed over."""
     assert mine.acquire(timeout=5)  # type: ignore[attr-defined]
     waiter = Waiter(theirs)
     deadline = time.monotonic() + 5
-    while channel not in subscriber._subscribed:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "the waiter never subscribed"
+    while not waiting():
+        assert time.monotonic() < deadline, "the waiter never started waiting"
         time.sleep(0.01)
     time.sleep(0.5)  # the lease is 0.3 s: only renewals keep the lock
     assert not getattr(mine, "lost", False)
@@ -101,15 +102,25 @@ def test_the_documented_acl_runs_every_lock_kind(acl_server, monkeypatch):
         hybridlock.LockRegistry(url, expire_after=0.3, retain_for=0.05) as theirs,
     ):
         sub = theirs.backend._subscriber
-        _contended_cycle(mine.obtain("plain"), theirs.obtain("plain"), sub, mine._names("plain").channel)
+
+        def subscribed(channel: str) -> Callable[[], object]:
+            return lambda: channel in sub._subscribed
+
+        def queued(key: str) -> Callable[[], object]:
+            return lambda: admin.zcard(mine._names(key).queue)
+
+        # A plain lock's waiter is granted the lock (a blocking pop on its box), the others are woken.
+        _contended_cycle(mine.obtain("plain"), theirs.obtain("plain"), queued("plain"))
         assert not theirs.obtain("plain").locked()  # EXISTS, from the side that does not hold it
 
         rw_mine, rw_theirs = mine.obtain_read_write("rw"), theirs.obtain_read_write("rw")
         channel = rw_mine._names.channel
-        _contended_cycle(rw_mine.write_lock(), rw_theirs.read_lock(), sub, channel)
-        _contended_cycle(rw_mine.read_lock(), rw_theirs.write_lock(), sub, channel)
+        _contended_cycle(rw_mine.write_lock(), rw_theirs.read_lock(), subscribed(channel))
+        _contended_cycle(rw_mine.read_lock(), rw_theirs.write_lock(), subscribed(channel))
 
-        _contended_cycle(mine.obtain_many(["a", "b"]), theirs.obtain_many(["b", "c"]), sub, mine._names("b").channel)
+        _contended_cycle(
+            mine.obtain_many(["a", "b"]), theirs.obtain_many(["b", "c"]), subscribed(mine._names("b").channel)
+        )
         with mine.obtain("plain"):
             mine.renew_lock("plain")
         for lock in (mine.obtain("plain"), theirs.obtain("plain")):

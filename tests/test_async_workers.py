@@ -122,7 +122,9 @@ class FakeBackend:
             raise self.error
         return [n.key not in self.refused for n in names]
 
-    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    async def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         self.refreshes.append([n.key for n in names])
         await asyncio.sleep(0.001)
         if self.error is not None:
@@ -348,6 +350,7 @@ def test_renew_once_by_hand_and_stop_mid_sleep() -> None:
 
 def test_the_keeper_refreshes_while_waits_last_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(keeper_module, "REFRESH_INTERVAL", 0.05)
+    monkeypatch.setattr(keeper_module, "IDLE_LINGER", 0.2)
 
     async def main() -> None:
         context = FakeContext()
@@ -368,9 +371,15 @@ def test_the_keeper_refreshes_while_waits_last_and_stops(monkeypatch: pytest.Mon
             await until(lambda seen=seen: len(refreshes) >= seen + 2, "refreshes for the wait left")
             assert refreshes[-1] == ["a"]
             keeper.end(again)
-            # The last wait ended: the keeper stops at once, not at its next refresh.
-            took = await until(lambda: not keeper.running, "the keeper to stop", within=0.5)
-            assert took < 0.04, took
+            # The last wait ended: the keeper stays a moment for the next one, then stops; a wait that begins
+            # meanwhile is kept by the same worker.
+            worker = keeper._worker
+            await asyncio.sleep(0.1)
+            assert keeper.running
+            keeper.end(keeper.begin(lock_names("test", "a")))
+            assert keeper._worker is worker
+            took = await until(lambda: not keeper.running, "the keeper to stop", within=1.0)
+            assert 0.1 < took < 0.35, took
             worker = keeper._worker
             assert worker is not None
             await until(lambda worker=worker: not worker.running, "its task to end", within=0.5)

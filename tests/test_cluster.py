@@ -279,7 +279,7 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
 
         thread = threading.Thread(target=wait)
         thread.start()
-        time.sleep(0.5)  # the waiter is queued and subscribed at the source
+        time.sleep(0.5)  # the waiter is queued at the source, blocked on its grant box there
 
         attempts: list[Any] = []
 
@@ -324,14 +324,15 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
         got, their_token, got_at = outcome[0]
         assert got
         assert their_token > token
-        assert got_at - released_at < 2.0  # woken by the release, or by its polling (the old node let go of it)
-        # A new wait subscribes at the slot's new node.
-        lock.acquire()
+        assert got_at - released_at < 2.0  # granted by the release, or its next attempt took it over
+        # A new wait that is woken (a writer of a read-write lock) subscribes at the slot's new node.
+        rw_lock = holder.obtain_read_write(key).write_lock()
+        rw_lock.acquire()
         try:
-            assert not waiter.obtain(key).acquire(timeout=0.3)
+            assert not waiter.obtain_read_write(key).write_lock().acquire(timeout=0.3)
             assert f"127.0.0.1:{target.port}" in waiter.backend.subscribers
         finally:
-            lock.release()
+            rw_lock.release()
 
 
 # -- failover and dead nodes -----------------------------------------------------------------------------------------
@@ -631,22 +632,53 @@ def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
 # -- asyncio ---------------------------------------------------------------------------------------------------------
 
 
+async def test_asyncio_waiters_are_granted_plain_locks_on_every_node(cluster, cluster_url):
+    async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(cluster_url) as theirs:
+        for key in keys_on_every_master(cluster, 1, prefix="grant"):
+            lock = mine.obtain(key)
+            await lock.acquire()
+            woken: list[tuple[float, int | None]] = []
+
+            async def wait(key: str = key, woken: list[tuple[float, int | None]] = woken) -> None:
+                other = theirs.obtain(key)
+                assert await other.acquire(timeout=10)
+                woken.append((time.monotonic(), other.fencing_token))
+                await other.release()
+
+            task = asyncio.create_task(wait())
+            queue = lock._names.queue
+            deadline = time.monotonic() + 10
+            while not await mine.backend.client.zcard(queue):
+                assert time.monotonic() < deadline, "the waiter never queued"
+                await asyncio.sleep(0.01)
+            token = lock.fencing_token
+            released = time.monotonic()
+            await lock.release()
+            await task
+            assert woken[0][0] - released < 0.5
+            assert woken[0][1] is not None
+            assert token is not None
+            assert woken[0][1] > token
+        assert not any(sub._subscribed for sub in theirs.backend.subscribers.values())  # no channel was needed
+
+
 async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
     async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(cluster_url) as theirs:
         keys = keys_on_every_master(cluster, 1, prefix="wake")
         for key in keys:
-            lock = mine.obtain(key)
+            # The write half of a read-write lock: a waiter that is woken and takes the lock itself.
+            lock = mine.obtain_read_write(key).write_lock()
             await lock.acquire()
             woken: list[float] = []
 
             async def wait(key: str = key, woken: list[float] = woken) -> None:
-                other = theirs.obtain(key)
+                other = theirs.obtain_read_write(key).write_lock()
                 assert await other.acquire(timeout=10)
                 woken.append(time.monotonic())
                 await other.release()
 
             task = asyncio.create_task(wait())
-            channel = theirs.obtain(key)._names.channel
+            channel = theirs.obtain_read_write(key)._names.channel
             deadline = time.monotonic() + 10
             while not any(channel in sub._subscribed for sub in theirs.backend.subscribers.values()):
                 assert time.monotonic() < deadline, "the waiter never subscribed"

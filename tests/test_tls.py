@@ -76,14 +76,16 @@ class TlsServer:
             retry=Retry(NoBackoff(), 1),
         )
 
-    def subscriber_ports(self) -> set[int]:
-        """The server ports that the connections subscribed to a channel came in on (CLIENT LIST's laddr)."""
+    def waiting_ports(self) -> set[int]:
+        """The server ports that the connections waiting in the server came in on (CLIENT LIST's laddr): those
+        blocked in a command (a waiter reading its grant with BLPOP) or subscribed to a channel."""
         admin = redis.Redis.from_url(self.server.url)
         try:
             clients = admin.client_list()
         finally:
             admin.close()
-        return {int(c["laddr"].rsplit(":", 1)[1]) for c in clients if int(c.get("sub", 0)) > 0}
+        waiting = [c for c in clients if int(c.get("sub", 0)) > 0 or "b" in c.get("flags", "")]
+        return {int(c["laddr"].rsplit(":", 1)[1]) for c in waiting}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,7 @@ def test_a_rediss_url_with_a_client_certificate(tls_server: TlsServer) -> None:
 def test_a_client_built_by_hand_waits_and_wakes_over_tls(tls_server: TlsServer) -> None:
     first_client, second_client = tls_server.client(), tls_server.client()
     try:
-        # Two registries are two owners: the second waits in the server and is woken over its subscription.
+        # Two registries are two owners: the second waits in the server, blocked reading the box its grant comes to.
         with (
             hybridlock.LockRegistry(first_client, expire_after=5) as first,
             hybridlock.LockRegistry(second_client, expire_after=5) as second,
@@ -148,11 +150,11 @@ def test_a_client_built_by_hand_waits_and_wakes_over_tls(tls_server: TlsServer) 
             waiter = threading.Thread(target=wait_for_it, daemon=True)
             waiter.start()
             deadline = 50
-            while not tls_server.subscriber_ports() and deadline:  # the waiter's subscription is up
+            while not tls_server.waiting_ports() and deadline:  # the waiter waits in the server
                 deadline -= 1
                 threading.Event().wait(0.1)
-            # The subscriber connection is made from the same client: it came in on the TLS port, not the plain one.
-            assert tls_server.subscriber_ports() == {tls_server.tls_port}
+            # The waiting connection is made from the same client: it came in on the TLS port, not the plain one.
+            assert tls_server.waiting_ports() == {tls_server.tls_port}
             held.release()
             waiter.join(15)
             assert got.is_set()

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import hybridlock
+from hybridlock._sync.wait_keeper import IDLE_LINGER, REFRESH_INTERVAL
 from hybridlock.backends.base import QUEUE_PLACE_KEEP_MS
 from tests import _workers
 
@@ -119,9 +120,12 @@ def test_a_live_waiter_keeps_its_place_past_the_keep_time(any_registry_factory, 
     for thread in threads:
         thread.join(30)
     assert order == ["first", "second", "late"]
-    # The keeper threads stop once their registry waits for nothing.
+    # The keeper threads stop once their registry waits for nothing: at their next look (a refresh interval at
+    # most), after their linger.
     _wait_until(
-        lambda: not any(r._context.wait_keeper.running for r in (first, second, late)), 0.5, "the keepers to stop"
+        lambda: not any(r._context.wait_keeper.running for r in (first, second, late)),
+        REFRESH_INTERVAL + IDLE_LINGER + 0.5,
+        "the keepers to stop",
     )
 
 
@@ -163,7 +167,11 @@ def test_the_keeper_runs_only_while_a_wait_is_in_progress(any_registry_factory):
     _wait_until(lambda: waiter._context.wait_keeper.running, 5, "the keeper to start")
     thread.join(10)
     assert outcome == [False]
-    _wait_until(lambda: not waiter._context.wait_keeper.running, 0.2, "the keeper to stop after the wait timed out")
+    _wait_until(
+        lambda: not waiter._context.wait_keeper.running,
+        REFRESH_INTERVAL + IDLE_LINGER + 0.5,
+        "the keeper to stop after the wait timed out",
+    )
     lock.release()
 
 

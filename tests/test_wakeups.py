@@ -1,4 +1,9 @@
-"""Pub/sub wake-ups: prompt hand-off across processes, lease-end wake-ups, one connection, broken subscriptions."""
+"""Wake-ups: prompt hand-off across processes, lease-end wake-ups, what waiting costs in connections, broken
+subscriptions and connections, spoofed announcements.
+
+A plain lock's waiter is granted the lock and reads its grant with a blocking pop (see ``test_grants.py``); the
+waiters that are woken and take the lock themselves (the write half of a read-write lock here; several keys at once)
+listen on pub/sub, sharing one subscriber connection per registry."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import pytest
 import redis
 
 import hybridlock
+from hybridlock._core.names import read_write_names
 from tests import _wake_workers
 from tests._stats import script_runs
 
@@ -61,7 +67,9 @@ def test_waiter_wakes_at_a_crashed_holders_lease_end(server, make_registry, redi
     assert lock.fencing_token is None
 
 
-def test_forty_waiters_on_forty_keys_share_one_subscriber_connection(make_registry, redis_client):
+def test_forty_plain_waiters_on_forty_keys_each_block_one_connection_and_subscribe_to_nothing(
+    make_registry, redis_client
+):
     holder, waiting = make_registry(), make_registry()
     for i in range(40):
         holder.obtain(f"k{i}").acquire()
@@ -77,12 +85,15 @@ def test_forty_waiters_on_forty_keys_share_one_subscriber_connection(make_regist
     threads = [threading.Thread(target=wait_for, args=(i,)) for i in range(40)]
     for thread in threads:
         thread.start()
+
+    def blocked() -> int:
+        return sum(1 for c in redis_client.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", ""))
+
     deadline = time.monotonic() + 10
-    while len(redis_client.pubsub_channels("hybridlock:*")) < 40 and time.monotonic() < deadline:
+    while blocked() < 40 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert len(redis_client.pubsub_channels("hybridlock:*")) == 40
-    subscribers = [c for c in redis_client.client_list() if int(c.get("sub", 0)) > 0]
-    assert len(subscribers) == 1
+    assert blocked() == 40
+    assert redis_client.pubsub_channels("hybridlock:*") == []
     for i in range(40):
         holder.obtain(f"k{i}").release()
     for thread in threads:
@@ -90,7 +101,55 @@ def test_forty_waiters_on_forty_keys_share_one_subscriber_connection(make_regist
     assert results == [True] * 40
 
 
+def _write_waiter(registry: hybridlock.LockRegistry, key: str, results: list[object], timeout: float = 15) -> None:
+    lock = registry.obtain_read_write(key).write_lock()
+    ok = lock.acquire(timeout=timeout)
+    results.append(ok)
+    results.append(time.monotonic())
+    if ok:
+        lock.release()
+
+
+def test_forty_woken_waiters_on_forty_keys_share_one_subscriber_connection(make_registry, redis_client):
+    holder, waiting = make_registry(), make_registry()
+    for i in range(40):
+        holder.obtain_read_write(f"k{i}").write_lock().acquire()
+    results: list[object] = []
+    threads = [threading.Thread(target=_write_waiter, args=(waiting, f"k{i}", results)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(redis_client.pubsub_channels("hybridlock:*")) < 40 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(redis_client.pubsub_channels("hybridlock:*")) == 40
+    subscribers = [c for c in redis_client.client_list() if int(c.get("sub", 0)) > 0]
+    assert len(subscribers) == 1
+    for i in range(40):
+        holder.obtain_read_write(f"k{i}").write_lock().release()
+    for thread in threads:
+        thread.join(20)
+    assert results[::2] == [True] * 40
+
+
 def test_waiters_still_get_the_lock_when_the_subscription_is_killed(make_registry, redis_client):
+    holder, waiting = make_registry(expire_after=30), make_registry(expire_after=30)
+    lock = holder.obtain_read_write("killed").write_lock()
+    lock.acquire()
+    got: list[object] = []
+    waiter = threading.Thread(target=_write_waiter, args=(waiting, "killed", got))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while not redis_client.pubsub_channels("hybridlock:*") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert redis_client.client_kill_filter(_type="pubsub") >= 1
+    time.sleep(0.2)
+    lock.release()
+    waiter.join(20)
+    assert got[:1] == [True]
+    assert waiting.backend._subscriber.failures >= 1
+
+
+def test_a_plain_waiter_still_gets_the_lock_when_its_blocked_connection_is_killed(make_registry, redis_client):
     holder, waiting = make_registry(expire_after=30), make_registry(expire_after=30)
     lock = holder.obtain("killed")
     lock.acquire()
@@ -103,20 +162,40 @@ def test_waiters_still_get_the_lock_when_the_subscription_is_killed(make_registr
 
     waiter = threading.Thread(target=wait)
     waiter.start()
+    killed = 0
     deadline = time.monotonic() + 5
-    while not redis_client.pubsub_channels("hybridlock:*") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert redis_client.client_kill_filter(_type="pubsub") >= 1
-    time.sleep(0.2)
+    while killed < 3 and time.monotonic() < deadline:  # several times: the client's own retry reconnects once
+        for client in redis_client.client_list():
+            if client.get("cmd") == "blpop":
+                killed += redis_client.client_kill_filter(_id=client["id"])
+        time.sleep(0.05)
+    assert killed >= 1
     lock.release()
     waiter.join(20)
     assert got == [True]
-    assert waiting.backend._subscriber.failures >= 1
 
 
-def test_waiters_fall_back_to_backoff_when_subscribe_is_refused(own_server):
+def test_woken_waiters_fall_back_to_backoff_when_subscribe_is_refused(own_server):
     admin = redis.Redis.from_url(own_server.url)
     admin.execute_command("ACL", "SETUSER", "default", "-subscribe", "-ssubscribe")
+    with hybridlock.LockRegistry(own_server.url) as holder, hybridlock.LockRegistry(own_server.url) as waiting:
+        lock = holder.obtain_read_write("refused").write_lock()
+        lock.acquire()
+        got: list[object] = []
+        waiter = threading.Thread(target=_write_waiter, args=(waiting, "refused", got, 10))
+        waiter.start()
+        time.sleep(0.5)
+        released = time.monotonic()
+        lock.release()
+        waiter.join(15)
+        assert got[0] is True
+        assert got[1] - released < 1.0  # backoff is capped well below a second
+    admin.close()
+
+
+def test_plain_waiters_poll_when_blpop_is_refused(own_server, caplog):
+    admin = redis.Redis.from_url(own_server.url)
+    admin.execute_command("ACL", "SETUSER", "default", "-blpop")
     with hybridlock.LockRegistry(own_server.url) as holder, hybridlock.LockRegistry(own_server.url) as waiting:
         lock = holder.obtain("refused")
         lock.acquire()
@@ -135,7 +214,8 @@ def test_waiters_fall_back_to_backoff_when_subscribe_is_refused(own_server):
         lock.release()
         waiter.join(15)
         assert got[0] is True
-        assert got[1] - released < 1.0  # backoff is capped well below a second
+        assert got[1] - released < 1.0  # the lock was granted to the waiter, and its next poll took it over
+    assert any("refused BLPOP" in record.getMessage() for record in caplog.records)
     admin.close()
 
 
@@ -163,10 +243,11 @@ def test_spin_lock_type_waits_without_subscribing(make_registry, redis_client):
 
 
 class _Waiter:
-    """A thread of ``registry`` waiting for ``key``'s lock (held elsewhere) until it gets it or ``timeout`` ends."""
+    """A thread of ``registry`` waiting for the write half of ``key``'s read-write lock (held elsewhere: a waiter
+    that is woken, not granted) until it gets it or ``timeout`` ends."""
 
     def __init__(self, registry: hybridlock.LockRegistry, key: str, timeout: float = 30.0) -> None:
-        self.lock = registry.obtain(key)
+        self.lock = registry.obtain_read_write(key).write_lock()
         self.got = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(timeout,), daemon=True)
         self.thread.start()
@@ -198,9 +279,9 @@ def _listener_caught_up(registry: hybridlock.LockRegistry, client: redis.Redis, 
 
 def test_spoofed_announcements_to_strangers_do_not_grow_a_waiters_memory(make_registry, redis_client):
     holder, waiting = make_registry(), make_registry()
-    channel = holder._names("spoofed").channel
-    with holder.obtain("spoofed"):
-        waiter = _Waiter(waiting, "spoofed")
+    channel = read_write_names(holder.registry_key, "spoofed").channel
+    with holder.obtain_read_write("spoofed").write_lock():
+        waiter = _Waiter(waiting, "spoofed", timeout=100)  # the flood can take long on a loaded machine
         deadline = time.monotonic() + 10
         while channel not in waiting.backend._subscriber._subscribed:
             assert time.monotonic() < deadline, "the waiter never subscribed"
@@ -218,15 +299,15 @@ def test_spoofed_announcements_to_strangers_do_not_grow_a_waiters_memory(make_re
 def test_a_flood_of_spoofed_wakeups_costs_no_more_round_trips_than_polling(server, make_registry, redis_client):
     holder, waiting = make_registry(), make_registry()
     attempts: list[float] = []
-    try_acquire = waiting.backend.try_acquire
+    try_acquire = waiting.backend.try_acquire_write
 
     def counted(*args, **kwargs):
         attempts.append(time.monotonic())
         return try_acquire(*args, **kwargs)
 
-    waiting.backend.try_acquire = counted  # type: ignore[method-assign]
-    channel = holder._names("flooded").channel
-    with holder.obtain("flooded"):
+    waiting.backend.try_acquire_write = counted  # type: ignore[method-assign]
+    channel = read_write_names(holder.registry_key, "flooded").channel
+    with holder.obtain_read_write("flooded").write_lock():
         waiter = _Waiter(waiting, "flooded")
         time.sleep(0.3)  # subscribed and sleeping on the notification
         sent = CTX.Value("q", 0)

@@ -6,18 +6,31 @@ then wait only if the epoch is unchanged); how long each wait lasts is ``WaitPol
 blocking attempt that is refused holds a place in the server queue, which the wait keeper keeps alive while we
 wait and which we leave when we give up.
 
+A plain lock's wait on a server that grants (``AsyncLockBackend.grants``), in a registry whose renewer can extend
+a lease, holds a place named after the wait (``grants.place_name``): whoever frees the lock while that place heads
+the queue writes our owner id into the lock key, mints our token and pushes the grant to our box in the server; we
+read it there (``await_grant``) and hold the lock without another round trip. The grant's lease is provisional: it
+ends when our place would have lapsed, or after our own lease if sooner; we know a lower bound of both
+(``config.grant_valid_until``), and the renewer extends it a third of the way into it if we hold the lock that long.
+Other waits (several keys at once, the halves of a read-write lock, a server that cannot grant) are woken and take
+the lock themselves.
+
 Interrupted waits leave nothing behind: a caller cancelled (or, on threads, interrupted by ``KeyboardInterrupt``)
 while an attempt was in flight may have been granted the lock by it, so the attempt's ``undo`` gives it back, and
-a place in the queue is left; both shielded from a second cancellation.
+a place in the queue is left (giving back a grant made to it meanwhile); both shielded from a second cancellation.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
+from .._core.config import CLOCK_RATE_MARGIN, QUEUE_PLACE_KEEP_MS, grant_valid_until
 from .._core.names import LockNames
 from .._core.results import AcquireResult
+from .._protocol.grants import place_name as place_name_of
 from ..errors import BackendUnavailableError, HybridLockError
 from ._compat import Thunk, monotonic, shielded
 from .backends.base import AsyncReleaseWatch
@@ -29,7 +42,7 @@ if TYPE_CHECKING:
 
     from .context import LockContext
 
-__all__ = ["Grant", "acquire_remote", "contention_watch", "release_remote"]
+__all__ = ["Grant", "WaitHint", "acquire_remote", "contention_watch", "release_remote"]
 
 
 class Grant(NamedTuple):
@@ -40,6 +53,41 @@ class Grant(NamedTuple):
     #: a lease counted from here errs early (the safe side), by at most that attempt's round trip. Not the start of
     #: the acquire: the local wait and the refused attempts before it are no part of the lease.
     sent_at: float
+    #: For a lock granted to our place in the queue (see the module docstring): the ``monotonic()`` deadline before
+    #: which its provisional lease certainly runs, which the renewer must extend; None for a lock we took ourselves
+    #: (its lease counts from ``sent_at``).
+    valid_until: float | None = None
+
+
+#: How long a granted place lives past the last request that took or kept it (the provisional lease's first bound).
+_PLACE_KEEP = QUEUE_PLACE_KEEP_MS / 1000.0
+
+
+class WaitHint:
+    """What one lock's last remote wait tells its next one, kept by the lock and read and written here only: whether
+    to expect a wait (then a plain lock's first attempt waits for the grant in the same round trip, where the
+    backend can: ``LockBackend.acquire_and_await``)."""
+
+    __slots__ = ("expect_wait",)
+
+    def __init__(self) -> None:
+        self.expect_wait = False
+
+
+#: How long the wait for a grant pipelined after a first attempt lasts (then the wait goes on, one BLPOP at a time):
+#: long enough for a busy lock's queue to move on by a few owners, short enough that a cold script cache (which
+#: makes the pop wait its whole timeout for nothing) costs little.
+PIPELINED_WAIT = 0.1
+
+
+_wait_ids = itertools.count(1)
+
+
+def _new_wait_id() -> str:
+    """A name for one wait's place, never used twice by an owner (a registry lives in one process; a forked child
+    is another owner). It only tells an owner's waits apart, so that a grant to one that ended unread is not taken
+    for the grant of the next: it need not be secret (only a write to the lock's keys grants anything)."""
+    return f"{next(_wait_ids):x}"
 
 
 async def acquire_remote(
@@ -53,6 +101,7 @@ async def acquire_remote(
     undo: Thunk[object] | None = None,
     queues: bool = True,
     probe: AcquireProbe | None = None,
+    hint: WaitHint | None = None,
 ) -> Grant | None:
     """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
@@ -63,18 +112,32 @@ async def acquire_remote(
     the plain lock's release). ``queues``: a refused blocking attempt takes a place in the queue of the lock
     ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
     the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). ``probe``
-    (only when the registry has an observer) counts the attempts. Returns the successful result with the time its
-    request was sent (``Grant``), or None when not blocking or out of time."""
+    (only when the registry has an observer) counts the attempts. ``hint``: the lock's ``WaitHint``, read and updated
+    here. Returns the successful result with the time its request was sent (``Grant``), or None when not blocking or
+    out of time."""
     backend = context.backend
+    # A plain lock's blocking wait on a server that grants: our place is named after this wait, and a release that
+    # finds it at the head of the queue grants us the lock (see the module docstring).
+    # (A provisional lease must be extended by the renewer: a registry without one, or without leases, is woken.)
+    lease_ms = context.config.lease_ms
+    grants = (
+        attempt is None
+        and blocking
+        and backend.grants
+        and context.config.lock_type == "pubsub"
+        and lease_ms is not None
+        and context.config.auto_renew
+    )
+    place_name = place_name_of(context.client_id, _new_wait_id(), lease_ms) if grants and lease_ms else None
     if attempt is None:
 
         async def attempt() -> AcquireResult:
-            return await backend.try_acquire(names, context.client_id, context.config.lease_ms, blocking)
+            return await backend.try_acquire(names, context.client_id, context.config.lease_ms, blocking, place_name)
 
     if give_up is None:
 
         async def give_up() -> None:
-            await backend.cancel_wait(names, context.client_id)
+            await backend.cancel_wait(names, context.client_id, place_name)
 
     if undo is None:
 
@@ -85,44 +148,123 @@ async def acquire_remote(
     in_flight = False  # an attempt was sent and its reply not yet read
     place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
     sent_at = 0.0  # when the latest attempt's request was sent (attempts run one at a time)
+    grant_wait = _GrantWait(context, names, place_name) if place_name is not None else None
+    # The first attempt waits for the grant in the same round trip when a wait is expected.
+    pipelined = grant_wait is not None and hint is not None and hint.expect_wait and backend.pipelines_waits
 
     async def tracked_attempt() -> AcquireResult:
-        nonlocal queued, place, in_flight, sent_at
+        nonlocal queued, place, in_flight, sent_at, pipelined
         if probe is not None:
             probe.attempt()
         in_flight = True
         sent_at = monotonic()
-        result = await attempt()
+        if pipelined and grant_wait is not None:
+            pipelined = False
+            result = await grant_wait.attempt_and_wait(deadline)
+        else:
+            result = await attempt()
         in_flight = False
+        if grant_wait is not None and result.queued_at is not None:
+            grant_wait.arrival = result.queued_at
         if blocking and not result.acquired:
             queued = True
             if queues:
                 target = names if blocked_on is None else blocked_on()
                 if place is None:
-                    place = context.wait_keeper.begin(target)
+                    place = context.wait_keeper.begin(target, place_name)
+                    if grant_wait is not None:
+                        grant_wait.place = place
                 else:
                     place.names = target
+                # The attempt took or kept our place: it lapses no sooner than PLACE_KEEP after it was sent.
+                place.kept(sent_at)
         return result
 
     try:
-        result = await _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on)
+        result = await _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait)
     except BackendUnavailableError:
         raise  # the server is out of reach: what we may hold or hold a place in lapses by itself
     except BaseException:
         if in_flight:
             await shielded(partial(_quietly, undo))
         if queued or (in_flight and blocking):
-            # A blocking attempt cut off in flight may have been refused and queued us without our reading it.
+            # A blocking attempt cut off in flight may have been refused and queued us without our reading it; a
+            # grant to our place, read or not, is given back by leaving the queue.
             await shielded(partial(_quietly, give_up))
         raise
     finally:
         if place is not None:
             context.wait_keeper.end(place)
+    granted_until = None if grant_wait is None else grant_wait.valid_until
+    if probe is not None and granted_until is not None:
+        probe.attempt()  # the release that granted us the lock took it in the server for us: an attempt of ours
+    if hint is not None:
+        # Granted after a wait, or taken with others queued (or out of time): the next acquire will likely wait too.
+        hint.expect_wait = result is None or granted_until is not None or result.contended
     if result is None:
         if queued:
             await shielded(partial(_quietly, give_up))
         return None
-    return Grant(result, sent_at)
+    return Grant(result, sent_at, granted_until)
+
+
+class _GrantWait:
+    """Reads the grant of the lock to one wait's place (see the module docstring)."""
+
+    def __init__(self, context: LockContext, names: LockNames, place_name: str) -> None:
+        self._context = context
+        self._names = names
+        self._place_name = place_name
+        self.place: WaitingPlace | None = None  # set once an attempt queued us
+        #: When the server took our current place (its clock, ms), as its grant names it (from the attempt's reply).
+        self.arrival: int | None = None
+        #: Until when the lease of the grant read is certainly ours (None: none read).
+        self.valid_until: float | None = None
+        self._pending: AcquireResult | None = None  # what the pipelined attempt's wait read
+        self._unread_since = -math.inf  # no grant was pushed to our box before this (see _looked)
+
+    async def attempt_and_wait(self, deadline: float | None) -> AcquireResult:
+        """The first attempt, and if refused a short wait for the grant in the same round trip (see
+        ``LockBackend.acquire_and_await``), never past ``deadline``; what the wait read is returned by the next
+        call."""
+        context = self._context
+        timeout = min(PIPELINED_WAIT, context.backend.grant_wait_limit)
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - monotonic()))
+        sent_at = monotonic()
+        result, self._pending = await context.backend.acquire_and_await(
+            self._names, context.client_id, context.config.lease_ms, self._place_name, timeout
+        )
+        if not result.acquired and self._pending is None:
+            self._looked(sent_at, timeout)
+        return result
+
+    def _looked(self, sent_at: float, timeout: float) -> None:
+        """A look at our box sent at ``sent_at`` found it empty for its whole ``timeout`` (a blocking pop that came
+        back empty; a plain pop is one of no time): any grant to come is pushed later than that, by the server's
+        clock, whose rate may differ from ours by the drift margin's."""
+        self._unread_since = max(self._unread_since, sent_at + timeout * (1 - CLOCK_RATE_MARGIN))
+
+    async def __call__(self, timeout: float) -> AcquireResult | None:
+        """Wait up to ``timeout`` for the grant (see ``LockBackend.await_grant``)."""
+        context, place = self._context, self.place
+        lease_ms = context.config.lease_ms
+        assert place is not None  # (we wait for a grant only once an attempt queued us)
+        assert lease_ms is not None  # (and only with a lease)
+        result, self._pending = self._pending, None
+        if result is None:
+            if place.lost:
+                return AcquireResult(False)  # our place is gone: nothing will be granted to it; attempt again
+            timeout = min(timeout, context.backend.grant_wait_limit)
+            sent_at = monotonic()
+            result = await context.backend.await_grant(
+                self._names, context.client_id, self._place_name, timeout, lease_ms, self.arrival
+            )
+            if result is None:
+                self._looked(sent_at, timeout)
+        if result is not None and result.acquired:
+            self.valid_until = grant_valid_until(place.kept_at, self._unread_since, lease_ms / 1000.0, _PLACE_KEEP)
+        return result
 
 
 async def _quietly(call: Thunk[object]) -> None:
@@ -139,6 +281,7 @@ async def _wait_for_lock(
     deadline: float | None,
     attempt: Thunk[AcquireResult],
     blocked_on: Callable[[], LockNames] | None,
+    wait_for_grant: _GrantWait | None = None,
 ) -> AcquireResult | None:
     backend = context.backend
     policy = context.config.wait_policy
@@ -156,13 +299,24 @@ async def _wait_for_lock(
                 return result
             if not blocking:
                 return None
+            if wait_for_grant is not None and backend.grants:
+                # Our place is granted the lock when it heads the queue and the lock is freed; nothing to listen to
+                # but our box. Come back to attempt again at the holder's lease end (a holder that crashed frees
+                # the lock without a release), or at notified_cap when its lease has no end.
+                granted = await _await_grant(context, names, deadline, result.holder_ttl, wait_for_grant)
+                if granted is not None and granted.acquired:
+                    return granted
+                if deadline is not None and monotonic() >= deadline:
+                    return None
+                continue
             spurious = spurious + 1 if notified_wakeup else 0
             notified_wakeup = False
             now = monotonic()
             if deadline is not None and now >= deadline:
                 return None
             target = names if blocked_on is None else blocked_on()
-            if context.config.lock_type == "pubsub" and watching != target.channel:
+            # (A wait for a grant that cannot read it polls: a release grants the lock without announcing it.)
+            if context.config.lock_type == "pubsub" and wait_for_grant is None and watching != target.channel:
                 if watch is not None:
                     watch.close()
                 watch, watching = await backend.watch(target, context.client_id), target.channel
@@ -193,6 +347,32 @@ async def _wait_for_lock(
     finally:
         if watch is not None:
             watch.close()
+
+
+async def _await_grant(
+    context: LockContext,
+    names: LockNames,
+    deadline: float | None,
+    holder_ttl: float | None,
+    wait_for_grant: _GrantWait,
+) -> AcquireResult | None:
+    """Wait for a grant to our place (in slices the backend chooses, so that a closed registry is noticed soon),
+    until ``deadline`` or the holder's lease end (``holder_ttl`` seconds from now; None: ``notified_cap``).
+    Returns the grant; a refused result when the server says to attempt again now (a grant to an earlier wait of
+    ours was found: the lock may be ours); None when the time is up (the caller attempts again, or gives up at its
+    deadline)."""
+    policy = context.config.wait_policy
+    until = monotonic() + policy.delay(0, holder_ttl, notified=True)
+    if deadline is not None:
+        until = min(until, deadline)
+    while True:
+        left = until - monotonic()
+        if left <= 0:
+            return None
+        granted = await wait_for_grant(left)
+        context.check_open(names.key)
+        if granted is not None:
+            return granted
 
 
 async def contention_watch(context: LockContext, names: LockNames) -> AsyncReleaseWatch | None:

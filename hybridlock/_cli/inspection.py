@@ -27,7 +27,9 @@ from typing import Any
 
 import redis
 
+from .._core.config import QUEUE_PLACE_KEEP_MS
 from .._core.names import lock_names, owner_key, read_write_names
+from .._protocol.grants import owner_of_place
 from .._protocol.scripts import MAX_TOKEN
 
 __all__ = ["glob_matcher", "inspect_locks", "read_locks", "scan_keys"]
@@ -180,8 +182,9 @@ def inspect_locks(
     for value, _pttl, _fence, first, second in per_key:
         if isinstance(value, str):
             owners.add(value)
-        owners.update(member for member, _score in first or ())
-        owners.update(member for member, _score in second or ())
+        # (a place in a plain lock's queue is named after its owner and its wait: described under the owner)
+        owners.update(owner_of_place(member) for member, _score in first or ())
+        owners.update(owner_of_place(member) for member, _score in second or ())
     descriptions = _descriptions(describer if describer is not None else client, registry_key, sorted(owners))
 
     result = []
@@ -259,10 +262,11 @@ def _plain(
     lapse_of = dict(lapses or ())
     waiting = []
     for member, arrived in queue or ():
-        lapse = lapse_of.get(member)
-        if lapse is None or lapse <= now_ms:
+        # A place lives PLACE_KEEP_MS past its arrival or its last refresh, whichever is later (see scripts.py).
+        lapse = max(arrived + QUEUE_PLACE_KEEP_MS, lapse_of.get(member, 0))
+        if lapse <= now_ms:
             continue  # lapsed: the scripts drop it at their next look
-        entry = _owner(member, descriptions)
+        entry = _owner(owner_of_place(member), descriptions)  # (a single lock's wait names its place after itself)
         entry["queued_at"] = arrived / 1000.0
         entry["place_lapses_in_ms"] = int(lapse - now_ms)
         waiting.append(entry)

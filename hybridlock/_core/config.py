@@ -17,6 +17,7 @@ from .names import validate_registry_key
 from .policy import WaitPolicy
 
 __all__ = [
+    "CLOCK_RATE_MARGIN",
     "LONG_LEASE",
     "MAX_SECONDS",
     "MIN_LEASE",
@@ -24,6 +25,7 @@ __all__ = [
     "LockType",
     "RegistryConfig",
     "ReplicaConfirmation",
+    "grant_valid_until",
     "lease_drift",
     "long_lease_note",
     "validate_seconds",
@@ -74,6 +76,21 @@ def lease_drift(lease: float) -> float:
     apart, and a lease is counted from when the request was *sent*; 1% of the lease plus 2 ms, the margin the
     Redlock analysis uses."""
     return lease * 0.01 + 0.002
+
+
+#: How much longer than the server's clock says a time span may last by ours: the drift margin's rate (1 %), for spans
+#: measured by the server (a blocking pop's timeout) and counted on our clock.
+CLOCK_RATE_MARGIN = 0.01
+
+
+def grant_valid_until(kept_at: float, unread_since: float, lease: float, place_keep: float) -> float:
+    """Until when a lease granted to our place in a lock's queue (a direct grant, see ``_async.waiting``) is certainly
+    ours, on our ``monotonic()`` clock: the server ended it when the place would have lapsed, ``place_keep`` seconds
+    after the last request that took or kept the place (sent at ``kept_at``), or ``lease`` seconds after the grant if
+    that is sooner. The grant came after that request, and after ``unread_since``, until when a look at our box saw
+    no grant. Each bound counts from when its request was sent, less its drift margin (as ``valid_until`` does)."""
+    granted_after = max(kept_at, unread_since)
+    return min(kept_at + place_keep - lease_drift(place_keep), granted_after + lease - lease_drift(lease))
 
 
 def lease_ms(lease: float) -> int:

@@ -53,8 +53,9 @@ class AcquireEvent:
     ``via`` says where an acquired lock came from: ``"server"`` (a round trip to the lock server took it) or
     ``"local"`` (no round trip: a thread here passed it on with the server lease still held, a lease kept idle by
     ``retain_for`` was reused, or a reader joined this process's read hold); None when not acquired.
-    ``server_attempts`` counts the attempts sent to the server: more than one means another owner held the lock
-    and this one waited for it. ``local_wait`` is the time spent queued behind threads of this process,
+    ``server_attempts`` counts the attempts sent to the server, and a grant of the lock to this one's place in the
+    queue (a release took the lock for it in the server): more than one means another owner held the lock and this
+    one waited for it. ``local_wait`` is the time spent queued behind threads of this process,
     ``remote_wait`` the time from the first server attempt to the end; together they make ``duration``. For a
     multi-key lock ``key`` is its keys in their global order, joined by ``","``.
     """

@@ -27,6 +27,9 @@ class AcquireResult(NamedTuple):
     holder_ttl: float | None = None
     #: On success: other owners are queued for this lock.
     contended: bool = False
+    #: Refused, on a backend that grants: when the server took a new place for us in the queue (its time, ms), as a
+    #: grant to that place will name it; None when the attempt kept the place we had (or took none).
+    queued_at: int | None = None
 
 
 class AcquireManyResult(NamedTuple):

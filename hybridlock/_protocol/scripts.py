@@ -14,7 +14,9 @@ Conventions for all scripts:
 
 Fencing tokens
 --------------
-``ACQUIRE``, ``ACQUIRE_MANY`` and ``ACQUIRE_WRITE`` mint a token with one ``mint`` (in ``_FENCE_LIB``)::
+Every script that gives a lock to an owner mints its token with one ``mint`` (in ``_FENCE_LIB``): ``ACQUIRE``,
+``ACQUIRE_MANY``, ``ACQUIRE_WRITE``, and the scripts that grant a plain lock to the head of its queue (``RELEASE``,
+``CANCEL_WAIT``, ``KEEP_WAITING``; see "The queue of owners" below)::
 
     token = max(stored counter + 1, server clock in microseconds from TIME)
 
@@ -121,7 +123,9 @@ end
 # eviction under any maxmemory policy, an operator's DEL or FLUSHALL, a restart without persistence, a failover.
 # Scripts read a key that should hold a string with ``string_at`` (nil unless it is a string), and make sure a key
 # that should be a sorted set is one, or absent, with ``zset_at`` before using it (a key of another type is not
-# state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty.
+# state we wrote, so it is dropped, as if evicted). A missing key then simply reads as empty. The queue's scripts do
+# the same without the TYPE call on their hot paths: ``on_kind`` runs the command and drops the key only when the
+# server answers WRONGTYPE (see "The queue of owners").
 _KEYS_LIB = f"""
 local PLACE_KEEP_MS = {QUEUE_PLACE_KEEP_MS}
 local function string_at(key)
@@ -195,65 +199,174 @@ end
 )
 
 # The queue of owners waiting for a plain lock, shared by the scripts below. Two sorted sets of one slot:
-# ``queue`` (owner -> arrival, server ms) gives the order, ``expiries`` (owner -> when the wish lapses) lets a waiter
-# that crashed or gave up without saying so drop out on its own. While the queue is not empty a free lock goes to
-# its head only, and a release wakes only the head: no herd of retries, and no owner waits behind newcomers.
+# ``queue`` (place -> arrival, server ms) gives the order, ``expiries`` (place -> until when a waiter that refreshed
+# it keeps it) lets a waiter that crashed or gave up without saying so drop out on its own. A place lives until
+# ``PLACE_KEEP_MS`` after its arrival or after its last refresh (KEEP_WAITING), whichever is later, so taking a
+# place costs one write, and only a wait longer than a second or so (the wait keeper's period) writes an expiry.
+# While the queue is not empty a free lock goes to its head only: no herd of retries, and no owner waits behind
+# newcomers.
+#
+# A place is named "<owner>" or "<owner>|<wait id>|<lease in ms>". The second kind is a single lock's wait, and is
+# *granted* the lock: whoever frees the lock while that place heads the queue (a release, a wait given up, an attempt
+# finding the lock free, a refresh) writes the waiter's owner id into the lock key itself, with a provisional lease
+# that ends when the place would have lapsed (or after the waiter's own lease, if sooner), mints its fencing token,
+# removes the place and pushes "<wait id>:<arrival>:<token>:<contended>" onto the waiter's grant box,
+# ``<lock key>:grant:<owner>`` (a list in the lock's slot, read with BLPOP). ``arrival`` is the place's score: a
+# wait whose place was granted, then lost (the lock key deleted before the grant was read) and taken again under the
+# same name, tells the old grant from a new one by it. The waiter does not need an acquire of its own after the
+# wake-up, and nothing but a write to a key of the lock's slot can grant it anything: a message on a channel never
+# does. The first kind (an owner taking several locks at once, which must not be handed one of them while it waits
+# for the others) is only woken, with "released:<owner>" on the lock's channel, and takes the lock itself. So the
+# scripts that serve the queue (RELEASE, CANCEL_WAIT, KEEP_WAITING, and ACQUIRE finding the lock free) mint tokens
+# too, as ACQUIRE does.
+#
+# Every process that waits for a key must run a release of this kind: an earlier one's scripts (whose queue places
+# all have an expiry entry) drop a new place that has none yet, and only wake heads; the waiter then learns of
+# releases at its registry's next refresh (within a second), never wrongly.
+#
+# The grant box is the one key a script touches without its name in KEYS: it is named after the head of the queue,
+# which only the script knows. It shares the lock key's hash tag, so it lives in the same cluster slot.
 #
 # ``_QUEUE_FUNCS`` is the part of ``_QUEUE_LIB`` that only the slow paths need: ACQUIRE and RELEASE define it after
 # their fast path (an uncontended lock with no queue), so that path does not even pay for creating its closures.
 _QUEUE_FUNCS = """
+local function ms_of(t)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+  return ms_of(t), t
 end
--- Drop lapsed wishes; first make sure both keys are sorted sets (or absent), so every later command on them works.
-local function prune(queue, expiries, now)
-  zset_at(queue)
-  zset_at(expiries)
-  local lapsed = redis.call('ZRANGEBYSCORE', expiries, '-inf', now)
-  for _, owner in ipairs(lapsed) do
-    redis.call('ZREM', queue, owner)
-    redis.call('ZREM', expiries, owner)
-  end
-end
--- The first live owner in the queue. A member without an expiry entry (the expiries key, or its entry, was
--- evicted or deleted) cannot be known to be alive: it counts as lapsed and is removed, so it holds nobody up.
-local function head(queue, expiries)
-  while true do
-    local first = redis.call('ZRANGE', queue, 0, 0)[1]
-    if not first or redis.call('ZSCORE', expiries, first) then
-      return first
+-- Run a command on a key that should be a sorted set (or a list, for a grant box): a key of another type is not
+-- state we wrote, so it is dropped, as if evicted, and the command runs again on the now missing key. Any other
+-- refusal (OOM under maxmemory with noeviction, an ACL) is raised again, as the script's error.
+local function on_kind(command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if type(reply) == 'table' and reply['err'] then
+    if not string.find(tostring(reply['err']), 'WRONGTYPE', 1, true) then
+      return redis.call(command, key, ...)
     end
-    redis.call('ZREM', queue, first)
+    redis.call('DEL', key)
+    reply = redis.call(command, key, ...)
   end
+  return reply
 end
--- A lock just became free: wake only the queue's head ("released:<owner>"), or everyone when nobody queues.
-local function wake_head(mode, channel, queue, expiries)
-  local first = head(queue, expiries)
-  announce(mode, channel, first and ('released:' .. first) or 'released')
+-- The first two places of the queue with their arrivals: {place1, arrival1, place2, arrival2} (shorter if fewer).
+local function first_places(queue)
+  return on_kind('ZRANGE', queue, 0, 1, 'WITHSCORES')
 end
--- Take our place at the back of the queue (or keep the one we have), for PLACE_KEEP_MS: a live waiter refreshes
--- it with KEEP_WAITING, so the place of one that crashed lapses soon and holds nobody up for long.
-local function enqueue(queue, expiries, owner, now)
-  redis.call('ZADD', queue, 'NX', now, owner)
-  redis.call('ZADD', expiries, now + PLACE_KEEP_MS, owner)
-  keep_places(queue, expiries)
+-- When ``place`` lapses: PLACE_KEEP_MS after its arrival, or after its last refresh if that is later. (A key of
+-- another type, read with pcall, holds no refresh.)
+local function lapse_of(expiries, place, arrival, now)
+  local lapse = arrival + PLACE_KEEP_MS
+  local refreshed = tonumber(redis.pcall('ZSCORE', expiries, place))
+  if refreshed and refreshed > lapse then
+    lapse = refreshed
+  end
+  return lapse
 end
-local function leave(queue, expiries, owner)
-  redis.call('ZREM', queue, owner)
-  redis.call('ZREM', expiries, owner)
+-- The first live place in the queue, its arrival (as the server wrote it), its lapse, and whether another place
+-- follows it; lapsed places found at the head are removed on the way, so they hold nobody up. ``firsts`` is a reply
+-- of first_places, if one was read.
+local function live_head(queue, expiries, now, firsts)
+  firsts = firsts or first_places(queue)
+  while firsts[1] do
+    local lapse = lapse_of(expiries, firsts[1], tonumber(firsts[2]), now)
+    if lapse > now then
+      return firsts[1], firsts[2], lapse, firsts[3] ~= nil
+    end
+    redis.call('ZREM', queue, firsts[1])
+    redis.pcall('ZREM', expiries, firsts[1])
+    firsts = first_places(queue)
+  end
+  return nil
 end
--- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known). A lock key
--- that is not a string holds no owner's lease: it counts as free (taking the lock overwrites it).
-local function blocked_for(lock, queue, expiries, owner, now)
-  local holder = string_at(lock)
+-- Push a grant message to a waiter's box, for as long as its lease (a grant unread by then means nothing). False
+-- when the server refused the push (an ACL without LPUSH): nothing was granted.
+local function push_grant(box, message, ttl)
+  local pushed = redis.pcall('LPUSH', box, message)
+  if type(pushed) == 'table' and pushed['err'] then
+    if not string.find(tostring(pushed['err']), 'WRONGTYPE', 1, true) then
+      return false
+    end
+    redis.call('DEL', box)
+    redis.call('LPUSH', box, message)
+  end
+  redis.call('PEXPIRE', box, ttl)
+  return true
+end
+-- Hand the free lock to ``place``, the live head of the queue (which arrived at ``arrival`` and lapses at ``lapse``),
+-- if it is a single lock's wait ("<owner>|<wait id>|<lease in ms>"): the lock key becomes the waiter's, with a
+-- provisional lease that ends when its place would have lapsed, or after its own lease if that is sooner (the waiter
+-- knows a lower bound of both, and has the lease extended before then if it holds the lock longer); its token is
+-- minted, its place removed, and "<wait id>:<arrival>:<token>:<contended>" pushed to its box (``more``: other owners
+-- wait, or are about to). Returns whether it did; the caller then wakes a head it did not grant. A counter out of
+-- range (see mint) grants nothing: the head is sent "<wait id>:<arrival>:refused:0", so that its next attempt
+-- reports the counter.
+local function grant(lock, fence, fence_ttl, queue, place, arrival, lapse, more, t, now)
+  local grantee, wait_id, own = string.match(place, '^([^|]+)|([^|]+)|(%d+)$')
+  if not grantee then
+    return false
+  end
+  local lease = math.min(lapse - now, tonumber(own))
+  local token = mint(fence, fence_ttl, t)
+  -- %.0f writes an integral double out in full (tostring would switch to exponent notation past 14 digits).
+  local granted = token and string.format('%.0f', token) or 'refused'
+  local message = wait_id .. ':' .. arrival .. ':' .. granted .. ':' .. (more and 1 or 0)
+  if not push_grant(lock .. ':grant:' .. grantee, message, lease) then
+    return false
+  end
+  redis.call('ZREM', queue, place)
+  if not token then
+    return false
+  end
+  redis.call('SET', lock, grantee, 'PX', lease)
+  return true
+end
+-- The lock is to be free and owners queue for it: grant it to the live head, or wake that head ("released:<owner>")
+-- if it takes the lock itself; with nobody live left, "released" tells everyone. Returns whether it granted the
+-- lock (the lock key was overwritten); if not, the caller deletes the lock key if it still holds anything.
+local function serve(lock, fence, fence_ttl, queue, expiries, mode, channel, t, now, firsts)
+  local head, arrival, lapse, more = live_head(queue, expiries, now, firsts)
+  if head and grant(lock, fence, fence_ttl, queue, head, arrival, lapse, more, t, now) then
+    return true
+  end
+  announce(mode, channel, head and ('released:' .. head) or 'released')
+  return false
+end
+-- Take our place at the back of the queue, or keep the one we have for PLACE_KEEP_MS more. Returns whether the
+-- place is new (it was not in the queue).
+local function enqueue(queue, expiries, place, now)
+  local added = on_kind('ZADD', queue, 'NX', now, place) == 1
+  if not added then
+    on_kind('ZADD', expiries, now + PLACE_KEEP_MS, place)
+    redis.call('PEXPIRE', expiries, PLACE_KEEP_MS)
+  end
+  -- No place lapses later than the one taken or kept last, so the key lives as long as any place in it.
+  redis.call('PEXPIRE', queue, PLACE_KEEP_MS)
+  return added
+end
+local function leave(queue, expiries, place)
+  on_kind('ZREM', queue, place)
+  redis.pcall('ZREM', expiries, place)
+end
+-- Why a lock is not ours to take now: nil if it is, else how long to wait in ms (-1: no expiry known, or not asked
+-- for: ``with_ttl`` false). A lock key that is not a string holds no owner's lease: it counts as free (taking the
+-- lock overwrites it). A free lock whose live head is another single lock's wait is granted to it here, so it does
+-- not wait for a release that will not come (the lock became free by expiry, or by an operator's DEL); ``queuing``:
+-- the caller queues behind it (the grant says others wait).
+local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owner, place, t, now, with_ttl, queuing)
   if holder and holder ~= owner then
-    return redis.call('PTTL', lock)
+    if with_ttl then
+      return redis.call('PTTL', lock)
+    end
+    return -1
   end
   if not holder then
-    local first = head(queue, expiries)
-    if first and first ~= owner then
-      return tonumber(redis.call('ZSCORE', expiries, first)) - now
+    local head, arrival, lapse, more = live_head(queue, expiries, now)
+    if head and head ~= place then
+      grant(lock, fence, fence_ttl, queue, head, arrival, lapse, more or queuing, t, now)
+      return lapse - now
     end
   end
   return nil
@@ -269,21 +382,28 @@ ACQUIRE = (
 -- KEYS[3]  queue (zset)          KEYS[4]  queue expiries (zset)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms
 -- ARGV[4]  the lock's channel    ARGV[5]  "publish" | "spublish" | ""      ARGV[6]  "1": queue if refused
+-- ARGV[7]  our place's name: "<owner>|<wait id>|<lease in ms>" to be granted the lock by whoever frees it, or ""
+--          for "<owner>", to be woken and take it ourselves (see the queue above)
+-- ARGV[8]  "" or our wait id: acquired, we push a grant of our own to our box too (the caller's BLPOP, pipelined
+--          right after this script to wait for a grant if refused, then returns at once)
 -- returns  token                 acquired, and nobody else queues: the new fencing token, a bare integer (the
 --                                common case: no reply table to build, convert and parse)
 --          {1, token, 1}         acquired; other owners wait in the queue
---          {0, wait_ms}          refused: held by another owner (wait_ms = its remaining lease, -1 = no expiry),
---                                or free but promised to the queue's head (wait_ms = until its wish lapses).
---                                Either way we announce "wanted" on the channel (a holder passing the lock
---                                among its threads, or keeping it idle, lets go at its next release); with
---                                ARGV[6] = "1" we are also queued, for PLACE_KEEP_MS from now (KEEP_WAITING
---                                keeps the place while we wait).
+--          {0, wait_ms, arrival} refused: held by another owner (wait_ms = its remaining lease; -1 = no expiry,
+--                                or others already queue: they are served first), or free but promised to the
+--                                queue's head (wait_ms = until its place lapses; a head to be granted the lock is
+--                                granted it now). With ARGV[6] = "1" we are also queued (KEEP_WAITING keeps the
+--                                place while we wait): arrival = the server time (ms) our place was taken, as its
+--                                grant will name it, or 0 when we kept the place we had. Taking a new place
+--                                announces "wanted" on the channel (a holder passing the lock among its threads,
+--                                or keeping it idle, lets go at its next release).
 --          {-1, counter}         the fencing counter is at or above MAX_TOKEN (see mint): nothing taken, the
 --                                counter left as it was (a place we hold in the queue stays: the caller leaves
 --                                it)
 -- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
--- client retry after a timeout) or by a release that failed to reach the server.
+-- client retry after a timeout), by a release that failed to reach the server, or by a grant to our wait that we
+-- have not read yet (its box is emptied: the grant is superseded by this acquisition and its new token).
 """
     + _FENCE_LIB
     + """
@@ -291,7 +411,8 @@ local t = redis.call('TIME')
 -- The common case first: nobody queues (no queue key at all) and the key does not exist: SET NX takes it, and we
 -- mint a token. No pruning, no head to look for, no place to leave. (A lock key of another type fails SET NX and
 -- is dealt with below, as missing.)
-if redis.call('EXISTS', KEYS[3]) == 0 then
+local nobody_queued = redis.call('EXISTS', KEYS[3]) == 0
+if nobody_queued then
   local taken
   if ARGV[2] == '0' then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'NX')
@@ -300,11 +421,23 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   end
   if taken then
     local token, corrupt = mint(KEYS[2], ARGV[3], t)
-    if token then
-      return token
+    if not token then
+      redis.call('DEL', KEYS[1])
+      return {-1, corrupt}
     end
-    redis.call('DEL', KEYS[1])
-    return {-1, corrupt}
+    if ARGV[8] ~= nil and ARGV[8] ~= '' then
+      -- (The message push_grant sends, with no place: "<wait id>:0:<token>:0". A box of another type is replaced.)
+      local box = KEYS[1] .. ':grant:' .. ARGV[1]
+      local message = ARGV[8] .. ':0:' .. string.format('%.0f', token) .. ':0'
+      if type(redis.pcall('LPUSH', box, message)) == 'table' then
+        redis.call('DEL', box)
+        redis.call('LPUSH', box, message)
+      end
+      redis.call('PEXPIRE', box, """
+    + str(QUEUE_PLACE_KEEP_MS)
+    + """)
+    end
+    return token
   end
 end
 """
@@ -312,15 +445,27 @@ end
     + _KEYS_LIB
     + _QUEUE_FUNCS
     + """
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-prune(KEYS[3], KEYS[4], now)
-local wait_ms = blocked_for(KEYS[1], KEYS[3], KEYS[4], ARGV[1], now)
+local now = ms_of(t)
+local place = ARGV[7]
+if place == nil or place == '' then
+  place = ARGV[1]
+end
+local held = string_at(KEYS[1])
+local queuing = ARGV[6] == '1'
+-- Behind other waiters, we are served in turn: the holder's lease end (for a holder that crashes) matters only to
+-- the first of them (a refresh that finds the lock free serves the queue: see KEEP_WAITING).
+local wait_ms = blocked_for(
+  KEYS[1], held, KEYS[2], ARGV[3], KEYS[3], KEYS[4], ARGV[1], place, t, now, nobody_queued, queuing
+)
 if wait_ms then
-  if ARGV[6] == '1' then
-    enqueue(KEYS[3], KEYS[4], ARGV[1], now)
+  local arrival = 0
+  if queuing and enqueue(KEYS[3], KEYS[4], place, now) then
+    arrival = now
   end
-  announce(ARGV[5], ARGV[4], 'wanted')
-  return {0, wait_ms}
+  if arrival > 0 or nobody_queued then
+    announce(ARGV[5], ARGV[4], 'wanted')
+  end
+  return {0, wait_ms, arrival}
 end
 local token, corrupt = mint(KEYS[2], ARGV[3], t)
 if not token then
@@ -334,8 +479,16 @@ if ARGV[2] == '0' then
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-leave(KEYS[3], KEYS[4], ARGV[1])
-if redis.call('ZCARD', KEYS[3]) > 0 then
+leave(KEYS[3], KEYS[4], place)
+local box = KEYS[1] .. ':grant:' .. ARGV[1]
+if held == ARGV[1] then
+  redis.call('DEL', box)  -- a grant to us not yet read: superseded
+end
+local contended = redis.call('ZCARD', KEYS[3]) > 0
+if ARGV[8] ~= nil and ARGV[8] ~= '' then
+  push_grant(box, ARGV[8] .. ':0:' .. string.format('%.0f', token) .. ':' .. (contended and 1 or 0), PLACE_KEEP_MS)
+end
+if contended then
   return {1, token, 1}
 end
 return token
@@ -352,7 +505,8 @@ ACQUIRE_MANY = (
 -- returns  {1, token_1, queued_1, ..., token_n, queued_n}   all taken (as ACQUIRE would return for each)
 --          {0, wait_ms, i}       lock i is not ours to take (the first such): nothing was taken; we announce
 --                                "wanted" on its channel, and with ARGV[4] = "1" we are queued for it (for
---                                PLACE_KEEP_MS, as ACQUIRE queues)
+--                                PLACE_KEEP_MS, as ACQUIRE queues), under a place named "<owner>": woken when it
+--                                is free, never granted it alone (we must not hold one lock while waiting for another)
 --          {-1, counter, i}      lock i's fencing counter is at or above MAX_TOKEN (see mint): nothing was
 --                                taken (the counters of the locks before it have moved on, which only uses up
 --                                tokens)
@@ -362,9 +516,10 @@ ACQUIRE_MANY = (
 local n = #KEYS / 4
 local now, t = now_ms()
 for i = 1, n do
-  local lock, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 1], KEYS[4 * i]
-  prune(queue, expiries, now)
-  local wait_ms = blocked_for(lock, queue, expiries, ARGV[1], now)
+  local lock, fence, queue, expiries = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local wait_ms = blocked_for(
+    lock, string_at(lock), fence, ARGV[3], queue, expiries, ARGV[1], ARGV[1], t, now, true, ARGV[4] == '1'
+  )
   if wait_ms then
     if ARGV[4] == '1' then
       enqueue(queue, expiries, ARGV[1], now)
@@ -405,82 +560,125 @@ return result
 
 RELEASE = (
     """
--- RELEASE: delete the lock only if it is still ours, then wake the queue's head (or everyone, if none).
+-- RELEASE: give the lock up if it is still ours: grant it to the head of its queue, or delete it.
 -- KEYS[1]  lock key              KEYS[2]  queue (zset)          KEYS[3]  queue expiries (zset)
+-- KEYS[4]  fencing counter key
 -- ARGV[1]  owner (client_id)     ARGV[2]  wake-up channel
 -- ARGV[3]  "publish" | "spublish" | "" (how to announce the release; "" = nobody listens)
--- returns  1                     released; if owners queue, "released:<head owner>" announced (nothing when
---                                none does: see below)
+-- ARGV[4]  counter TTL in ms (for the token of a grant)
+-- returns  1                     released: granted to the queue's live head if that is a single lock's wait (see
+--                                the queue above), else deleted, the head woken ("released:<head owner>")
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
--- Nobody queues (no queue key): nothing is announced and nothing else is done. Every owner that waits for this
--- lock through pub/sub holds a place in its queue: a refused blocking ACQUIRE queues it in the same script, before
--- it waits, and the wait keeper keeps the place while it waits. Only a waiter whose place was lost (the queue key
--- evicted or deleted, or the place lapsed while its process stood still for PLACE_KEEP_MS) misses the release: it
--- still wakes at the holder's lease end it was told, or after WaitPolicy.notified_cap, and queues afresh. Skipping
--- the PUBLISH saves the uncontended cycle a server command (and the announce closure).
+-- Nobody queues (no queue key): the key is deleted and nothing else is done. Every owner that waits for this lock
+-- holds a place in its queue: a refused blocking ACQUIRE queues it in the same script, before it waits, and the
+-- wait keeper keeps the place while it waits. Only a waiter whose place was lost (the queue key evicted or deleted,
+-- or the place lapsed while its process stood still for PLACE_KEEP_MS) misses the release: it still comes back at
+-- the holder's lease end it was told, or after WaitPolicy.notified_cap, and queues afresh.
 -- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
 if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then
+local firsts = redis.pcall('ZRANGE', KEYS[2], 0, 1, 'WITHSCORES')
+if firsts['err'] or not firsts[1] then
+  redis.call('DEL', KEYS[1])
   return 1
 end
 """
     + _ANNOUNCE_LIB
     + _KEYS_LIB
+    + _FENCE_LIB
     + _QUEUE_FUNCS
     + """
-prune(KEYS[2], KEYS[3], (now_ms()))
-wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
+local now, t = now_ms()
+if not serve(KEYS[1], KEYS[4], ARGV[4], KEYS[2], KEYS[3], ARGV[3], ARGV[2], t, now, firsts) then
+  redis.call('DEL', KEYS[1])
+end
 return 1
 """
 )
 
 CANCEL_WAIT = (
     """
--- CANCEL_WAIT: we stopped waiting for a lock (timed out); leave its queue, and if the lock is free, wake the
--- new head so that our place does not hold anyone up.
+-- CANCEL_WAIT: we stopped waiting for a lock (timed out, interrupted); leave its queue, and if the lock is free,
+-- serve the new head so that our place does not hold anyone up. If our place had been granted the lock meanwhile
+-- (the grant still unread, or read by a wait that was interrupted), give it back: serve the next head, or free it.
 -- KEYS[1]  lock key              KEYS[2]  queue (zset)          KEYS[3]  queue expiries (zset)
+-- KEYS[4]  fencing counter key
 -- ARGV[1]  owner (client_id)     ARGV[2]  channel               ARGV[3]  "publish" | "spublish" | ""
--- returns  1 if we were queued, else 0
+-- ARGV[4]  counter TTL in ms     ARGV[5]  our place's name ("" for "<owner>")
+-- returns  1 if we were queued; 2 if the lock had been granted to us and is given back now; else 0
 """
     + _QUEUE_LIB
     + """
-prune(KEYS[2], KEYS[3], (now_ms()))
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
-  return 0
+local now, t = now_ms()
+local place = ARGV[5]
+if place == nil or place == '' then
+  place = ARGV[1]
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-if not string_at(KEYS[1]) then
-  wake_head(ARGV[3], ARGV[2], KEYS[2], KEYS[3])
+if on_kind('ZREM', KEYS[2], place) == 1 then
+  redis.pcall('ZREM', KEYS[3], place)
+  if not string_at(KEYS[1]) then
+    serve(KEYS[1], KEYS[4], ARGV[4], KEYS[2], KEYS[3], ARGV[3], ARGV[2], t, now)
+  end
+  return 1
 end
-return 1
+if place ~= ARGV[1] and string_at(KEYS[1]) == ARGV[1] then
+  -- Our wait's place is gone and the lock holds our owner id: the caller holds the only local lock object of this
+  -- key in its registry and it is waiting, not holding, so this can only be a grant to us.
+  redis.call('DEL', KEYS[1] .. ':grant:' .. ARGV[1])
+  if not serve(KEYS[1], KEYS[4], ARGV[4], KEYS[2], KEYS[3], ARGV[3], ARGV[2], t, now) then
+    redis.call('DEL', KEYS[1])
+  end
+  return 2
+end
+return 0
 """
 )
 
 KEEP_WAITING = (
     """
--- KEEP_WAITING: we still wait; keep each of our places for PLACE_KEEP_MS more (see LockBackend.keep_waiting).
--- KEYS     two per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
---          owner -> arrival, owner -> lapse in server ms), or twice the waiting writers of a read-write lock
---          (a zset: owner -> lapse)
--- ARGV[1]  owner (client_id)
--- returns  {r1, ..., rn}         ri = 1 kept; 0 not ours any more (we left, it lapsed, or we took the lock),
---                                and not brought back: our next attempt queues afresh
+-- KEEP_WAITING: we still wait; keep each of our places for PLACE_KEEP_MS more (see LockBackend.keep_waiting), and
+-- serve a plain lock found free (its holder's lease ran out, or its key was deleted): its live head is granted it or
+-- woken, so that waiters told of no lease end do not wait for a release that will not come.
+-- KEYS     four per place i (i = 1..n, all in one slot): the queue and its expiries of a plain lock (zsets:
+--          place -> arrival, place -> refreshed lapse, in server ms), its lock key and fencing counter; or four times
+--          the waiting writers of a read-write lock (a zset: owner -> lapse; nothing to serve there)
+-- ARGV[1]  owner (client_id)     ARGV[2]  counter TTL in ms     ARGV[3]  "publish" | "spublish" | ""
+-- ARGV[3+2i-1]  place i's name ("" for "<owner>")               ARGV[3+2i]  lock i's channel
+-- returns  {r1, ..., rn}         ri = 1 kept; 0 not ours any more (we left, it lapsed, or we took or were granted
+--                                the lock), and not brought back: our next attempt queues afresh
 """
     + _QUEUE_LIB
     + """
-local now = now_ms()
+local now, t = now_ms()
 local result = {}
-for i = 1, #KEYS / 2 do
-  local queue, expiries = zset_at(KEYS[2 * i - 1]), zset_at(KEYS[2 * i])
-  local lapse = tonumber(redis.call('ZSCORE', expiries, ARGV[1]))
+for i = 1, #KEYS / 4 do
+  local queue, expiries, lock, fence = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local place = ARGV[2 + 2 * i]
+  if place == nil or place == '' then
+    place = ARGV[1]
+  end
   result[i] = 0
-  if lapse and lapse > now and redis.call('ZSCORE', queue, ARGV[1]) then
-    redis.call('ZADD', expiries, now + PLACE_KEEP_MS, ARGV[1])
-    keep_places(queue, expiries)
-    result[i] = 1
+  if queue == expiries then
+    -- A waiting writer: the set holds its lapse.
+    local lapse = tonumber(on_kind('ZSCORE', queue, place))
+    if lapse and lapse > now then
+      redis.call('ZADD', queue, now + PLACE_KEEP_MS, place)
+      redis.call('PEXPIRE', queue, PLACE_KEEP_MS)
+      result[i] = 1
+    end
+  else
+    local arrival = tonumber(on_kind('ZSCORE', queue, place))
+    if arrival and lapse_of(expiries, place, arrival, now) > now then
+      on_kind('ZADD', expiries, now + PLACE_KEEP_MS, place)
+      -- Refreshes lapsed by now belong to places granted, left or lapsed: drop them.
+      redis.call('ZREMRANGEBYSCORE', expiries, '-inf', now)
+      keep_places(queue, expiries)
+      result[i] = 1
+      if not string_at(lock) then
+        serve(lock, fence, ARGV[2], queue, expiries, ARGV[3], ARGV[3 + 2 * i], t, now)
+      end
+    end
   end
 end
 return result

@@ -133,7 +133,7 @@ class ServerLease:
         """End an abandoned hold in the server and here, in place of its holder (the registry's worker calls it once
         the lease has run out)."""
 
-    def _begin_lease(self, token: int | None, sent_at: float) -> None:
+    def _begin_lease(self, token: int | None, sent_at: float, valid_until: float | None = None) -> None:
         """The server granted a fresh tenancy, to the request sent at ``sent_at`` (``monotonic()``; see
         ``waiting.Grant``); call it as the reply is read.
 
@@ -143,7 +143,10 @@ class ServerLease:
           errs early. Not from the start of ``acquire``: the local wait and refused attempts before the granting
           one would make a lock just granted look expired, and a single failed renewal would report it lost;
         * the hold (``_acquired_at``: ``max_hold``, the hand-off windows; ``_granted_wall`` for people) counts from
-          now, the grant: it is a limit on how long the lock is held, and must not be spent on the wait for it."""
+          now, the grant: it is a limit on how long the lock is held, and must not be spent on the wait for it.
+
+        ``valid_until``: the lease's deadline when the server set it otherwise (a lock granted to our place in its
+        queue, with a provisional lease: see ``waiting``); the renewer is asked to extend it before then."""
         self._tenancy += 1
         self._in_server = True
         self._giving_back = False
@@ -154,8 +157,12 @@ class ServerLease:
         self._fencing_token = token
         self._acquired_at = monotonic()
         self._granted_wall = time.time()
-        self._valid_until = self._context.config.valid_until(sent_at)
-        self._context.leases.track(self)
+        if valid_until is None:
+            self._valid_until = self._context.config.valid_until(sent_at)
+            self._context.leases.track(self)
+        else:
+            self._valid_until = valid_until
+            self._context.leases.track(self, renew_by=valid_until)
 
     def _give_back_lease(self) -> bool:
         """The lease is about to be released in the server; returns whether it had been reported lost.

@@ -83,13 +83,17 @@ class LeaseTable:
     def get(self, names: LockNames) -> HeldLease | None:
         return self._held.get(names.lock)
 
-    def track(self, lease: HeldLease) -> None:
-        """From now until ``untrack``, ``lease`` is held in the server and the renewer keeps it alive."""
+    def track(self, lease: HeldLease, renew_by: float | None = None) -> None:
+        """From now until ``untrack``, ``lease`` is held in the server and the renewer keeps it alive; ``renew_by``:
+        its lease ends sooner than a renewal period from now (a grant's provisional lease), so the renewer must renew
+        it before that ``monotonic()`` deadline."""
         with self._mutex:
             self._held[lease._names.lock] = lease
         renewer = self._context.renewer
         if renewer is not None:
             renewer.ensure_started()
+            if renew_by is not None:
+                renewer.renew_before(renew_by)
 
     def untrack(self, lease: HeldLease) -> None:
         with self._mutex:

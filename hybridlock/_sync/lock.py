@@ -61,7 +61,7 @@ from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site, site_text
-from .waiting import acquire_remote, contention_watch, release_remote
+from .waiting import WaitHint, acquire_remote, contention_watch, release_remote
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -181,6 +181,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         # Threads whose Condition.wait() could not take the lock back: their `with` exit will still call
         # release(), which must let the wait's own error through instead of raising LockNotOwnedError over it.
         self._failed_restores: set[object] = set()
+        self._wait_hint = WaitHint()  # what the last remote wait tells the next (waiting.py's own)
         self.last_used = monotonic()
 
     # -- what the lock is -----------------------------------------------------------------------------------------
@@ -339,14 +340,18 @@ class HybridLock(ServerLease, JavaStyleLock):
             return entered == _HELD
         try:
             self._context.check_open(self.key)
-            grant = acquire_remote(self._context, self._names, blocking, deadline, probe=probe)
+            grant = acquire_remote(
+                self._context, self._names, blocking, deadline, probe=probe, hint=self._wait_hint
+            )
         except BaseException:
             self._mutex.release()
             raise
         if grant is None:
             self._mutex.release()
             return False
-        self._start_tenancy(me, grant.result.fencing_token, grant.result.contended, grant.sent_at, site)
+        self._start_tenancy(
+            me, grant.result.fencing_token, grant.result.contended, grant.sent_at, site, grant.valid_until
+        )
         try:
             self._listen_for_contention()
         except BaseException:
@@ -406,9 +411,18 @@ class HybridLock(ServerLease, JavaStyleLock):
             shielded(self._give_back_orphaned_lease)
             raise
 
-    def _start_tenancy(self, me: object, token: int | None, contended: bool, sent_at: float, site: Site) -> None:
+    def _start_tenancy(
+        self,
+        me: object,
+        token: int | None,
+        contended: bool,
+        sent_at: float,
+        site: Site,
+        valid_until: float | None = None,
+    ) -> None:
         """``me`` holds the lock in a fresh server tenancy, granted to the request sent at ``sent_at`` (the lease
-        counts from there, the hold from now: see ``ServerLease._begin_lease``); ``me`` asked for it at ``site``."""
+        counts from there, the hold from now: see ``ServerLease._begin_lease``), or, for a lock granted to our place
+        in the queue, valid until ``valid_until``; ``me`` asked for it at ``site``."""
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
@@ -416,7 +430,7 @@ class HybridLock(ServerLease, JavaStyleLock):
         self._contended = contended
         self._passes = 0
         self.last_used = monotonic()
-        self._begin_lease(token, sent_at)
+        self._begin_lease(token, sent_at, valid_until)
 
     def _listen_for_contention(self) -> None:
         if self._context.config.retain_for and self._contention_watch is None:

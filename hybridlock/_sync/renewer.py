@@ -98,6 +98,11 @@ class LeaseRenewer:
         self._describe_pending = False
         self._describe_due = False
         self._delay = self._period  # until the next round
+        # A lease that ends sooner than a period from its start (a grant's provisional lease): the next round must
+        # come by this monotonic() time (None: at the period). Cleared as a round starts.
+        self._due: float | None = None
+        self._round_at = 0.0  # when the round the worker sleeps towards is planned (with _round_due)
+        self._rescheduled = False  # the worker was woken only to plan its round earlier
         # The deadline watch: rings at the earliest valid_until of the held leases (see the module docstring).
         self._watch = Alarm(self._at_deadline, name=f"hybridlock-deadlines-{context.config.registry_key}")
         #: Completed renewal rounds and backend calls made (for statistics and benchmarks).
@@ -115,6 +120,21 @@ class LeaseRenewer:
                 self._worker = Worker(self._step, name=f"hybridlock-renewer-{self._context.config.registry_key}")
                 self._live = True
                 self._worker.start()
+
+    def renew_before(self, deadline: float) -> None:
+        """A lease just began that ends at ``deadline`` (``monotonic()``), sooner than the next round would come (a
+        grant's provisional lease): plan a round for when a third of its time is used up, as rounds come every third
+        of a lease, so that it is extended with two thirds of it still to run. A plain call that never waits."""
+        now = monotonic()
+        at = now + (deadline - now) / 3
+        with self._guard:
+            if self._due is not None and self._due <= at:
+                return
+            self._due = at
+            if self._sleeping_with_leases and self._round_due and self._round_at > at and self._worker is not None:
+                self._round_at = at
+                self._rescheduled = True
+                self._worker.wake()
 
     def nothing_held(self) -> None:
         """The registry's last lease was given back: let the worker end soon (it may be in a long sleep)."""
@@ -182,6 +202,13 @@ class LeaseRenewer:
         with self._guard:
             # Awake: a release emptying the table from now on finds us looking (or about to), not asleep.
             self._sleeping_with_leases = False
+            if self._rescheduled:
+                # Woken only to bring the planned round forward (renew_before): sleep until its new time.
+                self._rescheduled = False
+                left = self._round_at - monotonic()
+                if left > 0 and not self._stopped:
+                    self._sleeping_with_leases = True
+                    return left
         at_round, at_describe = self._round_due, self._describe_due
         self._round_due = self._describe_due = False
         if at_round:
@@ -232,7 +259,11 @@ class LeaseRenewer:
                     self._delay -= _DESCRIBE_AFTER
                     return _DESCRIBE_AFTER
             self._round_due = True
-            return self._delay
+            delay = self._delay
+            if self._due is not None:
+                delay = max(0.0, min(delay, self._due - monotonic()))
+            self._round_at = monotonic() + delay
+            return delay
 
     def renew_once(self) -> None:
         """Renew every held lease once (the worker's body; also callable from tests). Never raises.
@@ -273,6 +304,8 @@ class LeaseRenewer:
     def _renew_all(self) -> bool:
         """One round; returns whether it asked the server (False: nothing to renew)."""
         context = self._context
+        with self._guard:
+            self._due = None  # this round renews every lease held now; one granted from here on plans its own
         now = monotonic()
         max_hold = context.config.max_hold
         locks = []

@@ -10,8 +10,9 @@ call (one round trip per cluster slot), every ``REFRESH_INTERVAL`` seconds. A pl
 owner still holds it: one it left, took the lock from, or that lapsed is never brought back.
 
 The worker (the ``Worker`` shim: a task of the registry's loop, a daemon thread on the sync side) starts when
-the first wait begins and ends when the last one ends (within a moment: ending a wait wakes it; a refresh in flight
-finishes first, within the client's socket timeout), so an idle registry runs no worker here. Only the thread at the
+the first wait begins and ends ``IDLE_LINGER`` seconds after the last one ends (after a refresh in flight, if any,
+within the client's socket timeout), so an idle registry runs no worker here, and a process that waits again and
+again (a prefork worker on a busy key waits on every cycle) does not start a thread per wait. Only the thread at the
 head of a key's local queue waits in the server, so a registry has few places at a time.
 
 Failure modes
@@ -27,6 +28,7 @@ Failure modes
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 from ..errors import HybridLockError
@@ -42,17 +44,32 @@ logger = logging.getLogger("hybridlock.waiting")
 
 #: Seconds between refreshes: a third of ``QUEUE_PLACE_KEEP_MS``, so one slow or failed refresh loses no place.
 REFRESH_INTERVAL = 1.0
+#: Seconds the worker stays after the last wait ended, for the next one.
+IDLE_LINGER = 1.0
 _STOP_TIMEOUT = 5.0  # seconds stop() waits for a refresh in flight
 
 
 class WaitingPlace:
     """One wait in progress: the lock whose queue it holds a place in (it may move: a multi-key wait queues for
-    whichever key blocks it)."""
+    whichever key blocks it), the place's name there (None: the owner's id), and since when it is known kept."""
 
-    __slots__ = ("names",)
+    __slots__ = ("kept_at", "lost", "name", "names")
 
-    def __init__(self, names: LockNames) -> None:
+    def __init__(self, names: LockNames, name: str | None = None) -> None:
         self.names = names
+        self.name = name
+        #: ``monotonic()`` when the latest request that took or kept the place was sent (an attempt that queued us,
+        #: or a refresh the server confirmed): the place lapses no sooner than ``QUEUE_PLACE_KEEP_MS`` after it.
+        self.kept_at = -math.inf
+        #: A refresh found the place gone (lapsed, its queue deleted, or granted the lock): the waiter should attempt
+        #: again rather than wait for a grant or wake-up that may never come.
+        self.lost = False
+
+    def kept(self, sent_at: float) -> None:
+        """A request sent at ``sent_at`` took or kept the place."""
+        if sent_at > self.kept_at:
+            self.kept_at = sent_at
+        self.lost = False
 
 
 class WaitKeeper:
@@ -69,28 +86,31 @@ class WaitKeeper:
         self._live = False  # a worker runs and will look at the places again (cleared when it decides to end)
         self._stopped = False
         self._next_refresh = 0.0  # monotonic(): when the worker refreshes next
+        self._idle_since: float | None = None  # monotonic(): since when the worker has had no place to keep
 
-    def begin(self, names: LockNames) -> WaitingPlace:
-        """A wait now holds a place in ``names``'s queue; keep it until ``end``."""
-        place = WaitingPlace(names)
+    def begin(self, names: LockNames, name: str | None = None) -> WaitingPlace:
+        """A wait now holds a place in ``names``'s queue (named ``name``; None: the owner's id); keep it until
+        ``end``."""
+        place = WaitingPlace(names, name)
         with self._guard:
             if self._stopped:
                 return place
+            first = not self._places
             self._places.add(place)
-            if not self._live:
+            if first:
                 # The first refresh a whole interval from now: the place was just taken, fresh for 3 s.
                 self._next_refresh = monotonic() + REFRESH_INTERVAL
+            if not self._live:
                 self._worker = Worker(self._step, name="hybridlock-wait-keeper")
                 self._live = True
                 self._worker.start()
         return place
 
     def end(self, place: WaitingPlace) -> None:
-        """The wait is over (the lock taken, or given up): stop keeping its place."""
+        """The wait is over (the lock taken, or given up): stop keeping its place. (The worker notices at its next
+        step, and ends IDLE_LINGER later if no wait began meanwhile.)"""
         with self._guard:
             self._places.discard(place)
-            if not self._places and self._worker is not None:
-                self._worker.wake()  # so that it ends now, not at its next refresh
 
     def stop(self) -> None:
         """The registry closes: keep nothing any more, and end the worker (after a refresh in flight, if any)."""
@@ -111,16 +131,32 @@ class WaitKeeper:
     def _step(self) -> float | None:
         """The worker's body: refresh the places if it is time, then how long to sleep (None: no wait left, end)."""
         with self._guard:
+            now = monotonic()
             if not self._places:
+                if self._idle_since is None:
+                    self._idle_since = now
+                linger = self._idle_since + IDLE_LINGER - now
+                if linger > 0 and not self._stopped:
+                    return linger
+                self._idle_since = None
                 self._live = False  # from here on, begin() starts a new worker
                 return None
-            wait = self._next_refresh - monotonic()
+            self._idle_since = None
+            wait = self._next_refresh - now
             if wait > 0:
-                return wait  # woken early (a wait ended, others remain)
-            names = list({place.names.queue: place.names for place in self._places}.values())
+                return wait  # a place taken since the last refresh is kept from its first interval on
+            places = list({(place.names.queue, place.name): place for place in self._places}.values())
         context = self._context
+        sent_at = monotonic()
         try:
-            context.backend.keep_waiting(names, context.client_id)
+            kept = context.backend.keep_waiting(
+                [place.names for place in places], context.client_id, [place.name for place in places]
+            )
+            for place, flag in zip(places, kept, strict=True):
+                if flag:
+                    place.kept(sent_at)
+                elif place.kept_at < sent_at:  # (not taken again by an attempt meanwhile)
+                    place.lost = True
         except HybridLockError:
             logger.debug("hybridlock: could not keep waiting places on %s", context.server, exc_info=True)
         except Exception:  # a bug must not end the worker while waits still count on it

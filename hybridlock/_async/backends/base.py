@@ -62,24 +62,73 @@ class AsyncLockBackend(abc.ABC):
     #: Human-readable server address, used in error messages (``redis://127.0.0.1:6379/0``, ``memory``).
     address: str = "unknown"
 
+    #: Whether a release grants the lock to the head of its queue when that is a single lock's wait (a place named by
+    #: ``grants.place_name``, see ``try_acquire``), which then reads its grant with ``await_grant`` instead of being
+    #: woken and acquiring again. False: waiters are woken (``watch``) or poll.
+    grants: bool = False
+
     @abc.abstractmethod
-    async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+    async def try_acquire(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
+    ) -> AcquireResult:
         """Take ``names.lock`` for ``owner`` for ``lease_ms`` milliseconds (None: no expiry), in one round trip,
         minting a fencing token on success. Never waits for the lock; when refused and ``queue`` is true, joins
-        the lock's queue (a caller that then gives up calls ``cancel_wait``)."""
+        the lock's queue (a caller that then gives up calls ``cancel_wait``), under the name ``place`` (None:
+        ``owner``; on a backend that ``grants``, a name made by ``grants.place_name`` asks for the lock to be granted
+        to this wait when its turn comes: a refused result then says when the server took the place, ``queued_at``)."""
 
     @abc.abstractmethod
-    async def cancel_wait(self, names: LockNames, owner: str) -> None:
-        """``owner`` no longer waits for ``names.lock``: leave its queue (waking the next owner if it is free)."""
+    async def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
+        """``owner`` no longer waits for ``names.lock`` (under ``place``, as given to ``try_acquire``): leave its
+        queue (serving the next owner if the lock is free), and give the lock back if it was granted to ``place``
+        meanwhile."""
 
     @abc.abstractmethod
-    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    async def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         """``owner`` still waits: push the lapse of each of its places back to ``QUEUE_PLACE_KEEP_MS`` from now,
         in one round trip (one per cluster slot, pipelined). A place is a position in a plain lock's queue
-        (``names.queue`` / ``names.queue_until``) or, for the write half of a read-write lock (``rw_names.write``),
-        a record in its waiting writers (``queue`` and ``queue_until`` are then both that set). Only a place
-        ``owner`` still holds is kept: one it left, that lapsed or that ended when it took the lock is not brought
-        back (its next attempt queues afresh, at the back). Returns one flag per place: True if kept."""
+        (``names.queue`` / ``names.queue_until``, named as given to ``try_acquire``: ``places``, one per lock, None
+        for ``owner``) or, for the write half of a read-write lock (``rw_names.write``), a record in its waiting
+        writers (``queue`` and ``queue_until`` are then both that set). Only a place ``owner`` still holds is kept:
+        one it left, that lapsed or that ended when it took (or was granted) the lock is not brought back (its next
+        attempt queues afresh, at the back). Returns one flag per place: True if kept."""
+
+    async def acquire_and_await(
+        self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
+    ) -> tuple[AcquireResult, AcquireResult | None]:
+        """``try_acquire`` queueing under ``place`` (only where ``grants``), then, if refused, ``await_grant`` for up
+        to ``timeout`` seconds: in one round trip where the backend can (``pipelines_waits``), for a waiter that
+        expects to wait. Returns the attempt's result, and what the wait for the grant returned (None when the
+        attempt succeeded, or the time ran out)."""
+        result = await self.try_acquire(names, owner, lease_ms, True, place)
+        if result.acquired or lease_ms is None:
+            return result, None
+        return result, await self.await_grant(names, owner, place, timeout, lease_ms, result.queued_at)
+
+    @property
+    def pipelines_waits(self) -> bool:
+        """Whether ``acquire_and_await`` takes one round trip rather than two."""
+        return False
+
+    @property
+    def grant_wait_limit(self) -> float:
+        """The longest wait ``await_grant`` and ``acquire_and_await`` may be asked for at once (their callers wait
+        longer in several)."""
+        return 0.5
+
+    async def await_grant(
+        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int, arrival: int | None = None
+    ) -> AcquireResult | None:
+        """Wait ``timeout`` seconds (at most ``grant_wait_limit``) for the lock to be granted to ``place`` (a wait of
+        ``owner`` queued by ``try_acquire``, whose place the server took at ``arrival``, as the attempt reported it;
+        only where ``grants``). Returns the grant (acquired, with its token and whether others queue; with replica
+        confirmation, confirmed like an acquire and its lease extended to ``lease_ms``); a refused result when the
+        caller should attempt again now (a grant to an earlier wait or place of ``owner`` was found instead, and the
+        lock may be ours by it; or the wait could not go on: its connection broke, or the server refused it); None
+        when no grant came in that time."""
+        raise NotImplementedError
 
     async def can_acquire_together(self, names: Sequence[LockNames]) -> bool:
         """Whether ``try_acquire_many`` may take all of ``names`` in one atomic step (on a cluster: one slot)."""

@@ -68,7 +68,7 @@ from .._compat import AsyncCondition, AsyncFanOut, monotonic, new_guard, sleep
 from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import AsyncReleaseWatch
 from .pubsub import Subscriber
-from .redis import About, AsyncRedisBackend, ScriptRunner, Unreached, keys_of
+from .redis import About, AsyncRedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
 
 __all__ = ["CLUSTER_SCHEMES", "AsyncRedisClusterBackend", "is_cluster_url", "redis_cluster_client_from_url"]
 
@@ -312,6 +312,7 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         self.confirmation = None
         self._cluster_scripts = _ClusterScriptRunner(self)
         self._scripts = self._cluster_scripts
+        self._blocking_slice = blocking_slice(client)
         self._cluster_mode = True
         self._sharded: bool | None = None  # whether the servers have sharded pub/sub (learnt at first use)
         self._guard = new_guard()
@@ -337,6 +338,10 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
 
     async def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
+
+    @property
+    def pipelines_waits(self) -> bool:
+        return False  # a call and a blocking pop in one pipeline would need a node pipeline of their own here
 
     async def _announcement(self) -> str:
         if self._sharded is None:

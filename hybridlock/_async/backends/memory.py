@@ -98,7 +98,9 @@ class AsyncMemoryBackend(AsyncLockBackend):
         queue.pop(owner, None)
         return AcquireResult(True, token, None, bool(queue))
 
-    async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+    async def try_acquire(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
+    ) -> AcquireResult:
         now = monotonic()
         with self._cond:
             wait = self._blocked_for(names, owner, now)
@@ -132,25 +134,27 @@ class AsyncMemoryBackend(AsyncLockBackend):
                 self._announce_release(names.channel, next(iter(self._queue(names, now)), None))
             return True
 
-    async def cancel_wait(self, names: LockNames, owner: str) -> None:
+    async def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         now = monotonic()
         with self._cond:
             queue = self._queue(names, now)
             if queue.pop(owner, None) is not None and self._live_entry(names.lock, now) is None:
                 self._announce_release(names.channel, next(iter(queue), None))
 
-    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    async def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         now = monotonic()
         kept = []
         with self._cond:
             for n in names:
                 # A plain lock's queue, or (for the write half of a read-write lock) its waiting writers.
-                places = self._queues.get(n.queue)
-                if places is None:
-                    places = self._writers_waiting.get(n.queue, {})
-                ok = places.get(owner, 0.0) > now
+                held = self._queues.get(n.queue)
+                if held is None:
+                    held = self._writers_waiting.get(n.queue, {})
+                ok = held.get(owner, 0.0) > now
                 if ok:
-                    places[owner] = now + _PLACE_KEEP
+                    held[owner] = now + _PLACE_KEEP
                 kept.append(ok)
         return kept
 

@@ -196,7 +196,9 @@ class AsyncQuorumBackend(AsyncLockBackend):
 
     # -- plain locks -----------------------------------------------------------------------------------------------
 
-    async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+    async def try_acquire(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
+    ) -> AcquireResult:
         if lease_ms is None:
             raise InvalidArgumentError("quorum locks need a lease (expire_after)", key=names.key, server=self.address)
         lease = lease_ms / 1000.0
@@ -256,10 +258,12 @@ class AsyncQuorumBackend(AsyncLockBackend):
         if isinstance(outcome, AcquireResult) and outcome.acquired and (names.lock, owner) not in self._holders:
             await self.servers[lane[0]].release(names, owner, True)
 
-    async def cancel_wait(self, names: LockNames, owner: str) -> None:
+    async def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         return None  # attempts never queue (see the module docstring)
 
-    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    async def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         return [False] * len(names)  # no places to keep: attempts never queue
 
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..._core.config import ReplicaConfirmation
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
+from ..._protocol.grants import box_of, read_grant, wait_id_of
 from ...backends.clients import (
     ClientFamily,
     Login,
@@ -55,9 +57,11 @@ from ...errors import (
     InvalidArgumentError,
     ReplicationNotConfirmedError,
 )
-from .._compat import AsyncCondition, shielded
+from .._compat import AsyncCondition, shielded, sleep
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
+
+logger = logging.getLogger("hybridlock.backend")
 
 __all__ = [
     "About",
@@ -234,6 +238,31 @@ class ScriptRunner:
             return replies
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def run_then_pop(
+        self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
+    ) -> tuple[Any, Any] | None:
+        """Run ``source`` and, pipelined right after it on the same connection, ``BLPOP box timeout``: one round
+        trip, which lasts until the pop returns. Returns both replies, the pop's as the error the server answered
+        it with if it refused it (the script's writes are done then); None when the server's script cache was cold
+        (NOSCRIPT: nothing ran, the pop waited out its timeout; the caller runs the script on its own)."""
+        try:
+            return await self._run_then_pop_once(source, keys, args, box, timeout)
+        except self.failed_over:  # once more after a failover, as for every script (see __init__)
+            return await self._run_then_pop_once(source, keys, args, box, timeout)
+
+    async def _run_then_pop_once(
+        self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
+    ) -> tuple[Any, Any] | None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.evalsha(self._digest(source), len(keys), *keys, *args)
+        pipe.blpop([box], timeout=timeout)
+        reply, popped = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, self._no_script):
+            return None
+        if isinstance(reply, Exception):
+            raise reply
+        return reply, popped
+
     async def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._run_once(source, keys, args)
@@ -281,6 +310,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
+        self._blocking_slice = blocking_slice(client)
         self._cluster_mode: bool | None = None  # learnt from the server at the first renewal
         # Operations under way, so that aclose() does not cut a connection from under one (see aclose).
         self._in_flight = 0
@@ -389,30 +419,42 @@ class AsyncRedisBackend(AsyncLockBackend):
             required=self.confirmation.replicas,
         )
 
-    async def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
-        reply, acknowledged = await self._run_write(
-            names,
-            "acquire",
-            scripts.ACQUIRE,
-            (names.lock, names.fence, names.queue, names.queue_until),
-            (
-                owner,
-                lease_ms or 0,
-                scripts.FENCE_COUNTER_TTL_MS,
-                names.channel,
-                await self._announcement(),
-                int(queue),
-            ),
+    grants = True
+
+    async def _acquire_args(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None, pushed: str = ""
+    ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        keys = (names.lock, names.fence, names.queue, names.queue_until)
+        args = (
+            owner,
+            lease_ms or 0,
+            scripts.FENCE_COUNTER_TTL_MS,
+            names.channel,
+            await self._announcement(),
+            int(queue),
+            place or "",
+            pushed,
         )
+        return keys, args
+
+    def _acquire_result(self, names: LockNames, reply: Any) -> AcquireResult:
         if isinstance(reply, int):
-            result = AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
-        elif reply[0] == scripts.OUT_OF_RANGE:
+            return AcquireResult(True, reply, None, False)  # the token alone: nobody else queues (the common case)
+        if reply[0] == scripts.OUT_OF_RANGE:
             raise self._out_of_range(names, reply[1], "acquire")
-        elif reply[0]:
-            result = AcquireResult(True, int(reply[1]), None, bool(reply[2]))
-        else:
-            pttl = reply[1]
-            return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0)
+        if reply[0]:
+            return AcquireResult(True, int(reply[1]), None, bool(reply[2]))
+        pttl, arrival = reply[1], reply[2] if len(reply) > 2 else 0
+        return AcquireResult(False, None, None if pttl < 0 else pttl / 1000.0, queued_at=arrival or None)
+
+    async def try_acquire(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
+    ) -> AcquireResult:
+        keys, args = await self._acquire_args(names, owner, lease_ms, queue, place)
+        reply, acknowledged = await self._run_write(names, "acquire", scripts.ACQUIRE, keys, args)
+        result = self._acquire_result(names, reply)
+        if not result.acquired:
+            return result
         if not self._confirmed(acknowledged):
             raise await self._given_back(
                 names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
@@ -445,7 +487,13 @@ class AsyncRedisBackend(AsyncLockBackend):
                 async with self._translated(names, "release of several locks"):
                     await self._scripts.run_many(
                         scripts.RELEASE,
-                        [((n.lock, n.queue, n.queue_until), (owner, n.channel, announcement)) for n in names],
+                        [
+                            (
+                                (n.lock, n.queue, n.queue_until, n.fence),
+                                (owner, n.channel, announcement, scripts.FENCE_COUNTER_TTL_MS),
+                            )
+                            for n in names
+                        ],
                     )
 
             raise await self._given_back(keys_of(names), "acquire of several locks", acknowledged, give_back)
@@ -459,40 +507,170 @@ class AsyncRedisBackend(AsyncLockBackend):
         async with self._translated(names, "release"):
             released = await self._scripts.run(
                 scripts.RELEASE,
-                (names.lock, names.queue, names.queue_until),
-                (owner, names.channel, await self._announcement() if notify else ""),
+                (names.lock, names.queue, names.queue_until, names.fence),
+                (owner, names.channel, await self._announcement() if notify else "", scripts.FENCE_COUNTER_TTL_MS),
             )
         return bool(released)
 
-    async def cancel_wait(self, names: LockNames, owner: str) -> None:
+    async def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         async with self._translated(names, "cancel of a wait"):
             await self._scripts.run(
                 scripts.CANCEL_WAIT,
-                (names.lock, names.queue, names.queue_until),
-                (owner, names.channel, await self._announcement()),
+                (names.lock, names.queue, names.queue_until, names.fence),
+                (owner, names.channel, await self._announcement(), scripts.FENCE_COUNTER_TTL_MS, place or ""),
             )
 
-    async def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    async def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         if not names:
             return []
+        named = list(zip(names, places or [None] * len(names), strict=True))
         async with self._translated(names, "keep of waiting places"):
             # One script per slot, all pipelined in one round trip, as for renew (a registry waits for few locks).
-            groups: dict[int, list[LockNames]] = {}
-            for n in names:
-                groups.setdefault(await self._slot_of(n.queue), []).append(n)
-            calls = [([key for n in group for key in (n.queue, n.queue_until)], (owner,)) for group in groups.values()]
+            groups: dict[int, list[tuple[LockNames, str | None]]] = {}
+            for n, place in named:
+                groups.setdefault(await self._slot_of(n.queue), []).append((n, place))
+            announcement = await self._announcement()
+            calls = [
+                (
+                    [
+                        key
+                        for n, _ in group
+                        # (a read-write lock's waiting writers: one set, and no lock to serve from here)
+                        for key in (
+                            n.queue,
+                            n.queue_until,
+                            *((n.queue, n.queue) if n.queue == n.queue_until else (n.lock, n.fence)),
+                        )
+                    ],
+                    (
+                        owner,
+                        scripts.FENCE_COUNTER_TTL_MS,
+                        announcement,
+                        *(arg for n, place in group for arg in (place or "", n.channel)),
+                    ),
+                )
+                for group in groups.values()
+            ]
             if len(calls) == 1:
                 replies = [await self._scripts.run(scripts.KEEP_WAITING, *calls[0])]
             else:
                 replies = await self._scripts.run_many(scripts.KEEP_WAITING, calls)
-        kept: dict[str, bool] = {}
+        kept: dict[tuple[str, str | None], bool] = {}
         for group, flags in zip(groups.values(), replies, strict=True):
             if isinstance(flags, Unreached):
                 # A cluster node out of reach: not known to be lost, and the next attempt queues again anyway.
-                kept.update((n.queue, True) for n in group)
+                kept.update(((n.queue, place), True) for n, place in group)
             else:
-                kept.update(zip((n.queue for n in group), (bool(flag) for flag in flags), strict=True))
-        return [kept[n.queue] for n in names]
+                kept.update(zip(((n.queue, place) for n, place in group), (bool(flag) for flag in flags), strict=True))
+        return [kept[n.queue, place] for n, place in named]
+
+    @property
+    def pipelines_waits(self) -> bool:
+        """Whether ``acquire_and_await`` saves a round trip here (one server, no replica confirmation)."""
+        return self.confirmation is None and self.grants
+
+    @property
+    def grant_wait_limit(self) -> float:
+        return self._blocking_slice
+
+    async def acquire_and_await(
+        self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
+    ) -> tuple[AcquireResult, AcquireResult | None]:
+        if not self.pipelines_waits or timeout < _SERVER_TICK:
+            return await super().acquire_and_await(names, owner, lease_ms, place, timeout)
+        wait_id = wait_id_of(place)
+        keys, args = await self._acquire_args(names, owner, lease_ms, True, place, wait_id)
+        async with self._translated(names, "acquire"):
+            replies = await self._scripts.run_then_pop(scripts.ACQUIRE, keys, args, box_of(names.lock, owner), timeout)
+        if replies is None:  # a cold script cache: the script did not run
+            return await self.try_acquire(names, owner, lease_ms, True, place), None
+        reply, popped = replies
+        result = self._acquire_result(names, reply)
+        if result.acquired:
+            return result, None  # (the pop took our own grant, pushed by the script; or it was refused: see below)
+        if isinstance(popped, Exception):
+            return result, await self._pop_refused(names, owner, popped)
+        return result, None if popped is None else self._grant_read(popped[1], wait_id, result.queued_at)
+
+    def _grant_read(self, message: Any, wait_id: str, arrival: int | None) -> AcquireResult:
+        """What a grant popped from our box says (``grants.read_grant``): acquired, with its token and whether others
+        queue; or refused, so that the caller attempts again now: a grant to an earlier wait or place of ours, never
+        read (the lock may be ours by it), an entry that is no grant, or our turn with no token to give (the counter
+        is out of range, which the attempt reports)."""
+        grant = read_grant(_text(message), wait_id, arrival)
+        if grant is None or grant.token is None:
+            return AcquireResult(False)
+        return AcquireResult(True, grant.token, None, grant.contended)
+
+    async def _pop_refused(self, names: LockNames, owner: str, error: BaseException) -> AcquireResult | None:
+        """The server refused a blocking pop of our box with ``error``: what the wait does instead. A connection
+        that broke under it (a restart, CLIENT KILL, a network fault), or a pop the server ended (``UNBLOCKED``: a
+        master turned replica in a failover): attempt again, which takes over a grant the pop may have taken and not
+        delivered (or reports the server unreachable). A box of another type (not ours): delete it, and attempt
+        again. BLPOP refused (an ACL of an earlier release, a server or proxy without it): wait as a poller does
+        from now on (grants to our places still happen, and an attempt takes one over). Anything else is raised,
+        translated."""
+        translated = translated_error(error, names.key, self.address, "wait for a grant", self._family, self.login)
+        if isinstance(translated, BackendUnavailableError):
+            return AcquireResult(False)
+        text = str(error)
+        if text.startswith("UNBLOCKED"):
+            # The server stopped serving the pop (a master turned replica in a failover, or CLIENT UNBLOCK ERROR):
+            # attempt again, at whichever server serves the lock now.
+            return AcquireResult(False)
+        if "WRONGTYPE" in text:
+            async with self._translated(names, "wait for a grant"):
+                await self.client.delete(box_of(names.lock, owner))
+            return AcquireResult(False)
+        if "NOPERM" in text or "no permissions" in text or "unknown command" in text:
+            if self.grants:
+                self.grants = False
+                logger.warning(
+                    "hybridlock: the lock server %s refused BLPOP (%s): waiters poll instead of reading their grants; "
+                    "allow +blpop for the lock user (see docs/acl.md)",
+                    self.address,
+                    error,
+                )
+            return AcquireResult(False)
+        raise translated or error
+
+    async def await_grant(
+        self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int, arrival: int | None = None
+    ) -> AcquireResult | None:
+        box = box_of(names.lock, owner)
+        wait_id = wait_id_of(place)
+        try:
+            async with self._translated(names, "wait for a grant"):
+                if timeout < _SERVER_TICK:
+                    # The server times a blocking pop out at its next tick (up to 100 ms late on an idle server): a
+                    # wait this short sleeps here, then looks once without blocking.
+                    await sleep(timeout)
+                    popped = await self.client.lpop(box)
+                    reply = None if popped is None else (box, popped)
+                else:
+                    # BLPOP takes seconds (a fraction since Redis 6); 0 would wait for ever. Kept well inside the
+                    # client's socket timeout (grant_wait_limit), which its read of the reply must not run into.
+                    reply = await self.client.blpop([box], timeout=timeout)
+        except HybridLockError as exc:
+            return await self._pop_refused(names, owner, exc.__cause__ or exc)
+        if reply is None:
+            return None
+        result = self._grant_read(reply[1], wait_id, arrival)
+        if result.acquired and self.confirmation is not None:
+            # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
+            # replicas means the grant before it did too (one replication stream).
+            reply, acknowledged = await self._run_write(
+                names, "acquire", scripts.RENEW, (names.lock,), (owner, lease_ms)
+            )
+            if not reply[0]:
+                return AcquireResult(False)  # the grant's lease ended before we read it: attempt again
+            if not self._confirmed(acknowledged):
+                raise await self._given_back(
+                    names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
+                )
+        return result
 
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
         if not names:
@@ -681,6 +859,31 @@ def keys_of(about: About) -> str | None:
         return None if about is None else about.key
     shown = ", ".join(n.key for n in about[:5])
     return shown if len(about) <= 5 else f"{shown}, ... ({len(about)} keys)"
+
+
+#: The longest BLPOP of a wait for a grant: a closed registry is noticed within it (on threads), and the client's
+#: socket timeout must leave room for it (see ``blocking_slice``).
+GRANT_WAIT_SLICE = 0.5
+#: How late a server may time a blocking command out: it does so at its next event-loop tick, every 100 ms at the
+#: default ``hz`` when nothing else wakes it.
+_SERVER_TICK = 0.1
+
+
+def blocking_slice(client: Any) -> float:
+    """The longest blocking command (BLPOP) worth sending on ``client``: ``GRANT_WAIT_SLICE``, or half the client's
+    socket timeout if that is shorter, so that the wait never runs into it (redis-py would report a timeout, and drop
+    the connection)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:
+        kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None) or {}
+    timeout = kwargs.get("socket_timeout")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        return GRANT_WAIT_SLICE
+    return max(0.001, min(GRANT_WAIT_SLICE, timeout / 2))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _rw_result(reply: Sequence[Any]) -> AcquireResult:

@@ -69,7 +69,7 @@ from .._compat import Condition, FanOut, monotonic, new_guard, sleep
 from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import ReleaseWatch
 from .pubsub import Subscriber
-from .redis import About, RedisBackend, ScriptRunner, Unreached, keys_of
+from .redis import About, RedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
 
 __all__ = ["CLUSTER_SCHEMES", "RedisClusterBackend", "is_cluster_url", "redis_cluster_client_from_url"]
 
@@ -313,6 +313,7 @@ class RedisClusterBackend(RedisBackend):
         self.confirmation = None
         self._cluster_scripts = _ClusterScriptRunner(self)
         self._scripts = self._cluster_scripts
+        self._blocking_slice = blocking_slice(client)
         self._cluster_mode = True
         self._sharded: bool | None = None  # whether the servers have sharded pub/sub (learnt at first use)
         self._guard = new_guard()
@@ -338,6 +339,10 @@ class RedisClusterBackend(RedisBackend):
 
     def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
+
+    @property
+    def pipelines_waits(self) -> bool:
+        return False  # a call and a blocking pop in one pipeline would need a node pipeline of their own here
 
     def _announcement(self) -> str:
         if self._sharded is None:

@@ -197,7 +197,9 @@ class QuorumBackend(LockBackend):
 
     # -- plain locks -----------------------------------------------------------------------------------------------
 
-    def try_acquire(self, names: LockNames, owner: str, lease_ms: int | None, queue: bool) -> AcquireResult:
+    def try_acquire(
+        self, names: LockNames, owner: str, lease_ms: int | None, queue: bool, place: str | None = None
+    ) -> AcquireResult:
         if lease_ms is None:
             raise InvalidArgumentError("quorum locks need a lease (expire_after)", key=names.key, server=self.address)
         lease = lease_ms / 1000.0
@@ -257,10 +259,12 @@ class QuorumBackend(LockBackend):
         if isinstance(outcome, AcquireResult) and outcome.acquired and (names.lock, owner) not in self._holders:
             self.servers[lane[0]].release(names, owner, True)
 
-    def cancel_wait(self, names: LockNames, owner: str) -> None:
+    def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         return None  # attempts never queue (see the module docstring)
 
-    def keep_waiting(self, names: Sequence[LockNames], owner: str) -> list[bool]:
+    def keep_waiting(
+        self, names: Sequence[LockNames], owner: str, places: Sequence[str | None] | None = None
+    ) -> list[bool]:
         return [False] * len(names)  # no places to keep: attempts never queue
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:

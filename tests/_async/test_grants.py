@@ -1,0 +1,337 @@
+"""Direct grants on a real server: a release hands a plain lock to the head of its queue, and the waiter reads its
+grant from its box (``scripts.py``, "The queue of owners"; ``waiting.py``).
+
+Written for asyncio (owners are tasks); ``tests/_sync/test_grants.py`` is generated from it (owners are threads).
+``tests/test_grants.py`` has what needs processes, messages from outside, or one side only.
+
+* The woken owner holds the lock without an acquire of its own after the wake-up.
+* Its deadline (``valid_until``) is never later than the server's expiry of the provisional lease, whenever the place
+  was last refreshed; the renewer extends that lease before it ends; a registry that does not renew is not granted.
+* A stale grant (to an earlier place of the same wait) lets nobody in; a holder keeping its lease idle hears of a
+  waiter queued behind a grant; a server without BLPOP, an ACL without LPUSH, a full server, a box of another type
+  or a malformed grant cost time at most, never an error nor two owners; a caller's timeout holds while it waits for
+  a grant.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+import hybridlock
+from hybridlock._core.config import QUEUE_PLACE_KEEP_MS
+from hybridlock._core.names import lock_names
+from hybridlock._protocol.grants import box_of, place_name
+from hybridlock.backends import AsyncRedisBackend
+from hybridlock.testing import EmbeddedServer
+
+from .._stats import script_runs
+from ._compat import sleep, spawn
+
+pytestmark = pytest.mark.server
+
+LOCK = "hybridlock:{k}"
+QUEUE = f"{LOCK}:queue"
+
+
+async def _until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await sleep(0.005)
+
+
+def _server_end(client: redis.Redis) -> float:
+    """When the server will expire the lock key, on our monotonic clock (a little early: the reply took time)."""
+    return time.monotonic() + client.pttl(LOCK) / 1000
+
+
+class _Holder:
+    """Takes ``lock`` in a task of its own (a thread, on the sync side), says so, and keeps it until ``let_go``."""
+
+    def __init__(self, lock: Any, timeout: float = 20.0) -> None:
+        self.lock = lock
+        self.got: list[object] = []
+        self._go = False
+        self._spawned = spawn(lambda: self._run(timeout))
+
+    async def _run(self, timeout: float) -> None:
+        if await self.lock.acquire(timeout=timeout):
+            self.got.append(True)
+            while not self._go:
+                await sleep(0.005)
+            await self.lock.release()
+        else:
+            self.got.append(False)
+
+    async def let_go(self) -> None:
+        self._go = True
+        await self._spawned.join()
+
+
+async def test_a_release_grants_the_lock_without_another_acquire(server: EmbeddedServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with hybridlock.AsyncLockRegistry(server.url) as first, hybridlock.AsyncLockRegistry(server.url) as second:
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        token = holder.fencing_token
+        assert token is not None
+        waiter = _Holder(second.obtain("k"))
+        await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+        client.config_resetstat()
+        await holder.release()
+        await _until(lambda: waiter.got, 10, "the grant")
+        assert waiter.got == [True]
+        assert script_runs(client) == 1  # the release: the waiter did not come back to acquire
+        assert client.get(LOCK) == second.client_id.encode()
+        granted = waiter.lock._fencing_token
+        assert granted is not None
+        assert granted > token
+        assert not client.exists(QUEUE)
+        assert not client.exists(box_of(LOCK, second.client_id))
+        await waiter.let_go()
+    client.close()
+
+
+async def test_a_grant_after_its_place_was_refreshed_counts_the_refresh(server: EmbeddedServer) -> None:
+    # The wait keeper refreshes a place after about a second: the server then grants the lease until the refresh's
+    # lapse, and the waiter counts from that refresh. Each must agree: never a deadline past the server's expiry.
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with hybridlock.AsyncLockRegistry(server.url) as first, hybridlock.AsyncLockRegistry(server.url) as second:
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        waiter = _Holder(second.obtain("k"))
+        await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+        await _until(lambda: client.exists(f"{QUEUE}-until"), 5, "the first refresh of the place")
+        await sleep(0.6)
+        await holder.release()
+        await _until(lambda: waiter.got, 10, "the grant")
+        end = _server_end(client)
+        deadline = waiter.lock._valid_until
+        assert deadline is not None
+        assert deadline <= end + 0.005, f"valid_until {deadline - end:.3f} s past the server's expiry"
+        # Counted from the refresh, not from the arrival: more than the arrival alone would leave.
+        assert deadline - time.monotonic() > QUEUE_PLACE_KEEP_MS / 1000 - 1.7
+        await waiter.let_go()
+    client.close()
+
+
+async def test_a_grants_provisional_lease_is_extended_before_it_ends(server: EmbeddedServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with hybridlock.AsyncLockRegistry(server.url) as first, hybridlock.AsyncLockRegistry(server.url) as second:
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        waiter = _Holder(second.obtain("k"))
+        await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+        await holder.release()
+        await _until(lambda: waiter.got, 10, "the grant")
+        assert client.pttl(LOCK) <= QUEUE_PLACE_KEEP_MS
+        await sleep(QUEUE_PLACE_KEEP_MS / 1000 + 1.0)  # past the provisional lease
+        assert not waiter.lock.lost
+        assert client.get(LOCK) == second.client_id.encode()
+        assert client.pttl(LOCK) > 20_000  # extended to the registry's lease
+        assert not await holder.acquire(blocking=False)
+        await waiter.let_go()
+    client.close()
+
+
+async def test_a_registry_that_does_not_renew_is_not_granted_a_provisional_lease(server: EmbeddedServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with (
+        hybridlock.AsyncLockRegistry(server.url) as first,
+        hybridlock.AsyncLockRegistry(server.url, expire_after=10.0, auto_renew=False) as second,
+    ):
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        waiter = _Holder(second.obtain("k"))
+        await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+        await holder.release()
+        await _until(lambda: waiter.got, 10, "the lock")
+        assert client.pttl(LOCK) > 9_000  # its own lease, taken by its own attempt: nothing would extend a grant's
+        await waiter.let_go()
+    client.close()
+
+
+async def test_a_stale_grant_to_an_earlier_place_of_the_same_wait_lets_nobody_in(server: EmbeddedServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    names = lock_names("hybridlock", "k")
+    backend = AsyncRedisBackend(redis.asyncio.Redis.from_url(server.url), owns_client=True)
+    try:
+        place = place_name("a", "w", 30_000)
+        assert (await backend.try_acquire(names, "holder", 30_000, False)).acquired
+        first = await backend.try_acquire(names, "a", 30_000, True, place)
+        assert not first.acquired
+        assert first.queued_at is not None
+        assert await backend.release(names, "holder", notify=True)  # granted to a's place; a does not read it yet
+        client.delete(LOCK)  # the lease gone early (evicted, deleted): b takes the lock
+        assert (await backend.try_acquire(names, "b", 30_000, False)).acquired
+        again = await backend.try_acquire(names, "a", 30_000, True, place)  # a attempts again: a new place
+        assert not again.acquired
+        assert again.queued_at is not None
+        assert again.queued_at != first.queued_at
+        read = await backend.await_grant(names, "a", place, 0.5, 30_000, again.queued_at)
+        assert read is not None
+        assert not read.acquired  # the old grant is set aside: a attempts again, and is refused while b holds it
+        assert client.get(LOCK) == b"b"
+    finally:
+        await backend.aclose()
+    client.close()
+
+
+async def test_a_holder_keeping_its_lease_idle_hears_of_a_waiter_queued_behind_a_grant(
+    server: EmbeddedServer,
+) -> None:
+    # The lock is freed without a release while B waits (its holder's lease ran out): the next attempt, W's, grants
+    # it to B and queues W. B keeps the lease idle after its release (retain_for) unless it knows W waits: it must.
+    retain = 12.0
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with (
+        hybridlock.AsyncLockRegistry(server.url) as first,
+        hybridlock.AsyncLockRegistry(server.url, retain_for=retain) as second,
+        hybridlock.AsyncLockRegistry(server.url) as third,
+    ):
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        b = second.obtain("k")
+
+        async def take_and_release() -> None:
+            assert await b.acquire(timeout=10)
+            await b.release()  # retained, unless another owner is known to wait
+
+        spawned = spawn(take_and_release)
+        await _until(lambda: client.zcard(QUEUE), 10, "B's place")
+        await sleep(0.05)
+        client.delete(LOCK)  # the holder's lease gone without a release (a crash, then expiry)
+        started = time.monotonic()
+        w = third.obtain("k")
+        assert await w.acquire(timeout=retain + 5)
+        took = time.monotonic() - started
+        await w.release()
+        await spawned.join()
+        assert took < retain / 2, f"W waited {took:.1f} s: B kept its lease idle, not knowing W waited"
+        with pytest.raises(hybridlock.LockLostError):
+            await holder.release()  # (its key was deleted)
+    client.close()
+
+
+async def test_a_short_timeout_holds_while_waiting_for_a_grant(server: EmbeddedServer) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with hybridlock.AsyncLockRegistry(server.url) as first, hybridlock.AsyncLockRegistry(server.url) as second:
+        holder, lock = first.obtain("k"), second.obtain("k")
+        assert await holder.acquire()
+        waiter = _Holder(lock)  # granted once, so its next wait sends its first look with its attempt
+        await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+        await holder.release()
+        await _until(lambda: waiter.got, 10, "the grant")
+        await waiter.let_go()
+        assert await holder.acquire()
+        worst = 0.0
+        for timeout in (0.01, 0.05, 0.15, 0.3):
+            started = time.monotonic()
+            assert not await lock.acquire(timeout=timeout)
+            worst = max(worst, time.monotonic() - started - timeout)
+        await holder.release()
+        assert worst < 0.06, f"acquire(timeout) returned {worst * 1000:.0f} ms late"
+    client.close()
+
+
+async def test_a_release_the_acl_refuses_to_grant_still_releases(own_server: EmbeddedServer) -> None:
+    # An ACL written for an earlier release (no LPUSH): the release must not fail half-way (lock handed over, the
+    # holder told the release failed); the waiter takes the lock itself, a little later.
+    admin = redis.Redis.from_url(own_server.url)
+    admin.execute_command("ACL", "SETUSER", "default", "-lpush")
+    async with (
+        hybridlock.AsyncLockRegistry(own_server.url) as first,
+        hybridlock.AsyncLockRegistry(own_server.url) as second,
+    ):
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        waiter = _Holder(second.obtain("k"))
+        await _until(lambda: admin.zcard(QUEUE), 10, "the waiter's place")
+        await holder.release()  # no error
+        await _until(lambda: waiter.got, 8, "the waiter to take the lock")
+        assert waiter.got == [True]
+        await waiter.let_go()
+    admin.execute_command("ACL", "SETUSER", "default", "+lpush")
+    admin.close()
+
+
+async def test_a_server_without_blpop_makes_waiters_poll() -> None:
+    with EmbeddedServer(extra_args=("--rename-command", "BLPOP", "")) as without:
+        client = redis.Redis.from_url(without.url)
+        async with (
+            hybridlock.AsyncLockRegistry(without.url) as first,
+            hybridlock.AsyncLockRegistry(without.url) as second,
+        ):
+            holder = first.obtain("k")
+            assert await holder.acquire()
+            waiter = _Holder(second.obtain("k"))
+            await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+            released = time.monotonic()
+            await holder.release()
+            await _until(lambda: waiter.got, 5, "the waiter to take the lock")
+            assert waiter.got == [True]
+            assert time.monotonic() - released < 1.0  # polling backs off to 100 ms at most
+            await waiter.let_go()
+        client.close()
+
+
+async def test_a_full_server_refuses_a_place_and_keeps_the_queue(own_server: EmbeddedServer) -> None:
+    client = redis.Redis.from_url(own_server.url)
+    names = lock_names("hybridlock", "k")
+    backend = AsyncRedisBackend(redis.asyncio.Redis.from_url(own_server.url), owns_client=True)
+    try:
+        assert (await backend.try_acquire(names, "holder", 30_000, False)).acquired
+        for owner in ("a", "b"):
+            assert not (await backend.try_acquire(names, owner, 30_000, True, place_name(owner, "w", 30_000))).acquired
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+        try:
+            with pytest.raises(hybridlock.HybridLockError, match="maxmemory"):
+                await backend.try_acquire(names, "c", 30_000, True, place_name("c", "w", 30_000))
+        finally:
+            client.config_set("maxmemory", "0")
+        assert [member for member, _ in client.zrange(QUEUE, 0, -1, withscores=True)] == [
+            place_name("a", "w", 30_000).encode(),
+            place_name("b", "w", 30_000).encode(),
+        ]
+    finally:
+        await backend.aclose()
+    client.close()
+
+
+@pytest.mark.parametrize("spoiled", ["wrong type", "malformed"])
+async def test_a_spoiled_box_lets_nobody_in_and_holds_nobody_up(server: EmbeddedServer, spoiled: str) -> None:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    async with hybridlock.AsyncLockRegistry(server.url) as first, hybridlock.AsyncLockRegistry(server.url) as second:
+        holder = first.obtain("k")
+        assert await holder.acquire()
+        box = box_of(LOCK, second.client_id)
+        waiter = _Holder(second.obtain("k"))
+        await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
+        for _ in range(5):
+            if spoiled == "wrong type":
+                client.delete(box)
+                client.set(box, "not a list")
+            else:
+                client.lpush(box, "not:a grant", "1:2:3:4:5", "::::")
+            await sleep(0.1)
+        assert waiter.got == []
+        assert client.get(LOCK) == first.client_id.encode()
+        client.delete(box)
+        await holder.release()
+        await _until(lambda: waiter.got, 10, "the grant")
+        assert waiter.got == [True]
+        await waiter.let_go()
+    client.close()
