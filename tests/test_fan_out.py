@@ -7,11 +7,8 @@ sleep or block on an event."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -19,6 +16,7 @@ import pytest
 
 from hybridlock._async._compat import AsyncFanOut
 from hybridlock._sync._compat import FanOut
+from tests._interrupts import interrupt_after
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -179,28 +177,6 @@ def test_the_async_twin_gives_up_on_a_straggler_and_hands_its_outcome_on() -> No
 
 
 # -- releases wait for a busy lane; a round cut off leaves its calls to finish -----------------------------------------
-
-
-@contextmanager
-def interrupt_after(seconds: float) -> Iterator[None]:
-    """Raise ``KeyboardInterrupt`` in the main thread (this test's) ``seconds`` from now, as Ctrl-C would, if the
-    block is still running then. (SIGUSR1 with a handler of our own: a stray SIGINT would end the test session.)"""
-    armed = True
-
-    def handler(signum: int, frame: object) -> None:
-        if armed:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    timer = threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1))
-    timer.start()
-    try:
-        yield
-    finally:
-        armed = False
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR1, previous)
 
 
 def test_a_queued_call_waits_for_its_busy_lane_and_follows_the_late_handler() -> None:

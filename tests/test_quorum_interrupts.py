@@ -12,8 +12,6 @@ is in ``tests/test_async_cancellation.py``.
 from __future__ import annotations
 
 import asyncio
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +21,7 @@ import redis
 
 import hybridlock
 from hybridlock.testing import EmbeddedServer
+from tests._interrupts import interrupt_after
 
 pytestmark = [pytest.mark.server, pytest.mark.quorum, pytest.mark.timeout(60)]
 
@@ -71,28 +70,6 @@ def wait_until_clean(clients: list[redis.Redis], pause_ends: float) -> None:
             ttls = {i: [clients[i].pttl(key) for key in keys] for i, keys in left.items() if keys}
             raise AssertionError(f"left behind, held by nobody: {left} (PTTL ms {ttls})")
         time.sleep(0.01)
-
-
-@contextmanager
-def interrupt_after(seconds: float) -> Iterator[None]:
-    """Raise ``KeyboardInterrupt`` in the main thread (this test's) ``seconds`` from now, as Ctrl-C would, if the
-    block is still running then. (SIGUSR1 with a handler of our own: a stray SIGINT would end the test session.)"""
-    armed = True
-
-    def handler(signum: int, frame: object) -> None:
-        if armed:
-            raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    timer = threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1))
-    timer.start()
-    try:
-        yield
-    finally:
-        armed = False
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR1, previous)
 
 
 @PAUSED
