@@ -231,7 +231,9 @@ class _GrantWait:
         context = self._context
         timeout = min(PIPELINED_WAIT, context.backend.grant_wait_limit)
         if deadline is not None:
-            timeout = min(timeout, max(0.0, deadline - monotonic()))
+            # Never past the deadline, even coming back late (see _await_grant).
+            left, lateness = max(0.0, deadline - monotonic()), context.backend.grant_wait_lateness
+            timeout = min(timeout, left - lateness if left >= lateness else left)
         sent_at = monotonic()
         result, self._pending = context.backend.acquire_and_await(
             self._names, context.client_id, context.config.lease_ms, self._place_name, timeout
@@ -366,11 +368,14 @@ def _await_grant(
     until = monotonic() + policy.delay(0, holder_ttl, notified=True)
     if deadline is not None:
         until = min(until, deadline)
+    # A look at our box may come back this late past its timeout: a look that would end at ``until`` ends that
+    # much sooner, and the rest is looked at with one that comes back on time.
+    lateness = context.backend.grant_wait_lateness
     while True:
         left = until - monotonic()
         if left <= 0:
             return None
-        granted = wait_for_grant(left)
+        granted = wait_for_grant(left - lateness if left >= lateness else left)
         context.check_open(names.key)
         if granted is not None:
             return granted

@@ -575,6 +575,10 @@ class AsyncRedisBackend(AsyncLockBackend):
     def grant_wait_limit(self) -> float:
         return self._blocking_slice
 
+    @property
+    def grant_wait_lateness(self) -> float:
+        return _SERVER_TICK  # (a blocking pop times out at the server's next tick; a shorter wait does not block)
+
     async def acquire_and_await(
         self, names: LockNames, owner: str, lease_ms: int | None, place: str, timeout: float
     ) -> tuple[AcquireResult, AcquireResult | None]:

@@ -119,6 +119,12 @@ class LockBackend(abc.ABC):
         longer in several)."""
         return 0.5
 
+    @property
+    def grant_wait_lateness(self) -> float:
+        """How long past its ``timeout`` a wait of ``await_grant`` may come back (a wait this short or shorter comes
+        back on time)."""
+        return 0.0
+
     def await_grant(
         self, names: LockNames, owner: str, place: str, timeout: float, lease_ms: int, arrival: int | None = None
     ) -> AcquireResult | None:
