@@ -79,6 +79,8 @@ class WaitHint:
 #: long enough for a busy lock's queue to move on by a few owners, short enough that a cold script cache (which
 #: makes the pop wait its whole timeout for nothing) costs little.
 PIPELINED_WAIT = 0.1
+#: A lock taken with less than this left of the lease we can show is ours has its lease extended at once.
+EXTEND_AT_ONCE = 0.5
 
 
 _wait_ids = itertools.count(1)
@@ -206,7 +208,30 @@ def acquire_remote(
         if queued:
             shielded(partial(_quietly, give_up))
         return None
+    if grant_wait is not None and context.config.lease_ms is not None:
+        # Taken, but with less left than we can show than a renewer's round may take to come: the granting request
+        # (an attempt, or the look at our box that read a grant) was held up, by a stalled server for instance,
+        # for about the lease. Extend the lease now, as a renewal does, and count it from this request.
+        until = context.config.valid_until(sent_at) if granted_until is None else granted_until
+        if until - monotonic() < EXTEND_AT_ONCE:
+            extended_at = _extend_at_once(context, names, undo)
+            if extended_at is not None:
+                return Grant(result, extended_at, None)
     return Grant(result, sent_at, granted_until)
+
+
+def _extend_at_once(context: LockContext, names: LockNames, undo: Thunk[object]) -> float | None:
+    """Renew a lease just granted; returns when the renewal was sent, or None when the lease had already ended (it
+    is then reported lost as usual). Cut off, it gives the lock back."""
+    lease_ms = context.config.lease_ms
+    assert lease_ms is not None
+    sent_at = monotonic()
+    try:
+        (kept,) = context.backend.renew([names], context.client_id, lease_ms)
+    except BaseException:
+        shielded(partial(_quietly, undo))
+        raise
+    return sent_at if kept else None
 
 
 class _GrantWait:
