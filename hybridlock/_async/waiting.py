@@ -78,7 +78,8 @@ class WaitHint:
 #: long enough for a busy lock's queue to move on by a few owners, short enough that a cold script cache (which
 #: makes the pop wait its whole timeout for nothing) costs little.
 PIPELINED_WAIT = 0.1
-#: A lock taken with less than this left of the lease we can show is ours has its lease extended at once.
+#: A lock taken with less than this left of the lease we can show is ours (or half its lease, if that is less) has
+#: its lease extended at once.
 EXTEND_AT_ONCE = 0.5
 
 
@@ -212,7 +213,7 @@ async def acquire_remote(
         # (an attempt, or the look at our box that read a grant) was held up, by a stalled server for instance,
         # for about the lease. Extend the lease now, as a renewal does, and count it from this request.
         until = context.config.valid_until(sent_at) if granted_until is None else granted_until
-        if until - monotonic() < EXTEND_AT_ONCE:
+        if until - monotonic() < min(EXTEND_AT_ONCE, context.config.lease_ms / 2000.0):
             extended_at = await _extend_at_once(context, names, undo)
             if extended_at is not None:
                 return Grant(result, extended_at, None)
