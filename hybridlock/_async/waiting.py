@@ -298,8 +298,10 @@ class _GrantWait:
 async def _quietly(call: Thunk[object]) -> None:
     try:
         await call()
-    except HybridLockError:
-        pass  # best effort: a place left in the queue, or a lease, lapses by itself
+    except (HybridLockError, OSError, ValueError):
+        # Best effort: a place left in the queue, or a lease, lapses by itself. (OSError, ValueError: a connection
+        # the registry's close() shut under this call, which must not hide the error that made it.)
+        pass
 
 
 async def _wait_for_lock(
