@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import redis
@@ -370,4 +371,56 @@ def test_fenced_set_with_a_valkey_client(own_server):
         assert excinfo.value.key == "{doc}"
         assert excinfo.value.server == own_server.url
     finally:
+        client.close()
+
+
+# -- the script runner's own connections -------------------------------------------------------------------------------
+
+
+def test_lock_cycles_reuse_the_runners_connections_and_close_gives_them_back(server):
+    client = quiet_redis(port=server.port)
+    pool = client.connection_pool
+    registry = hybridlock.LockRegistry(client)
+    try:
+        lock = registry.obtain("spares")
+        with lock:
+            pass
+        taken = []
+        get_connection = pool.get_connection
+        pool.get_connection = lambda *a, **k: taken.append(1) or get_connection(*a, **k)  # type: ignore[method-assign]
+        for _ in range(20):
+            with lock:
+                pass
+        assert taken == [], "a lock cycle took a connection from the pool instead of reusing the runner's"
+    finally:
+        registry.close()
+    # The client is the caller's: its connections are all back in its pool, none kept by the registry.
+    assert not pool._in_use_connections
+    assert client.ping()
+
+
+@pytest.mark.parametrize("how", ["single connection", "subclass"])
+def test_clients_the_runner_does_not_take_connections_from_still_work(server, how):
+    if how == "single connection":
+        client = quiet_redis(port=server.port, single_connection_client=True)
+    else:
+
+        class Traced(redis.Redis):  # a wrapper of the kind an APM agent installs: it must see every command
+            seen: ClassVar[list[str]] = []
+
+            def execute_command(self, *args, **options):  # type: ignore[no-untyped-def]
+                self.seen.append(str(args[0]))
+                return super().execute_command(*args, **options)
+
+        client = Traced(port=server.port, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 1))
+    registry = hybridlock.LockRegistry(client)
+    try:
+        lock = registry.obtain("through-the-client")
+        for _ in range(3):
+            with lock:
+                assert lock.fencing_token is not None
+        if how == "subclass":
+            assert "EVALSHA" in Traced.seen
+    finally:
+        registry.close()
         client.close()

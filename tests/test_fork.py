@@ -375,3 +375,39 @@ def test_a_child_keeps_the_registrys_observer(make_registry, redis_client):
     assert facts["same_observer"] is True
     assert facts["events"] == [["acquire", "child-key", "acquired"], ["release", "child-key", "released", True]]
     lock.release()
+
+
+def test_a_fork_while_another_thread_is_inside_the_clients_pool_leaves_the_child_working(make_registry):
+    # A thread of the parent (here a stand-in for the registry's subscriber connecting) holds the pool's lock at the
+    # moment of the fork. The child inherits the lock held by a thread it does not have: before the fix, its first
+    # command hung for ever in redis-py's reset of the pool. The fork now waits for the pool to be free.
+    registry = make_registry()
+    lock = registry.obtain("pool-busy")
+    with lock:
+        pass
+    pool_lock = registry.backend.client.connection_pool._lock
+    inside, leave = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        with pool_lock:
+            inside.set()
+            leave.wait(5)
+
+    holder = threading.Thread(target=busy, daemon=True)
+    holder.start()
+    assert inside.wait(5)
+    threading.Timer(0.3, leave.set).start()
+
+    def child(report, wait_for_parent):
+        facts = {"acquired": lock.acquire(timeout=5)}
+        lock.release()
+        report(facts)
+
+    forked = Child(child)
+    try:
+        assert forked.next_report(timeout=10) == {"acquired": True}
+        assert forked.wait() == 0
+    finally:
+        leave.set()
+        forked.close()
+    holder.join(5)

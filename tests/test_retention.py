@@ -12,6 +12,7 @@ import pytest
 
 import hybridlock
 from hybridlock.backends.memory import MemoryBackend
+from tests._proxy import FaultProxy
 from tests._stats import script_runs
 
 pytestmark = pytest.mark.server
@@ -310,3 +311,37 @@ def test_close_during_a_busy_retry_still_gives_the_lease_back():
     registry.close()
     assert not backend.is_locked(lock._names)
     assert not lock.statistics().holds_server_lease
+
+
+def test_an_owner_announced_before_the_keepers_subscription_is_confirmed_still_ends_the_retention(
+    server, make_registry, redis_client
+):
+    # The keeper reaches the server through a proxy that delays every request by 0.15 s, so its subscription to the
+    # lock's announcements (a connection to make, then SUBSCRIBE) is confirmed well after its first release; the
+    # other owner talks to the server directly and announces itself at once. Before the fix, the keeper kept the
+    # lease idle on the strength of a silence it could not hear, and the other owner waited out the 60 s retention.
+    with FaultProxy(server.port) as proxy:
+        proxy.delay = 0.15
+        keeper = hybridlock.LockRegistry(proxy.url, retain_for=60.0)
+        other = make_registry()
+        try:
+            kept, wanted = keeper.obtain("deaf"), other.obtain("deaf")
+            with kept:
+                pass
+            started = time.monotonic()
+            assert wanted.acquire(timeout=5), "the keeper kept the lease idle through an announcement it never heard"
+            assert time.monotonic() - started < 4
+            wanted.release()
+        finally:
+            keeper.close()
+
+
+def test_a_keeper_whose_subscription_breaks_gives_its_retained_lease_back(make_registry, redis_client):
+    # Announcements made while the keeper's subscription is down go unheard: it must not keep the lease idle then.
+    keeper = make_registry(retain_for=60.0)
+    kept = keeper.obtain("broken")
+    with kept:
+        pass
+    assert kept.statistics().retained
+    redis_client.client_kill_filter(_type="pubsub")
+    assert _wait_for(lambda: not kept.statistics().holds_server_lease), "the retention outlived its subscription"

@@ -515,10 +515,40 @@ async def _give_back_retained_leases_at_exit() -> None:
 at_exit(_give_back_retained_leases_at_exit)
 
 
+# The locks held across a fork (see _hold_clients_before_fork), by the forking thread.
+_held_for_fork: list[Any] = []
+#: How long a fork waits for another thread to leave a client's connection pool (it never holds it longer than a
+#: few lines of the client library's code); past that it forks anyway.
+_FORK_PATIENCE = 5.0
+
+
+def _hold_clients_before_fork() -> None:
+    # A thread of a registry (its subscriber connecting, a renewal) inside a client's connection pool at fork time
+    # would leave the pool's lock held for ever in the child, whose first command would then hang: the forking thread
+    # holds those locks across the fork, and lets go of them on both sides.
+    seen: set[int] = set()
+    for registry in list(_live_registries):
+        guards = getattr(registry._context.backend, "fork_guards", None)
+        for lock in guards() if guards is not None else ():
+            if id(lock) not in seen and lock.acquire(timeout=_FORK_PATIENCE):
+                seen.add(id(lock))
+                _held_for_fork.append(lock)
+
+
+def _let_go_after_fork() -> None:
+    while _held_for_fork:
+        _held_for_fork.pop().release()
+
+
 def _reset_registries_in_child() -> None:
+    _let_go_after_fork()
     for registry in list(_live_registries):
         registry._after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_registries_in_child)
+    os.register_at_fork(
+        before=_hold_clients_before_fork,
+        after_in_parent=_let_go_after_fork,
+        after_in_child=_reset_registries_in_child,
+    )

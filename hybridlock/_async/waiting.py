@@ -408,11 +408,23 @@ async def _await_grant(
             return granted
 
 
+#: How long a holder that keeps its lease between tenancies (``retain_for``) waits, at its first acquire, for the
+#: server to confirm its subscription to the lock's announcements (about one round trip; a connection to make first
+#: takes a few).
+HEARD_WITHIN = 1.0
+
+
 async def contention_watch(context: LockContext, names: LockNames) -> AsyncReleaseWatch | None:
-    """A subscription that tells a holder passing the lock around when another owner wants it."""
+    """A subscription that tells a holder passing the lock around (or keeping its lease idle) when another owner
+    wants it. Returned once the server has confirmed it, or ``HEARD_WITHIN`` has passed: an owner that announced
+    itself before then would go unheard, and the lease kept idle for it to wait out (until then the watch counts as
+    contended, so nothing is kept)."""
     if context.config.lock_type != "pubsub":
         return None
-    return await context.backend.watch(names, context.client_id)
+    watch = await context.backend.watch(names, context.client_id)
+    if watch is not None:
+        await watch.heard(HEARD_WITHIN)
+    return watch
 
 
 async def release_remote(context: LockContext, names: LockNames) -> bool:

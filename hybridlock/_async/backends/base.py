@@ -47,8 +47,15 @@ class AsyncReleaseWatch(abc.ABC):
         it was (still open, nothing consumed)."""
 
     def contended(self) -> bool:
-        """Whether another owner announced, since the watch opened, that it failed to get the lock."""
+        """Whether another owner announced, since the watch opened, that it failed to get the lock (or may have: a
+        watch that cannot hear announcements yet, or for now, counts as contended)."""
         return False
+
+    async def heard(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until announcements on the lock's channel reach this watch (the server
+        confirmed the subscription); True if they do. False at once while the subscription is down after a failure
+        (waiting would cost every caller the whole timeout)."""
+        return True
 
     @abc.abstractmethod
     def close(self) -> None:

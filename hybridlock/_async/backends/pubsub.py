@@ -88,6 +88,7 @@ class Subscriber:
         self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
         self._epoch = 0  # bumped whenever a connection is (re-)established
         self._up = False  # the connection works and has not failed since it was established
+        self._failing = False  # the connection failed, and no new one has been made since
         self._pubsub: Any = None
         self._worker: AsyncWorker | None = None
         self._pause = _RECONNECT_INITIAL  # the listener's next pause after a failure
@@ -187,9 +188,17 @@ class Subscriber:
         if self._up:
             logger.info("hybridlock: pub/sub subscription lost (%s); waiters fall back to backoff", exc)
         self._up = False
+        self._failing = True
         self._subscribed.clear()
         self._unsubscribing.clear()  # a new connection starts with none of them subscribed
         self._cond.notify_all()  # waiters retry now and back off until we are up again
+        self._deaf_locked()
+
+    def _deaf_locked(self) -> None:
+        # Announcements made from now until the server confirms our subscriptions again go unheard: a lease kept
+        # idle on the strength of them must be looked at again (its watch now counts as contended).
+        for listener in self.wanted_listeners:
+            listener()
 
     def _new_pubsub(self) -> Any:
         pubsub = self._client.pubsub()
@@ -215,6 +224,7 @@ class Subscriber:
             self._epoch += 1
             self._subscribed.clear()
             self._cond.notify_all()
+            self._deaf_locked()
 
     async def _connect(self) -> None:
         with self._cond:
@@ -230,6 +240,7 @@ class Subscriber:
             await pubsub.ping()
         with self._cond:
             self._up = True
+            self._failing = False
             # A new connection (redis-py made the first one without calling our hook): a watch that noted the
             # epoch before the connection went down must not find it unchanged now.
             self._epoch += 1
@@ -436,10 +447,25 @@ class _RedisWatch(AsyncReleaseWatch):
         with self._subscriber._cond:
             return self._subscriber._channel_epoch(self._channel)
 
+    async def heard(self, timeout: float) -> bool:
+        sub = self._subscriber
+
+        def settled() -> bool:
+            return sub._channel_epoch(self._channel) is not None or sub._failing or sub._stopped
+
+        with sub._cond:
+            await sub._cond.wait_for(settled, timeout)
+            return sub._channel_epoch(self._channel) is not None
+
     def contended(self) -> bool:
         # Asked at every local hand-off, so no guard: one dict read is atomic, and a count that moved a moment ago
-        # is seen at the next release.
-        return self._subscriber._wanted.get(self._channel, self._wanted_seen) != self._wanted_seen
+        # is seen at the next release. Until the server has confirmed our subscription (a new one, or after a
+        # reconnection), an announcement would go unheard: count the lock as wanted, so that it is neither kept
+        # idle nor passed on locally on the strength of a silence nobody listened to.
+        sub = self._subscriber
+        if not sub._up or self._channel not in sub._subscribed:
+            return True
+        return sub._wanted.get(self._channel, self._wanted_seen) != self._wanted_seen
 
     async def wait(self, timeout: float) -> bool:
         sub = self._subscriber

@@ -27,8 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import logging
+import os
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import redis.asyncio
@@ -173,6 +177,13 @@ class ScriptRunner:
         # attempt when the connection failed outright; never after a timeout, which would double the wait.
         managed = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None) is not None
         self.failed_over: tuple[type[BaseException], ...] = (family.unavailable[0],) if managed else ()
+        # The hot calls (a lone script, a script with a blocking pop) go over connections the runner takes from the
+        # client's pool itself (see _exchange), where the client allows it (_own_pool); else through the client.
+        self._pool = None if managed else _own_pool(client, family)
+        self._response_error = family.response_error
+        self._spares: list[Any] = []  # connections of the pool kept between calls, each with no reply unread
+        self._spares_pid = os.getpid()
+        self._closed = False  # from then on, every connection goes back to the pool after its call
 
     def _digest(self, source: str) -> str:
         sha = self._sha.get(source)
@@ -253,10 +264,15 @@ class ScriptRunner:
     async def _run_then_pop_once(
         self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
     ) -> tuple[Any, Any] | None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.evalsha(self._digest(source), len(keys), *keys, *args)
-        pipe.blpop([box], timeout=timeout)
-        reply, popped = await pipe.execute(raise_on_error=False)
+        if self._pool is not None:
+            reply, popped = await self._exchange(
+                (("EVALSHA", self._digest(source), len(keys), *keys, *args), ("BLPOP", box, timeout))
+            )
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(self._digest(source), len(keys), *keys, *args)
+            pipe.blpop([box], timeout=timeout)
+            reply, popped = await pipe.execute(raise_on_error=False)
         if isinstance(reply, self._no_script):
             return None
         if isinstance(reply, Exception):
@@ -271,10 +287,123 @@ class ScriptRunner:
 
     async def _run_once(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         sha = self._digest(source)
+        if self._pool is not None:
+            (reply,) = await self._exchange((("EVALSHA", sha, len(keys), *keys, *args),))
+            if isinstance(reply, self._no_script):
+                (reply,) = await self._exchange((("EVAL", source, len(keys), *keys, *args),))
+            if isinstance(reply, BaseException):
+                raise reply
+            return reply
         try:
             return await self._client.evalsha(sha, len(keys), *keys, *args)
         except self._no_script:
             return await self._client.eval(source, len(keys), *keys, *args)
+
+    async def _exchange(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send ``commands`` in one write on a connection of the client's pool and read every reply, a reply that is
+        an error as its exception in its place. What the client's own ``execute_command`` (or a pipeline) does,
+        minus its per-call work (taking a connection from the pool and giving it back, its metrics), which cost
+        about half of a script call's client CPU: the runner keeps up to ``_SPARES`` connections between calls.
+
+        The same retry: the client's connection retries a dropped connection or a timeout as the client would
+        (``Retry`` on the connection), after dropping the connection. A connection cut off mid-call (an error, a
+        cancellation) is dropped by the client library's read, and goes back to the pool rather than to the
+        spares; the pool reconnects it at its next use."""
+        assert self._pool is not None
+        spares = self._spares
+        pid = os.getpid()
+        if pid != self._spares_pid:
+            spares.clear()  # a forked child: the parent's connections are not ours to use
+            self._spares_pid = pid
+        connection = spares.pop() if spares else await self._pool.take()
+        done = False
+        try:
+            replies: list[Any] = await connection.retry.call_with_retry(
+                partial(self._send_and_read, connection, commands), partial(_drop, connection)
+            )
+            done = True
+            return replies
+        finally:
+            if done and not self._closed and len(spares) < _SPARES:
+                spares.append(connection)
+            else:
+                await self._pool.give_back(connection)
+
+    async def _send_and_read(self, connection: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        if len(commands) == 1:
+            await connection.send_packed_command(connection.pack_command(*commands[0]))
+        else:
+            await connection.send_packed_command(connection.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except self._response_error as exc:  # (the reply was read whole: the connection is still in step)
+                replies.append(exc)
+        return replies
+
+    async def aclose(self) -> None:
+        """Give the connections kept between calls back to the client's pool (a call made later still works)."""
+        self._closed = True
+        spares, self._spares = self._spares, []
+        if self._pool is not None and self._spares_pid == os.getpid():
+            for connection in spares:
+                with contextlib.suppress(Exception):
+                    await self._pool.give_back(connection)
+
+
+# The types of a blocking client's pool lock (see AsyncRedisBackend.fork_guards).
+_THREAD_LOCKS = (type(threading.Lock()), type(threading.RLock()))
+
+#: The most connections a script runner keeps between calls (see ScriptRunner._exchange): as many threads (or tasks)
+#: as run scripts at once reuse them; the others go back to the pool.
+_SPARES = 4
+
+
+async def _drop(connection: Any, error: BaseException) -> None:
+    """What the client does to a connection before it retries a call that failed on it."""
+    await connection.disconnect()
+
+
+class _OwnPool:
+    """The calls ``ScriptRunner`` makes on a client's connection pool, spelled for the client library's version."""
+
+    __slots__ = ("_named", "_pool")
+
+    def __init__(self, pool: Any, named: bool) -> None:
+        self._pool = pool
+        self._named = named  # its get_connection needs a command name (redis-py before 5.3)
+
+    async def take(self) -> Any:
+        if self._named:
+            return await self._pool.get_connection("EVALSHA")
+        return await self._pool.get_connection()
+
+    async def give_back(self, connection: Any) -> None:
+        await self._pool.release(connection)
+
+
+def _own_pool(client: Any, family: ClientFamily) -> _OwnPool | None:
+    """The pool ``ScriptRunner`` may take connections from itself: that of a client of the library's own client
+    class (not a subclass from elsewhere, such as fakeredis's, nor a stand-in) that is not bound to one connection
+    (``single_connection_client``), whose connections have the calls it makes. None otherwise (the calls then go
+    through the client)."""
+    if type(client) not in (family.client, family.asyncio_client) or getattr(client, "connection", None) is not None:
+        return None
+    pool = getattr(client, "connection_pool", None)
+    connection_class = getattr(pool, "connection_class", None)
+    if pool is None:
+        return None
+    needed = ("pack_command", "pack_commands", "send_packed_command", "read_response", "disconnect")
+    if connection_class is None or not all(hasattr(connection_class, name) for name in needed):
+        return None
+    if not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
+        return None
+    try:
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):
+        return None
+    return _OwnPool(pool, parameter is not None and parameter.default is inspect.Parameter.empty)
 
 
 # Keys per RENEW script call (see AsyncRedisBackend.renew).
@@ -316,6 +445,14 @@ class AsyncRedisBackend(AsyncLockBackend):
         self._in_flight = 0
         self._idle = AsyncCondition()
         self._closed = False
+
+    def fork_guards(self) -> list[Any]:
+        """The thread lock of the client's connection pool, which the registry holds across a fork: a thread of ours
+        (the subscriber connecting, a renewal) inside the pool at fork time would leave it held for ever in the
+        child, whose first command would hang in the client library's reset of the pool. None for an asyncio
+        client, whose pool an asyncio lock guards."""
+        lock = getattr(getattr(self.client, "connection_pool", None), "_lock", None)
+        return [lock] if isinstance(lock, _THREAD_LOCKS) else []
 
     def after_fork_in_child(self) -> None:
         self._subscriber.after_fork_in_child()
@@ -837,6 +974,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         with self._idle:  # (see _translated: an operation ending from now on notifies)
             self._closed = True
         await self._subscriber.aclose()
+        await self._scripts.aclose()
         if self._owns_client:
             # A registry's close wakes its waiters, which then leave their queues on this client: closing it under
             # such a call would fail it with a raw socket error, not a hybridlock one. So let the calls under way
