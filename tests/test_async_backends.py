@@ -340,3 +340,66 @@ def test_a_valkey_asyncio_client_works(server: EmbeddedServer, redis_client: red
             await backend.aclose()
 
     run(body)
+
+
+def _quiet_asyncio_client(server: EmbeddedServer, **kwargs: object) -> redis.asyncio.Redis:
+    """An asyncio client with the settings that keep hybridlock's timeout promise (so it draws no warning)."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.backoff import NoBackoff
+
+    return redis.asyncio.Redis(
+        port=server.port,
+        socket_timeout=5,
+        socket_connect_timeout=5,
+        retry=AsyncRetry(NoBackoff(), 1),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_an_asyncio_single_connection_client_keeps_its_one_connection(server: EmbeddedServer) -> None:
+    # The asyncio client makes its single connection at its first command: the scripts must go through it then,
+    # not over connections the script runner would take from the pool.
+    async def main() -> int:
+        client = _quiet_asyncio_client(server, single_connection_client=True)
+        registry = hybridlock.AsyncLockRegistry(client)
+        try:
+            await client.ping()  # the client's one connection
+            lock = registry.obtain("one-connection")
+            for _ in range(5):
+                async with lock:
+                    assert lock.fencing_token is not None
+            pool = client.connection_pool
+            return len(pool._available_connections) + len(pool._in_use_connections)
+        finally:
+            await registry.aclose()
+            await client.aclose()
+
+    assert asyncio.run(main()) == 1
+
+
+def test_asyncio_lock_cycles_reuse_the_runners_connections(server: EmbeddedServer) -> None:
+    async def main() -> list[int]:
+        client = _quiet_asyncio_client(server)
+        registry = hybridlock.AsyncLockRegistry(client)
+        taken: list[int] = []
+        try:
+            lock = registry.obtain("spares")
+            async with lock:
+                pass
+            pool = client.connection_pool
+            get_connection = pool.get_connection
+
+            async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+                taken.append(1)
+                return await get_connection(*args, **kwargs)
+
+            pool.get_connection = counted  # type: ignore[method-assign]
+            for _ in range(20):
+                async with lock:
+                    pass
+        finally:
+            await registry.aclose()
+            await client.aclose()
+        return taken
+
+    assert asyncio.run(main()) == [], "an asyncio lock cycle took a connection from the pool"

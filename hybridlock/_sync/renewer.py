@@ -82,6 +82,10 @@ class LeaseRenewer:
         self._abandoned_until: float | None = None  # the earliest end of an abandoned hold still held (owners.py)
         self._linger = _IDLE_LINGER if self._renews else _WATCH_LINGER
         self._linger_until = 0.0  # (monotonic) when a worker lingering with nothing held ends
+        # (monotonic) when the registry last gave back its last lease: the worker ends only after a whole linger with
+        # nothing held since, so that a process that takes a lock now and then (a prefork worker's turn in a busy
+        # lock's queue) does not start a thread at every other acquire.
+        self._emptied_at = 0.0
         self._guard = new_guard()
         # The latest worker (it stays here after it ends, until the next one starts).
         self._worker: Worker | None = None
@@ -138,6 +142,7 @@ class LeaseRenewer:
 
     def nothing_held(self) -> None:
         """The registry's last lease was given back: let the worker end soon (it may be in a long sleep)."""
+        self._emptied_at = monotonic()
         if self._sleeping_with_leases:
             with self._guard:
                 if self._sleeping_with_leases and self._worker is not None:
@@ -235,6 +240,9 @@ class LeaseRenewer:
                 if not self._lingering:
                     self._lingering = True
                     self._linger_until = now + self._linger
+                elif now >= self._linger_until and self._emptied_at + self._linger > now:
+                    # Leases came and went during the linger: linger on from the last one given back.
+                    self._linger_until = self._emptied_at + self._linger
                 elif now >= self._linger_until:
                     self._live = False  # from here on, a new lease starts a new worker (see __init__)
                     if not leases:

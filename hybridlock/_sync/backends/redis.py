@@ -389,7 +389,10 @@ def _own_pool(client: Any, family: ClientFamily) -> _OwnPool | None:
     class (not a subclass from elsewhere, such as fakeredis's, nor a stand-in) that is not bound to one connection
     (``single_connection_client``), whose connections have the calls it makes. None otherwise (the calls then go
     through the client)."""
-    if type(client) not in (family.client, family.asyncio_client) or getattr(client, "connection", None) is not None:
+    if type(client) not in (family.client, family.asyncio_client):
+        return None
+    # (The asyncio client makes its single connection at its first command: none may be there yet.)
+    if getattr(client, "connection", None) is not None or getattr(client, "single_connection_client", False):
         return None
     pool = getattr(client, "connection_pool", None)
     connection_class = getattr(pool, "connection_class", None)
