@@ -421,6 +421,22 @@ def test_background_threads_end_when_idle_and_come_back_on_demand(make_registry)
         assert not lock.lost
 
 
+def test_a_lock_taken_now_and_then_keeps_one_renewer_thread(make_registry):
+    # A prefork worker's turns in a busy lock's queue: a short hold every 0.1 s. The renewer lingers a whole linger
+    # after the last lease given back; before, it ended at the end of a linger counted from its first look at an
+    # empty table, and a new thread started at nearly every other acquire.
+    registry = make_registry()
+    lock = registry.obtain("now-and-then")
+    renewer = registry._context.renewer
+    workers = set()
+    for _ in range(15):
+        with lock:
+            workers.add(id(renewer._worker))
+        time.sleep(0.1)
+    assert len(workers) == 1, f"{len(workers)} renewer threads for 15 holds 0.1 s apart"
+    assert _wait_until(lambda: "hybridlock-renewer-hybridlock" not in _hybridlock_threads(), 5)
+
+
 # -- a lease counts from the attempt that got it, a hold from the grant -------------------------------------------
 # Not from the start of acquire(): a wait longer than the lease would leave a lock just granted looking expired.
 
