@@ -1,0 +1,170 @@
+"""How fast a fair cross-process lock can be on this machine, and where hybridlock's client time goes against it.
+
+    python -m benchmarks.ring                        # 8 processes x 1 thread, 3 rounds of 4 s
+    python -m benchmarks.ring --processes 16 --rounds 5 --seconds 6
+
+Workload 15 (N single-threaded processes take turns on one key; the critical section is a non-atomic GET + SET of a
+Redis counter, which must come out exact), run in one session on one server for three contenders:
+
+* **redis-py** ``Lock``: a barging lock (the releasing process often takes it again at once);
+* **ring**: the floor of a fair hand-off through Redis, with no lock semantics at all: process i waits with
+  ``BLPOP`` on a list of its own and, after its critical section, ``LPUSH``es the next process's list (one command
+  per hand-off, no scripts, no lease, no queue, no fencing). Nothing can be fairer or cheaper per hand-off, so a fair
+  lock's throughput is bounded by it;
+* **hybridlock**'s ``LockRegistry`` (the direct grants of issue 20).
+
+Each process measures its own CPU time (``getrusage``: user + system, all its threads) over its cycles, and its main
+thread's CPU split into acquire, GET, SET and release (``time.thread_time`` around each). Reported per contender:
+cycles/s (median over rounds, and each round's ratio to redis-py's), the client CPU per cycle summed over the
+processes, the server's main-thread CPU per cycle (``INFO cpu``), and the split per cycle of the process that held
+the lock. Rounds interleave the contenders, so round i of each ran under the same load. Its own module, not part of
+``benchmarks.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import statistics
+import time
+from typing import Any
+
+import redis
+
+CONTENDERS = ("redis-py", "ring", "hybridlock")
+
+
+class _Ring:
+    """The fair floor: wait on our own list, hand over by pushing to the next process's."""
+
+    def __init__(self, client: redis.Redis, me: int, processes: int) -> None:
+        self._client = client
+        self._mine = f"ring:{me}"
+        self._next = f"ring:{(me + 1) % processes}"
+
+    def acquire(self) -> bool:
+        return self._client.blpop([self._mine], timeout=5) is not None
+
+    def release(self) -> None:
+        self._client.lpush(self._next, 1)
+
+
+def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds: float, out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    registry = None
+    if kind == "hybridlock":
+        import hybridlock
+
+        registry = hybridlock.LockRegistry(url)
+        lock: Any = registry.obtain("bench-ring")
+    elif kind == "redis-py":
+        lock = client.lock("bench-ring-rp", timeout=10)
+    else:
+        lock = _Ring(client, me, processes)
+    if kind != "ring":
+        for _ in range(3):  # connections made, scripts loaded
+            lock.acquire()
+            lock.release()
+    while time.time() < start:
+        time.sleep(0.001)
+    clock = time.thread_time
+    split = [0.0, 0.0, 0.0, 0.0]
+    cycles = 0
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    # The ring's last holder must not keep the token past the end (the others would wait for it): stop a little early.
+    end = start + seconds - (0.05 if kind == "ring" else 0.0)
+    while time.time() < end:
+        t0 = clock()
+        if not lock.acquire():
+            break
+        t1 = clock()
+        value = int(client.get("bench-ring-counter") or 0)
+        t2 = clock()
+        client.set("bench-ring-counter", value + 1)
+        t3 = clock()
+        lock.release()
+        t4 = clock()
+        cycles += 1
+        split[0] += t1 - t0
+        split[1] += t2 - t1
+        split[2] += t3 - t2
+        split[3] += t4 - t3
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    out.put((cycles, cpu, split))
+    if registry is not None:
+        registry.close()
+
+
+def _round(kind: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
+    client = redis.Redis.from_url(url)
+    client.set("bench-ring-counter", 0)
+    if kind == "ring":
+        client.delete(*[f"ring:{i}" for i in range(processes)])
+        client.lpush("ring:0", 1)
+    cpu_before = client.info("cpu")
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    start = time.time() + 1.5
+    workers = [
+        context.Process(target=_worker, args=(kind, url, i, processes, start, seconds, out)) for i in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    results = [out.get(timeout=seconds + 60) for _ in workers]
+    for worker in workers:
+        worker.join(30)
+    cpu_after = client.info("cpu")
+    cycles = sum(r[0] for r in results)
+    if int(client.get("bench-ring-counter") or 0) != cycles:
+        raise AssertionError(f"{kind}: the counter is not the number of cycles: the lock let two holders in")
+    server = sum(
+        cpu_after[f"used_cpu_{part}_main_thread"] - cpu_before[f"used_cpu_{part}_main_thread"]
+        for part in ("user", "sys")
+    )
+    split = [sum(r[2][i] for r in results) / cycles * 1e6 for i in range(4)]
+    return {
+        "cycles_per_s": cycles / seconds,
+        "client_cpu_us": sum(r[1] for r in results) / cycles * 1e6,
+        # (includes the 1.5 s of start-up before the round, when nothing runs)
+        "server_cpu_us": server / cycles * 1e6,
+        "split_us": split,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    from hybridlock.testing.server import EmbeddedServer
+
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in CONTENDERS}
+    with EmbeddedServer() as server:
+        for _ in range(args.rounds):
+            for kind in CONTENDERS:
+                rows[kind].append(_round(kind, server.url, args.processes, args.seconds))
+    print(f"{args.processes} processes x 1 thread, one key, {args.rounds} rounds of {args.seconds:g} s (medians)")
+    print(
+        "| contender | cycles/s | ÷ redis-py, round by round | client CPU µs/cycle | server CPU µs/cycle | "
+        "holder's acquire / GET / SET / release CPU µs |"
+    )
+    print("|---|---:|---|---:|---:|---|")
+    baseline = rows["redis-py"]
+    for kind in CONTENDERS:
+        rounds = rows[kind]
+        ratios = ", ".join(
+            f"{r['cycles_per_s'] / b['cycles_per_s']:.2f}" for r, b in zip(rounds, baseline, strict=True)
+        )
+        split = " / ".join(f"{statistics.median(r['split_us'][i] for r in rounds):.0f}" for i in range(4))
+        print(
+            f"| {kind} | {statistics.median(r['cycles_per_s'] for r in rounds):,.0f} | {ratios} | "
+            f"{statistics.median(r['client_cpu_us'] for r in rounds):,.0f} | "
+            f"{statistics.median(r['server_cpu_us'] for r in rounds):,.0f} | {split} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
