@@ -424,3 +424,50 @@ def test_clients_the_runner_does_not_take_connections_from_still_work(server, ho
     finally:
         registry.close()
         client.close()
+
+
+def test_a_kept_connection_the_server_closed_is_reconnected_before_the_next_call(server, redis_client):
+    # A client with no retry (the default of redis-py before 6): a kept connection that the server closed while it
+    # was idle (its `timeout`, a restart, CLIENT KILL) must be reconnected before it is used, as the pool does for a
+    # connection it hands out. Before the fix, the next acquire raised BackendUnavailableError.
+    client = quiet_redis(port=server.port, retry=Retry(NoBackoff(), 0))
+    registry = hybridlock.LockRegistry(client)
+    try:
+        lock = registry.obtain("stale")
+        with lock:
+            pass
+        assert redis_client.execute_command("CLIENT KILL TYPE normal SKIPME yes") >= 1
+        time.sleep(0.1)
+        for _ in range(5):
+            with lock:
+                assert lock.fencing_token is not None
+    finally:
+        registry.close()
+        client.close()
+
+
+def test_a_small_pool_keeps_room_for_the_clients_other_users(server):
+    # Kept connections count against the pool's limit: in a pool of 4, keeping them would leave none for the
+    # caller's own commands (before the fix: "No connection available" after four threads had used locks).
+    pool = redis.BlockingConnectionPool(port=server.port, max_connections=4, timeout=1, socket_timeout=5)
+    client = redis.Redis(connection_pool=pool, retry=Retry(NoBackoff(), 1))
+    registry = hybridlock.LockRegistry(client, lock_type="spin")
+    try:
+        locks = [registry.obtain(f"small-pool-{i}") for i in range(4)]
+        barrier = threading.Barrier(4)
+
+        def cycle(lock: hybridlock.HybridLock) -> None:
+            for _ in range(20):
+                barrier.wait(5)
+                with lock:
+                    pass
+
+        threads = [threading.Thread(target=cycle, args=(lock,)) for lock in locks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert client.ping()
+    finally:
+        registry.close()
+        client.close()

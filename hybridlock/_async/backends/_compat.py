@@ -8,6 +8,8 @@ clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backen
   clients' own pipelines cannot carry EVALSHA (the blocking one refuses it, and both would ask the server for the
   keys of every command first), so the commands go over the node's own connections.
 * ``node_pubsub_client``: a plain client for a subscriber connection to one node.
+* ``connection_ready``: the look a connection pool gives a connection before it hands it out, for one kept out of
+  the pool between calls (``ScriptRunner``); the asyncio connection spells its non-blocking read differently.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import redis.asyncio
 
-__all__ = ["cluster_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
+__all__ = ["cluster_ready", "connection_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
 
 
 async def cluster_ready(client: Any) -> None:
@@ -56,3 +58,19 @@ def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:
     kwargs = dict(node.connection_kwargs)
     pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, max_connections=2, **kwargs)
     return redis.asyncio.Redis(connection_pool=pool), True
+
+
+async def connection_ready(connection: Any) -> None:
+    """Make ``connection`` (kept out of its pool since its last call, every reply read) ready to send, as the pool's
+    own check does for one it hands out: a socket with something to read was closed by the server meanwhile (its idle
+    ``timeout``, a restart, ``CLIENT KILL``), and is reconnected. Raises the client's ConnectionError when the
+    server cannot be reached."""
+    await connection.connect()  # (nothing when connected; a connection the pool's disconnect() closed reconnects)
+    readable = getattr(connection, "can_read_destructive", None) or connection.can_read
+    try:
+        stale = await readable()
+    except Exception:  # (a socket closed by the server reads as an error here)
+        stale = True
+    if stale:
+        await connection.disconnect()
+        await connection.connect()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["cluster_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
+__all__ = ["cluster_ready", "connection_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
 
 
 def cluster_ready(client: Any) -> None:
@@ -32,3 +32,17 @@ def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:
     """The cluster client's own plain client of ``node`` (its pub/sub takes one connection from the node's pool),
     and False: the cluster client owns it."""
     return client.get_redis_connection(node), False
+
+
+def connection_ready(connection: Any) -> None:
+    """Make ``connection`` (kept out of its pool since its last call, every reply read) ready to send, as the pool's
+    own check does for one it hands out: a socket with something to read was closed by the server meanwhile, and is
+    reconnected. Raises the client's ConnectionError when the server cannot be reached."""
+    connection.connect()  # (nothing when connected; a connection the pool's disconnect() closed reconnects)
+    try:
+        stale = connection.can_read()
+    except Exception:  # (a socket closed by the server reads as an error here)
+        stale = True
+    if stale:
+        connection.disconnect()
+        connection.connect()

@@ -62,7 +62,8 @@ from ...errors import (
     InvalidArgumentError,
     ReplicationNotConfirmedError,
 )
-from .._compat import Condition, shielded, sleep
+from .._compat import Condition, new_guard, shielded, sleep
+from ._compat import connection_ready
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .pubsub import Subscriber
 
@@ -184,6 +185,7 @@ class ScriptRunner:
         self._response_error = family.response_error
         self._spares: list[Any] = []  # connections of the pool kept between calls, each with no reply unread
         self._spares_pid = os.getpid()
+        self._spares_guard = new_guard()  # over _spares and _closed (threads take and keep connections at once)
         self._closed = False  # from then on, every connection goes back to the pool after its call
 
     def _digest(self, source: str) -> str:
@@ -309,26 +311,40 @@ class ScriptRunner:
         The same retry: the client's connection retries a dropped connection or a timeout as the client would
         (``Retry`` on the connection), after dropping the connection. A connection cut off mid-call (an error, a
         cancellation) is dropped by the client library's read, and goes back to the pool rather than to the
-        spares; the pool reconnects it at its next use."""
-        assert self._pool is not None
-        spares = self._spares
+        spares; the pool reconnects it at its next use. A kept connection is looked at as the pool looks at one it
+        hands out (``connection_ready``): one the server closed meanwhile (its idle ``timeout``, a restart,
+        ``CLIENT KILL``) is reconnected before the call."""
+        pool = self._pool
+        assert pool is not None
         pid = os.getpid()
         if pid != self._spares_pid:
-            spares.clear()  # a forked child: the parent's connections are not ours to use
+            # A forked child: the parent's connections are not ours to use, and its guard may be held for ever.
+            self._spares_guard = new_guard()
+            self._spares = []
             self._spares_pid = pid
-        connection = spares.pop() if spares else self._pool.take()
+        with self._spares_guard:
+            connection = self._spares.pop() if self._spares else None
         done = False
         try:
+            if connection is None:
+                connection = pool.take()
+            else:
+                connection_ready(connection)
             replies: list[Any] = connection.retry.call_with_retry(
                 partial(self._send_and_read, connection, commands), partial(_drop, connection)
             )
             done = True
             return replies
         finally:
-            if done and not self._closed and len(spares) < _SPARES:
-                spares.append(connection)
-            else:
-                self._pool.give_back(connection)
+            if connection is not None:
+                kept = False
+                if done:
+                    with self._spares_guard:
+                        kept = not self._closed and len(self._spares) < pool.keep and self._spares_pid == pid
+                        if kept:
+                            self._spares.append(connection)
+                if not kept:
+                    pool.give_back(connection)
 
     def _send_and_read(self, connection: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
         if len(commands) == 1:
@@ -345,8 +361,9 @@ class ScriptRunner:
 
     def close(self) -> None:
         """Give the connections kept between calls back to the client's pool (a call made later still works)."""
-        self._closed = True
-        spares, self._spares = self._spares, []
+        with self._spares_guard:
+            self._closed = True
+            spares, self._spares = self._spares, []
         if self._pool is not None and self._spares_pid == os.getpid():
             for connection in spares:
                 with contextlib.suppress(Exception):
@@ -357,8 +374,11 @@ class ScriptRunner:
 _THREAD_LOCKS = (type(threading.Lock()), type(threading.RLock()))
 
 #: The most connections a script runner keeps between calls (see ScriptRunner._exchange): as many threads (or tasks)
-#: as run scripts at once reuse them; the others go back to the pool.
+#: as run scripts at once reuse them; the others go back to the pool. Never more than an eighth of a pool's limit
+#: (``max_connections``), so that the client's other users (and the registry's subscriber) still find connections
+#: in a small pool: none are kept in a pool of fewer than 8.
 _SPARES = 4
+_SPARES_SHARE = 8
 
 
 def _drop(connection: Any, error: BaseException) -> None:
@@ -369,11 +389,14 @@ def _drop(connection: Any, error: BaseException) -> None:
 class _OwnPool:
     """The calls ``ScriptRunner`` makes on a client's connection pool, spelled for the client library's version."""
 
-    __slots__ = ("_named", "_pool")
+    __slots__ = ("_named", "_pool", "keep")
 
     def __init__(self, pool: Any, named: bool) -> None:
         self._pool = pool
         self._named = named  # its get_connection needs a command name (redis-py before 5.3)
+        limit = getattr(pool, "max_connections", None)
+        #: How many connections of this pool the runner may keep between calls.
+        self.keep = _SPARES if not isinstance(limit, int) else max(0, min(_SPARES, limit // _SPARES_SHARE))
 
     def take(self) -> Any:
         if self._named:
