@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -516,8 +517,8 @@ def _give_back_retained_leases_at_exit() -> None:
 at_exit(_give_back_retained_leases_at_exit)
 
 
-# The locks held across a fork (see _hold_clients_before_fork), by the forking thread.
-_held_for_fork: list[Any] = []
+# The locks held across a fork (see _hold_clients_before_fork), by each forking thread (two threads may fork at once).
+_forking = threading.local()
 #: How long a fork waits for another thread to leave a client's connection pool (it never holds it longer than a
 #: few lines of the client library's code); past that it forks anyway.
 _FORK_PATIENCE = 5.0
@@ -527,18 +528,21 @@ def _hold_clients_before_fork() -> None:
     # A thread of a registry (its subscriber connecting, a renewal) inside a client's connection pool at fork time
     # would leave the pool's lock held for ever in the child, whose first command would then hang: the forking thread
     # holds those locks across the fork, and lets go of them on both sides.
+    held: list[Any] = []
+    _forking.held = held
     seen: set[int] = set()
     for registry in list(_live_registries):
         guards = getattr(registry._context.backend, "fork_guards", None)
         for lock in guards() if guards is not None else ():
             if id(lock) not in seen and lock.acquire(timeout=_FORK_PATIENCE):
                 seen.add(id(lock))
-                _held_for_fork.append(lock)
+                held.append(lock)
 
 
 def _let_go_after_fork() -> None:
-    while _held_for_fork:
-        _held_for_fork.pop().release()
+    held: list[Any] = getattr(_forking, "held", [])
+    while held:
+        held.pop().release()
 
 
 def _reset_registries_in_child() -> None:
