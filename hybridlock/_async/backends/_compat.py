@@ -60,16 +60,18 @@ def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:
     return redis.asyncio.Redis(connection_pool=pool), True
 
 
-async def connection_ready(connection: Any) -> None:
+async def connection_ready(connection: Any, unavailable: tuple[type[BaseException], ...]) -> None:
     """Make ``connection`` (kept out of its pool since its last call, every reply read) ready to send, as the pool's
     own check does for one it hands out: a socket with something to read was closed by the server meanwhile (its idle
-    ``timeout``, a restart, ``CLIENT KILL``), and is reconnected. Raises the client's ConnectionError when the
-    server cannot be reached."""
+    ``timeout``, a restart, ``CLIENT KILL``), and is reconnected. ``unavailable``: the client library's errors for a
+    connection that failed, raised when the server cannot be reached. (The non-blocking read is ``can_read`` in
+    redis-py 8, ``can_read_destructive`` in redis-py 4.5 to 7 and valkey-py.)"""
     await connection.connect()  # (nothing when connected; a connection the pool's disconnect() closed reconnects)
-    readable = getattr(connection, "can_read_destructive", None) or connection.can_read
+    readable = getattr(connection, "can_read", None) or connection.can_read_destructive
+    failed: tuple[type[BaseException], ...] = (*unavailable, OSError)
     try:
         stale = await readable()
-    except Exception:  # (a socket closed by the server reads as an error here)
+    except failed:  # (a socket closed by the server reads as an error here)
         stale = True
     if stale:
         await connection.disconnect()

@@ -34,14 +34,16 @@ def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:
     return client.get_redis_connection(node), False
 
 
-def connection_ready(connection: Any) -> None:
+def connection_ready(connection: Any, unavailable: tuple[type[BaseException], ...]) -> None:
     """Make ``connection`` (kept out of its pool since its last call, every reply read) ready to send, as the pool's
     own check does for one it hands out: a socket with something to read was closed by the server meanwhile, and is
-    reconnected. Raises the client's ConnectionError when the server cannot be reached."""
+    reconnected. ``unavailable``: the client library's errors for a connection that failed, raised when the server
+    cannot be reached."""
     connection.connect()  # (nothing when connected; a connection the pool's disconnect() closed reconnects)
+    failed: tuple[type[BaseException], ...] = (*unavailable, OSError)
     try:
         stale = connection.can_read()
-    except Exception:  # (a socket closed by the server reads as an error here)
+    except failed:  # (a socket closed by the server reads as an error here)
         stale = True
     if stale:
         connection.disconnect()

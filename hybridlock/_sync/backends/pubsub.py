@@ -434,6 +434,9 @@ class _RedisWatch(ReleaseWatch):
         self._seen = self._releases()
         self._wanted_seen = subscriber._wanted[channel]
         self._state = subscriber._channel_epoch(channel)
+        # The confirmed subscription this watch has heard announcements through since it was made (None: none yet,
+        # see heard()). Another one (a reconnection) means announcements may have gone unheard in between.
+        self._heard_epoch = self._state
         self._closed = False
 
     def _releases(self) -> tuple[int, int]:
@@ -456,15 +459,19 @@ class _RedisWatch(ReleaseWatch):
 
         with sub._cond:
             sub._cond.wait_for(settled, timeout)
-            return sub._channel_epoch(self._channel) is not None
+            epoch = sub._channel_epoch(self._channel)
+            if self._heard_epoch is None:
+                self._heard_epoch = epoch
+            return epoch is not None and epoch == self._heard_epoch
 
     def contended(self) -> bool:
         # Asked at every local hand-off, so no guard: one dict read is atomic, and a count that moved a moment ago
-        # is seen at the next release. Until the server has confirmed our subscription (a new one, or after a
-        # reconnection), an announcement would go unheard: count the lock as wanted, so that it is neither kept
-        # idle nor passed on locally on the strength of a silence nobody listened to.
+        # is seen at the next release. Until the server has confirmed our subscription, and from the moment it
+        # breaks or is made again (a reconnection: announcements in between went unheard), count the lock as wanted,
+        # so that it is neither kept idle nor passed on locally on the strength of a silence nobody listened to.
         sub = self._subscriber
-        if not sub._up or self._channel not in sub._subscribed:
+        heard = self._heard_epoch
+        if heard is None or not sub._up or sub._epoch != heard or self._channel not in sub._subscribed:
             return True
         return sub._wanted.get(self._channel, self._wanted_seen) != self._wanted_seen
 

@@ -183,6 +183,7 @@ class ScriptRunner:
         # client's pool itself (see _exchange), where the client allows it (_own_pool); else through the client.
         self._pool = None if managed else _own_pool(client, family)
         self._response_error = family.response_error
+        self._unavailable = family.unavailable
         self._spares: list[Any] = []  # connections of the pool kept between calls, each with no reply unread
         self._spares_pid = os.getpid()
         self._spares_guard = new_guard()  # over _spares and _closed (threads take and keep connections at once)
@@ -329,7 +330,7 @@ class ScriptRunner:
             if connection is None:
                 connection = pool.take()
             else:
-                connection_ready(connection)
+                connection_ready(connection, self._unavailable)
             replies: list[Any] = connection.retry.call_with_retry(
                 partial(self._send_and_read, connection, commands), partial(_drop, connection)
             )
