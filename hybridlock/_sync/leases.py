@@ -36,6 +36,7 @@ class HeldLease(Protocol):
     _acquired_at: float | None
     _valid_until: float | None
     _retained_until: float | None  # set while the lease is kept idle (retain_for)
+    _giving_back: bool  # its release in the server is under way
     _granted_wall: float | None  # when the server granted the tenancy (time.time())
     _fencing_token: int | None
     _abandoned: bool  # every holder here ended without releasing it (owners.py)
@@ -105,9 +106,13 @@ class LeaseTable:
             renewer.nothing_held()  # so that its thread can end soon instead of sleeping a whole period
 
     def held(self) -> list[HeldLease]:
-        """Leases some thread holds right now (not those kept idle by ``retain_for``)."""
+        """Leases some thread holds right now: not those kept idle by ``retain_for``, nor those whose release is
+        under way (the reaper giving back an idle lease stays listed until the server answers, and the key may be
+        gone already)."""
         with self._mutex:
-            return [lease for lease in self._held.values() if lease._retained_until is None]
+            return [
+                lease for lease in self._held.values() if lease._retained_until is None and not lease._giving_back
+            ]
 
     def in_server(self) -> list[HeldLease]:
         """Every lease held in the server, retained ones included (for the renewer)."""
