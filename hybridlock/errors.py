@@ -104,7 +104,9 @@ class LockLostError(HybridLockError, RuntimeError):
 
 
 class LockTimeoutError(HybridLockError, TimeoutError):
-    """A wait for a lock ran out of time where the API promises the lock or an exception."""
+    """A wait for a lock ran out of time where the API promises the lock or an exception: ``with lock(timeout=5):``
+    (``async with`` too), ``with lock.acquire(timeout=5):`` on the thread side, ``synchronized`` and
+    ``execute_locked``. The message says how long the wait was; nothing is left held."""
 
 
 class BackendUnavailableError(HybridLockError, ConnectionError):

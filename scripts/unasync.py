@@ -65,6 +65,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncQuorumLockRegistry", "QuorumLockRegistry"),
     ("AsyncHybridLock", "HybridLock"),
     ("AsyncJavaStyleLock", "JavaStyleLock"),
+    ("AsyncTimedHold", "TimedHold"),
     ("AsyncReadWriteLock", "ReadWriteLock"),
     ("AsyncReadLock", "ReadLock"),
     ("AsyncWriteLock", "WriteLock"),

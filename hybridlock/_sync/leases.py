@@ -110,9 +110,7 @@ class LeaseTable:
         under way (the reaper giving back an idle lease stays listed until the server answers, and the key may be
         gone already)."""
         with self._mutex:
-            return [
-                lease for lease in self._held.values() if lease._retained_until is None and not lease._giving_back
-            ]
+            return [lease for lease in self._held.values() if lease._retained_until is None and not lease._giving_back]
 
     def in_server(self) -> list[HeldLease]:
         """Every lease held in the server, retained ones included (for the renewer)."""

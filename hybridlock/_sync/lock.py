@@ -34,7 +34,7 @@ import socket
 from dataclasses import dataclass
 from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._core.config import validate_timeout
 from .._core.names import LockNames
@@ -44,6 +44,7 @@ from ..errors import (
     InvalidArgumentError,
     LockLostError,
     LockNotOwnedError,
+    LockTimeoutError,
 )
 from ._compat import (
     FifoMutex,
@@ -66,7 +67,7 @@ from .waiting import WaitHint, acquire_remote, contention_watch, release_remote
 if TYPE_CHECKING:
     from .context import LockContext
 
-__all__ = ["HybridLock", "JavaStyleLock", "LockStatistics"]
+__all__ = ["HybridLock", "JavaStyleLock", "TimedHold", "LockStatistics"]
 
 logger = logging.getLogger("hybridlock.lock")
 
@@ -156,6 +157,51 @@ class JavaStyleLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+    def __call__(self: _L, timeout: float | None = None, *, blocking: bool = True) -> TimedHold[_L]:
+        """``with lock(timeout=5):`` runs the block holding the lock, taken within ``timeout`` seconds, and
+        releases it at the block's end; when the lock was not acquired in time the block does not run and
+        ``LockTimeoutError`` (a ``TimeoutError``) names the key, the server and the time waited.
+
+        ``timeout`` None waits as long as it takes (as ``with lock:`` does); ``blocking=False`` takes the
+        lock only if it is free now. Bad arguments raise ``InvalidArgumentError`` here, before anything is
+        taken. The value of ``with lock(...) as held:`` is the lock."""
+        wait = -1 if timeout is None else timeout
+        validate_timeout(blocking, wait)
+        return TimedHold(self, blocking, wait)
+
+
+class TimedHold(Generic[_L]):
+    """What ``lock(timeout=...)`` returns: an asynchronous context manager that takes ``lock`` within the timeout
+    or raises ``LockTimeoutError``, and releases it at the block's end. Single use, like the ``with`` it is for."""
+
+    __slots__ = ("_blocking", "_lock", "_timeout")
+
+    def __init__(self, lock: _L, blocking: bool, timeout: float) -> None:
+        self._lock = lock
+        self._blocking = blocking
+        self._timeout = timeout
+
+    def __enter__(self) -> _L:
+        lock = self._lock
+        start = monotonic()
+        if lock._acquire_from(caller_frame(), self._blocking, self._timeout):
+            return lock
+        waited = monotonic() - start
+        keys: list[str] = getattr(lock, "keys", None) or [lock.key]  # type: ignore[attr-defined]
+        what = f"lock {keys[0]!r}" if len(keys) == 1 else f"locks {keys!r} (all or none)"
+        if not self._blocking:
+            message = f"{what} busy: not acquired (blocking=False)"
+        else:
+            message = f"{what} not acquired within {self._timeout:g} s (waited {waited:.3f} s)"
+        message += "; the with-block did not run"
+        raise LockTimeoutError(message, key=keys[0], server=lock._context.server)  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self._lock!r} timeout={self._timeout!r} blocking={self._blocking!r}>"
 
 
 class HybridLock(ServerLease, JavaStyleLock):

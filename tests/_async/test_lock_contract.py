@@ -120,6 +120,63 @@ async def test_held_elsewhere_non_blocking_and_timed_acquires_fail(backend: Back
 
 
 @kinds()
+async def test_with_lock_timeout_holds_the_lock_or_raises_lock_timeout_error(backend: Backend, kind: Kind) -> None:
+    async with backend:
+        registry = backend.registry()
+        lock = kind.make(registry, "k")
+        async with lock(timeout=5) as held:
+            assert held is lock and lock.is_held_by_current_task()
+        assert not lock.is_held_by_current_task()
+        async with lock(blocking=False), lock(timeout=0):  # free now; then reentrant
+            assert lock.is_held_by_current_task()
+        assert not lock.is_held_by_current_task()
+        for holder_registry in [registry, backend.registry()] if backend.shared else [registry]:
+            async with Holder(kind.rival(holder_registry, "k")):
+                ran: list[bool] = []
+                start = time.monotonic()
+                with pytest.raises(hybridlock.LockTimeoutError) as caught:
+                    async with lock(timeout=0.2):
+                        ran.append(True)
+                elapsed = time.monotonic() - start
+                assert ran == [], "the with-block ran without the lock"
+                assert 0.15 <= elapsed <= 2.0, f"lock(timeout=0.2) took {elapsed:.3f}s"
+                assert isinstance(caught.value, TimeoutError)
+                keys = getattr(lock, "keys", None) or [lock.key]  # (a multi-key lock names all its keys)
+                assert caught.value.key in keys and caught.value.server == registry.server
+                assert "within 0.2 s (waited 0." in str(caught.value)
+                assert all(repr(key) in str(caught.value) for key in keys)
+                with pytest.raises(hybridlock.LockTimeoutError, match=r"blocking=False"):
+                    async with lock(blocking=False):
+                        ran.append(True)
+                assert ran == [] and not lock.is_held_by_current_task()
+        async with lock(timeout=5):  # nothing was left behind by the refusals
+            pass
+        assert await in_other(lambda: take_and_give_back(lock)) is True
+
+
+@kinds()
+async def test_with_lock_timeout_releases_when_the_block_raises(backend: Backend, kind: Kind) -> None:
+    async with backend:
+        lock = kind.make(backend.registry(), "k")
+        with pytest.raises(KeyError):
+            async with lock(timeout=5):
+                raise KeyError("boom")
+        assert not lock.is_held_by_current_task()
+        assert await in_other(lambda: take_and_give_back(lock)) is True
+
+
+@kinds()
+async def test_with_lock_timeout_refuses_bad_arguments_before_taking_anything(backend: Backend, kind: Kind) -> None:
+    async with backend:
+        lock = kind.make(backend.registry(), "k")
+        for bad in ({"timeout": -2}, {"timeout": float("nan")}, {"timeout": "5"}, {"timeout": 1, "blocking": False}):
+            with pytest.raises(hybridlock.InvalidArgumentError):
+                lock(**bad)
+        assert not lock.is_held_by_current_task()
+        assert await in_other(lambda: take_and_give_back(lock)) is True
+
+
+@kinds()
 async def test_a_waiting_acquire_gets_the_lock_when_it_is_released(backend: Backend, kind: Kind) -> None:
     async with backend:
         registry = backend.registry()
