@@ -373,3 +373,42 @@ def test_a_keeper_whose_subscription_breaks_gives_its_retained_lease_back(make_r
     assert kept.statistics().retained
     redis_client.client_kill_filter(_type="pubsub")
     assert _wait_for(lambda: not kept.statistics().holds_server_lease), "the retention outlived its subscription"
+
+
+def test_an_owner_refused_between_the_keepers_acquire_and_its_subscription_still_ends_the_retention(
+    make_registry, redis_client
+):
+    # The keeper's acquire script has run (the key is ours) and its subscription is not yet asked for: an owner
+    # refused in that instant announces itself to nobody, and only its place in the server's queue is left. Made
+    # deterministic by running the other owner's refused attempt just before the keeper subscribes. Before the fix,
+    # the keeper kept the lease idle and the other owner waited out the 60 s retention.
+    keeper = make_registry(retain_for=60.0)
+    other = make_registry()
+    kept, wanted = keeper.obtain("gap"), other.obtain("gap")
+    backend = keeper._context.backend
+    real_watch = backend.watch
+    results: list[bool] = []
+    waiter: list[threading.Thread] = []
+
+    def take_and_give_back() -> None:
+        results.append(wanted.acquire(timeout=10))
+        if results[-1]:
+            wanted.release()
+
+    def watch_after_a_refusal(names, owner):  # type: ignore[no-untyped-def]
+        if not waiter:
+            waiter.append(threading.Thread(target=take_and_give_back, daemon=True))
+            waiter[0].start()
+            assert _wait_for(lambda: redis_client.zcard("hybridlock:{gap}:queue") > 0), "the other owner never queued"
+        return real_watch(names, owner)
+
+    backend.watch = watch_after_a_refusal  # type: ignore[method-assign]
+    try:
+        with kept:
+            pass
+        started = time.monotonic()
+        waiter[0].join(10)
+        assert results == [True], "the keeper kept the lease idle for an owner it could not hear"
+        assert time.monotonic() - started < 3.0
+    finally:
+        del backend.watch

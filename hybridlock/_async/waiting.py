@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from .context import LockContext
 
-__all__ = ["Grant", "WaitHint", "acquire_remote", "contention_watch", "release_remote"]
+__all__ = ["Grant", "WaitHint", "acquire_remote", "contention_watch", "release_remote", "wanted_before_heard"]
 
 
 class Grant(NamedTuple):
@@ -425,6 +425,13 @@ async def contention_watch(context: LockContext, names: LockNames) -> AsyncRelea
     if watch is not None:
         await watch.heard(HEARD_WITHIN)
     return watch
+
+
+async def wanted_before_heard(context: LockContext, names: LockNames, watch: AsyncReleaseWatch | None) -> bool:
+    """Whether an owner wanted the lock before ``watch`` could hear its announcement, which then went to nobody: its
+    place in the server's queue is what is left of it. Asked once per tenancy, when a holder starts to watch after
+    its acquire (one round trip). False while the watch is unconfirmed: it counts as contended by itself then."""
+    return watch is not None and await watch.heard(0) and await context.backend.has_waiters(names)
 
 
 async def release_remote(context: LockContext, names: LockNames) -> bool:

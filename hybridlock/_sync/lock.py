@@ -62,7 +62,7 @@ from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site, site_text
-from .waiting import WaitHint, acquire_remote, contention_watch, release_remote
+from .waiting import WaitHint, acquire_remote, contention_watch, release_remote, wanted_before_heard
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -482,7 +482,15 @@ class HybridLock(ServerLease, JavaStyleLock):
         if self._context.config.retain_for and self._contention_watch is None:
             # Listen for other owners' announcements from the start, so that one made while we hold the lock ends
             # a retention at once instead of at its deadline.
-            self._contention_watch = contention_watch(self._context, self._names)
+            self._watch_for_contention()
+
+    def _watch_for_contention(self) -> None:
+        """Start listening for other owners' announcements in this tenancy. One refused between our acquire (or
+        the tenancy's start) and the watch's confirmation announced itself to nobody: its place in the queue tells
+        (see ``waiting.wanted_before_heard``)."""
+        watch = self._contention_watch = contention_watch(self._context, self._names)
+        if not self._contended and wanted_before_heard(self._context, self._names, watch):
+            self._contended = True
 
     def _abandon(self) -> None:
         """Give up a tenancy whose ``acquire`` was interrupted after the server granted it, before it returned:
@@ -546,11 +554,21 @@ class HybridLock(ServerLease, JavaStyleLock):
         owner is known to want the lock (it failed to get it: the acquire script told us at the start of the
         tenancy, or its announcement reached our subscription since). A lease is never kept idle (``retain_for``)
         for a contended lock: the caller checks ``_contended`` after this."""
-        config = self._context.config
         watch = self._contention_watch
         if watch is not None and not self._contended and watch.contended():
             self._contended = True
-        if not may_keep_lease(
+        if not self._within_budget(now):
+            return False
+        if watch is None:
+            # First pass of this tenancy: start listening for other owners' "wanted" announcements. If that finds
+            # an owner waiting since before we listened, the contended budget applies from now.
+            self._watch_for_contention()
+            return not self._contended or self._within_budget(now)
+        return True
+
+    def _within_budget(self, now: float) -> bool:
+        config = self._context.config
+        return may_keep_lease(
             lost=self._lost,
             in_server=self._in_server,
             contended=self._contended,
@@ -560,12 +578,7 @@ class HybridLock(ServerLease, JavaStyleLock):
             handoff_limit=config.handoff_limit,
             handoff_window=config.handoff_window,
             contended_window=config.handoff_contended_window,
-        ):
-            return False
-        if watch is None:
-            # First pass of this tenancy: start listening for other owners' "wanted" announcements.
-            self._contention_watch = contention_watch(self._context, self._names)
-        return True
+        )
 
     def _release_fully(self) -> None:
         self.last_used = now = monotonic()

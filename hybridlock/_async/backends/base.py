@@ -203,6 +203,12 @@ class AsyncLockBackend(abc.ABC):
     async def is_read_locked(self, names: ReadWriteNames) -> bool:
         """Whether any owner holds a live read hold of the read-write lock ``names``."""
 
+    async def has_waiters(self, names: LockNames) -> bool:
+        """Whether another owner has a place in ``names.lock``'s queue (it was refused and waits, or did not leave
+        its place yet). Asked by a holder once its watch is confirmed, for an owner refused before it was (whose
+        announcement nobody heard). Backends whose ``watch`` is None are never asked."""
+        return False
+
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         """Start watching ``names`` for releases meant for ``owner`` (addressed to it as the queue's head, or to
         everyone), or None when this backend cannot notify (callers then back off and retry at the holder's lease

@@ -278,6 +278,10 @@ class AsyncMemoryBackend(AsyncLockBackend):
         with self._cond:
             return self._live_entry(names.lock, monotonic()) is not None
 
+    async def has_waiters(self, names: LockNames) -> bool:
+        with self._cond:
+            return bool(self._queue(names, monotonic()))
+
     async def is_read_locked(self, names: ReadWriteNames) -> bool:
         with self._cond:
             return bool(self._pruned(self._readers.get(names.readers, {}), monotonic()))

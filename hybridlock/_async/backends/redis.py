@@ -962,6 +962,13 @@ class AsyncRedisBackend(AsyncLockBackend):
             except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
                 return bool(await self.client.exists(names.lock))
 
+    async def has_waiters(self, names: LockNames) -> bool:
+        async with self._translated(names, "queue query"):
+            try:
+                return bool(await self.client.zcard(names.queue))
+            except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
+                return bool(await self.client.zcard(names.queue))
+
     async def is_read_locked(self, names: ReadWriteNames) -> bool:
         async with self._translated(names, "read lock query"):
             return bool(await self._scripts.run(scripts.READ_HELD, (names.readers,), ()))

@@ -279,6 +279,10 @@ class MemoryBackend(LockBackend):
         with self._cond:
             return self._live_entry(names.lock, monotonic()) is not None
 
+    def has_waiters(self, names: LockNames) -> bool:
+        with self._cond:
+            return bool(self._queue(names, monotonic()))
+
     def is_read_locked(self, names: ReadWriteNames) -> bool:
         with self._cond:
             return bool(self._pruned(self._readers.get(names.readers, {}), monotonic()))

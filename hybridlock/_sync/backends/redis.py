@@ -963,6 +963,13 @@ class RedisBackend(LockBackend):
             except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
                 return bool(self.client.exists(names.lock))
 
+    def has_waiters(self, names: LockNames) -> bool:
+        with self._translated(names, "queue query"):
+            try:
+                return bool(self.client.zcard(names.queue))
+            except self._scripts.failed_over:  # once more after a failover, as for scripts (see ScriptRunner)
+                return bool(self.client.zcard(names.queue))
+
     def is_read_locked(self, names: ReadWriteNames) -> bool:
         with self._translated(names, "read lock query"):
             return bool(self._scripts.run(scripts.READ_HELD, (names.readers,), ()))
