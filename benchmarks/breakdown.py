@@ -53,7 +53,7 @@ from benchmarks import contenders
 from benchmarks.contenders import CONTENDERS, CountingConnection, contender_available, make_session
 from benchmarks.measure import Counter, percentile
 from benchmarks.run import _load
-from benchmarks.workloads import _SLACK, FULL, Settings, _collect, _cycle, _reap, _recv
+from benchmarks.workloads.base import _SLACK, FULL, Settings, _collect, _cycle, _reap, _recv
 from hybridlock.testing.server import EmbeddedServer, ServerNotFoundError
 
 #: Hand-offs at the start left out of the numbers: connections, scripts and subscriptions being set up.

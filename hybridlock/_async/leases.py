@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from .._core.config import MIN_LEASE, lease_ms, validate_seconds
 from .._core.names import LockNames
 from ..errors import BackendUnavailableError, LockLostError, LockNotOwnedError, ReplicationNotConfirmedError
 from ._compat import monotonic, new_guard
-
-if TYPE_CHECKING:
-    from .context import LockContext
-    from .owners import Site
+from .roles import HeldLease, TableContext
 
 __all__ = ["HeldLease", "LeaseTable", "LostCallback"]
 
@@ -27,43 +24,8 @@ logger = logging.getLogger("hybridlock.lock")
 LostCallback = Callable[[Any], Any]
 
 
-class HeldLease(Protocol):
-    """What the table and the renewer need of anything holding a lease: a plain lock, or a read-write half."""
-
-    _names: LockNames  # ``_names.lock`` is the server key the lease lives in
-    _tenancy: int  # counts server tenancies; results for an earlier one are ignored
-    _acquired_at: float | None
-    _valid_until: float | None
-    _retained_until: float | None  # set while the lease is kept idle (retain_for)
-    _giving_back: bool  # its release in the server is under way
-    _granted_wall: float | None  # when the server granted the tenancy (time.time())
-    _fencing_token: int | None
-    _abandoned: bool  # every holder here ended without releasing it (owners.py)
-    _abandoned_by: tuple[object, Site] | None
-
-    @property
-    def key(self) -> str: ...
-
-    @property
-    def lost(self) -> bool: ...
-
-    def _holder(self) -> object | None: ...
-
-    def _holders_gone(self) -> bool: ...
-
-    def _holder_site(self) -> Site: ...
-
-    def _find_abandoned(self) -> list[tuple[object, Site]]: ...
-
-    async def _end_abandoned(self) -> None: ...
-
-    async def _mark_lost(self, tenancy: int) -> None: ...
-
-    def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
-
-
 class LeaseTable:
-    def __init__(self, context: LockContext, lost_callbacks: list[LostCallback] | None = None) -> None:
+    def __init__(self, context: TableContext, lost_callbacks: list[LostCallback] | None = None) -> None:
         self._context = context
         self._mutex = new_guard()
         self._held: dict[str, HeldLease] = {}

@@ -34,21 +34,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from types import CodeType, FrameType
-from typing import TYPE_CHECKING, TypeAlias
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from ._compat import OWNER_ENDED, OWNER_KIND, owner_name
+from .roles import Site
 
 if TYPE_CHECKING:
-    from .context import LockContext
-    from .leases import HeldLease
+    from .roles import HeldLease, PieceContext
 
 __all__ = ["Site", "caller_frame", "caller_site", "site_text", "watch_owner"]
 
 logger = logging.getLogger("hybridlock.lock")
-
-#: Where a holder took its lock: the code and the instruction offset (``f_lasti``) of the calling frame.
-Site: TypeAlias = "tuple[CodeType, int] | None"
 
 
 def caller_frame() -> FrameType | None:
@@ -104,7 +101,7 @@ def site_text(site: Site) -> str | None:
     return f"{code.co_filename}:{line or code.co_firstlineno}"
 
 
-async def watch_owner(lease: HeldLease, context: LockContext, now: float) -> bool:
+async def watch_owner(lease: HeldLease, context: PieceContext, now: float) -> bool:
     """Look at ``lease``'s holders here (from the registry's worker, at ``now``): report holders that are gone
     (once), and end an abandoned hold whose lease has run out. Returns whether the hold is abandoned (and so must
     not be renewed)."""
@@ -124,7 +121,7 @@ async def watch_owner(lease: HeldLease, context: LockContext, now: float) -> boo
     return True
 
 
-def _report(lease: HeldLease, context: LockContext, gone: list[tuple[object, Site]]) -> None:
+def _report(lease: HeldLease, context: PieceContext, gone: list[tuple[object, Site]]) -> None:
     kind = getattr(lease, "kind", "lock")
     what = "lock" if kind == "lock" else f"{kind} lock"
     config = context.config

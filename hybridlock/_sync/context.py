@@ -15,6 +15,9 @@ owner identity, and owns the registry's shared machinery, each piece with one jo
 * ``observer``: the registry's instrumentation hook (``observing.ObserverHook``), or None: the one
   attribute a lock checks before reporting anything.
 
+Each piece is handed the context itself, but knows it only by the narrow protocol of what it reads (``roles.py``),
+so that no piece imports this module, not even for its annotations.
+
 Nothing here is reassigned after construction. A forked child gets a whole new context (``forked``): a new
 owner identity, an empty lease table and workers with no threads, while settings, backend and ``on_lost``
 callbacks carry over.

@@ -41,8 +41,7 @@ from ._compat import monotonic, new_guard, owner_name
 from .owners import site_text
 
 if TYPE_CHECKING:
-    from .context import LockContext
-    from .leases import HeldLease
+    from .roles import DescriberContext, HeldLease
 
 __all__ = ["OwnerDescriber", "lease_description"]
 
@@ -68,7 +67,7 @@ def lease_description(lease: HeldLease) -> dict[str, object]:
 class OwnerDescriber:
     """Keeps one owner's description in the server; called only from the renewer's worker."""
 
-    def __init__(self, context: LockContext) -> None:
+    def __init__(self, context: DescriberContext) -> None:
         self._context = context
         config = context.config
         self.key = owner_key(config.registry_key, context.client_id)

@@ -44,8 +44,7 @@ from ._compat import Alarm, Worker, monotonic, new_guard
 from .owners import watch_owner
 
 if TYPE_CHECKING:
-    from .context import LockContext
-    from .leases import HeldLease
+    from .roles import HeldLease, RenewerContext
 
 __all__ = ["LeaseRenewer"]
 
@@ -73,7 +72,7 @@ class LeaseRenewer:
     ``ensure_started`` and ``nothing_held`` are plain calls that never wait (the lock makes them mid-acquire and
     mid-release); ``stop`` and ``renew_once`` wait for I/O (coroutines on the async side)."""
 
-    def __init__(self, context: LockContext) -> None:
+    def __init__(self, context: RenewerContext) -> None:
         self._context = context
         config = context.config
         # Whether it renews: else (auto_renew=False, or no leases at all) it only looks for holders that are gone.

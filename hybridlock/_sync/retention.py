@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from ._compat import Worker, monotonic, new_guard, sleep
 
 if TYPE_CHECKING:
-    from .context import LockContext
+    from .roles import PieceContext
 
 __all__ = ["RetainedLock", "RetentionReaper"]
 
@@ -64,7 +64,7 @@ class RetentionReaper:
     # Lock order: the reaper's guard is never held while calling into a lock or the backend (the backend calls
     # poke() with its own lock held), except for _wanted_elsewhere(), which takes no lock.
 
-    def __init__(self, context: LockContext) -> None:
+    def __init__(self, context: PieceContext) -> None:
         self._context = context
         self._guard = new_guard()
         self._retained: dict[RetainedLock, None] = {}  # an ordered set

@@ -36,7 +36,7 @@ from ._compat import Worker, monotonic, new_guard
 
 if TYPE_CHECKING:
     from .._core.names import LockNames
-    from .context import LockContext
+    from .roles import KeeperContext
 
 __all__ = ["REFRESH_INTERVAL", "WaitKeeper", "WaitingPlace"]
 
@@ -78,7 +78,7 @@ class WaitKeeper:
     ``begin`` and ``end`` are plain calls that never wait (a waiter makes them around its wait); ``stop`` waits
     for I/O (a coroutine on the async side)."""
 
-    def __init__(self, context: LockContext) -> None:
+    def __init__(self, context: KeeperContext) -> None:
         self._context = context
         self._guard = new_guard()
         self._places: set[WaitingPlace] = set()
