@@ -113,3 +113,98 @@ def test_the_acl_page_shows_the_acl_the_acl_tests_check() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     page = (DOCS / "acl.md").read_text(encoding="utf-8")
     assert _acl_block(page) == _acl_block(readme)
+
+
+@pytest.mark.server
+def test_the_quorum_pages_example_runs(quorum_urls: list[str]) -> None:
+    blocks = python_blocks(DOCS / "quorum.md")
+    assert len(blocks) == 1
+    env = {
+        **os.environ,
+        "QUORUM_URLS": " ".join(quorum_urls),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+    }
+    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "holding orders:42 with fencing token" in run.stdout
+
+
+# Claims that a feature is missing: the future-tense ones ("not supported yet", "stay with X for now") and the plain
+# ones ("not supported", "does not support").
+_NOT_YET = re.compile(
+    r"not (?:yet )?(?:supported|implemented|available|possible) yet"
+    r"|not yet (?:supported|implemented|available|possible)"
+    r"|coming soon|in a (?:future|later) (?:release|version)|\bstay with\b|\bplanned\b|\bfor now\b",
+    re.IGNORECASE,
+)
+_NOT_SUPPORTED = re.compile(r"not supported|unsupported|does not support|no support for|cannot be used", re.IGNORECASE)
+
+# The features a guide may talk about without naming the class that gives them, each with the public name that
+# gives it: a claim that one of them does not exist yet is wrong while that name does.
+_FEATURES = {
+    r"\bquorum|\bredlock|multi-master|several (?:independent )?(?:servers|masters)": "hybridlock:QuorumLockRegistry",
+    r"\bsentinel": "hybridlock.testing:SentinelService",
+    r"\bcluster\b": "hybridlock.backends:RedisClusterBackend",
+    r"\basyncio\b|\basync\b": "hybridlock:AsyncLockRegistry",
+    r"read-write|readers and writers|\brwlock": "hybridlock:ReadWriteLock",
+    r"multi-key|several keys|obtain_many": "hybridlock:MultiLock",
+    r"\bfencing": "hybridlock.fencing:fenced_set",
+    r"\bprometheus": "hybridlock.metrics.prometheus:PrometheusObserver",
+    r"\bopentelemetry": "hybridlock.metrics.opentelemetry:OpenTelemetryObserver",
+    r"\bobserver|\bmetrics": "hybridlock.metrics:LockObserver",
+    r"\bcommand line|\bCLI\b": "hybridlock.__main__:main",
+}
+
+
+def _public_names() -> set[str]:
+    import hybridlock
+    import hybridlock.backends
+    import hybridlock.fencing
+    import hybridlock.metrics
+    import hybridlock.testing
+
+    modules = (hybridlock, hybridlock.backends, hybridlock.fencing, hybridlock.metrics, hybridlock.testing)
+    return {name for module in modules for name in module.__all__ if not name.startswith("_")}
+
+
+def _claims(text: str) -> list[str]:
+    """The units a claim is made in: each table row, and each sentence of the prose (code blocks left out)."""
+    text = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.MULTILINE | re.DOTALL)
+    units = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        rows = [line for line in paragraph.splitlines() if line.lstrip().startswith("|")]
+        units += rows
+        prose = " ".join(line.strip() for line in paragraph.splitlines() if not line.lstrip().startswith("|"))
+        units += re.split(r"(?<=[.!?])\s+(?=[A-Z`*])", prose)
+    return [unit for unit in units if unit.strip()]
+
+
+def _guides() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_every_feature_the_docs_consistency_check_knows_exists() -> None:
+    import importlib
+
+    for provider in _FEATURES.values():
+        module, name = provider.split(":")
+        assert hasattr(importlib.import_module(module), name), f"{provider} is gone: update _FEATURES"
+
+
+def test_the_guides_do_not_say_a_feature_that_exists_is_missing() -> None:
+    names = _public_names()
+    wrong = []
+    for page in _guides():
+        for unit in _claims(page.read_text(encoding="utf-8")):
+            if _NOT_YET.search(unit):
+                # "Not yet" about anything the library has is stale, whatever words it uses for it.
+                wrong += [
+                    f"{page.relative_to(ROOT)}: says {provider.split(':')[1]}'s feature is missing: {unit.strip()}"
+                    for feature, provider in _FEATURES.items()
+                    if re.search(feature, unit, re.IGNORECASE)
+                ]
+            if _NOT_YET.search(unit) or _NOT_SUPPORTED.search(unit):
+                named = set(re.findall(r"`(?:hybridlock\.)?([A-Za-z_]\w*)", unit)) & names
+                wrong += [f"{page.relative_to(ROOT)}: calls {name} missing: {unit.strip()}" for name in sorted(named)]
+    assert not wrong, "\n".join(wrong)
