@@ -40,6 +40,7 @@ class HybridLockError(Exception):
     """Root of every error hybridlock raises.
 
     Attributes:
+        message: what went wrong, without the key and the server that ``str(error)`` adds.
         key: the lock key the error is about, or ``None``.
         server: the address of the server involved (``"redis://127.0.0.1:6379/0"``, ``"memory"``), or ``None``.
     """

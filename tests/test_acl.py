@@ -1,4 +1,4 @@
-"""The ACL the README gives lock users is enough for every lock kind, and a command missing from it is reported.
+"""The ACL the docs give lock users is enough for every lock kind, and a command missing from it is reported.
 
 A server ACL checks every command, those a Lua script calls included, so the list has to name what the scripts
 call as well as what the client sends. These tests run real workloads as a user restricted to exactly that list,
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.server
 
 
 def _documented_acl() -> list[str]:
-    """The commands of the README's ACL ("Security: threat model and ACL"), so the test runs what users copy."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    block = readme[readme.index("ACL SETUSER locker") :]
+    """The commands of the ACL in ``docs/acl.md``, so the test runs what users copy."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "acl.md").read_text(encoding="utf-8")
+    block = page[page.index("ACL SETUSER locker") :]
     block = block[: block.index("```")]
     return [word[1:] for word in block.split() if word.startswith("+")]
 

@@ -551,7 +551,7 @@ def test_a_takeover_tied_with_its_dead_masters_epoch_still_settles(own_cluster):
 @pytest.mark.slow
 def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
     # Without full coverage required, the other masters go on serving once the cluster holds the dead one failed
-    # (with it, the default, the whole cluster refuses every command then: see the README's cluster table).
+    # (with it, the default, the whole cluster refuses every command then: see the cluster table of docs/guarantees.md).
     with EmbeddedCluster(masters=3, replicas=0, extra_args=("--cluster-require-full-coverage", "no")) as cluster:
         key = "doomed"
         with (
@@ -697,8 +697,8 @@ async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
 def test_the_documented_cluster_acl_runs_every_lock_kind():
     from tests.test_acl import LOCK_USER_COMMANDS
 
-    # The README: the one-server list, with sharded pub/sub instead of the classic one, and what the cluster client
-    # sends to learn the layout.
+    # The ACL of docs/acl.md: the one-server list, with sharded pub/sub instead of the classic one, and what the
+    # cluster client sends to learn the layout.
     swapped = {"publish": "spublish", "subscribe": "ssubscribe", "unsubscribe": "sunsubscribe"}
     commands = [swapped.get(command, command) for command in LOCK_USER_COMMANDS] + ["cluster|slots", "command"]
     with EmbeddedCluster(masters=3, replicas=0) as cluster:

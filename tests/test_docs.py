@@ -1,9 +1,12 @@
-"""The documentation's examples run, and the documented ACL is the one the ACL tests use.
+"""The documentation's examples run as written, and the guides do not call a feature that exists missing.
 
 The getting-started guide promises that its Python blocks, run in order, are one working program. This test runs
 exactly that program, extracted from the page, in a fresh interpreter against a real server the suite starts
-(the program reads the server's URL from ``REDIS_URL``). The migration guide's hybridlock examples run too, each
-with a client, a URL and a ``ship`` function given. The site itself is built by ``.ci/run`` with
+(the program reads the server's URL from ``REDIS_URL``), and runs the page's shell steps too: the server it says
+to start, the line that server prints, the program, and closing the server's terminal. The README's examples (one
+for threads, one for asyncio, one for the command line) run the same way, each a program of its own; so do the
+docs index's and the quorum page's. The migration guide's hybridlock examples run too, each with a client, a URL
+and a ``ship`` function given. The site itself is built by ``.ci/run`` with
 ``mkdocs build --strict``, which fails on broken links and references; that needs the ``docs`` extra, so it is not
 a test.
 """
@@ -12,9 +15,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +67,129 @@ def test_the_getting_started_examples_run_as_one_program(
     assert "holding orders:42 with fencing token" in run.stdout
 
 
+_SH_BLOCK = re.compile(r"^```sh[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+_INSTALL = "pip install -e '.[test]'"
+
+
+def sh_blocks(page: Path) -> list[str]:
+    return _SH_BLOCK.findall(page.read_text(encoding="utf-8"))
+
+
+def _server_step(page: Path) -> str:
+    """The page's shell step that starts a server, without an install line before it (done already)."""
+    blocks = [block for block in sh_blocks(page) if "EmbeddedServer" in block]
+    assert len(blocks) == 1, f"{page.name} should have one shell step that starts a server"
+    assert any(block.startswith(_INSTALL) for block in sh_blocks(page)), f"{page.name} should say how to install"
+    return blocks[0].removeprefix(_INSTALL).partition("\n")[2] if blocks[0].startswith(_INSTALL) else blocks[0]
+
+
+def _after_the_server(page: Path, tmp_path: Path) -> list[str]:
+    """What the reader runs, in the terminal where the server's URL is exported, after starting the server: the
+    getting-started page's Python blocks as one program; each of the README's Python blocks as a program of its
+    own, and its other shell steps (the install and the server's excepted) as written."""
+    if page.name == "getting-started.md":
+        program = tmp_path / "getting_started.py"
+        program.write_text("\n\n".join(python_blocks(page)), encoding="utf-8")
+        return [f"python {program}"]
+    steps = []
+    for number, block in enumerate(python_blocks(page)):
+        program = tmp_path / f"example_{number}.py"
+        program.write_text(block, encoding="utf-8")
+        steps.append(f"python {program}")
+    return steps + [
+        block for block in sh_blocks(page) if not block.startswith("pip install") and "EmbeddedServer" not in block
+    ]
+
+
+def _refuses(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_the_readme_shows_each_kind_of_example() -> None:
+    readme = ROOT / "README.md"
+    blocks = python_blocks(readme)
+    assert any("threading.Thread" in block for block in blocks)
+    assert any("AsyncLockRegistry" in block for block in blocks)
+    assert any("hybridlock run" in block for block in sh_blocks(readme))
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("page", [ROOT / "README.md", DOCS / "getting-started.md"], ids=lambda page: page.name)
+def test_the_set_up_steps_and_examples_run_as_written_in_a_shell(page: Path, tmp_path: Path) -> None:
+    # What a reader does: start the server in one terminal, run the line it prints in another, then the examples;
+    # closing the first terminal (SIGHUP to its process group) must stop the server.
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        # The suite's own strictness: a warning an example draws is a fault of the documentation.
+        "PYTHONWARNINGS": "error",
+    }
+    for name in ("REDIS_URL", "HYBRIDLOCK_SERVER_URL"):
+        env.pop(name, None)
+    terminal = subprocess.Popen(
+        ["bash", "-c", _server_step(page)], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert terminal.stdout is not None
+        export = terminal.stdout.readline().strip()
+        assert re.fullmatch(r"export REDIS_URL=redis://127\.0\.0\.1:\d+/0", export), export
+        port = int(export.rsplit(":", 1)[1].split("/")[0])
+        for step in _after_the_server(page, tmp_path):
+            run = subprocess.run(
+                ["bash", "-e", "-c", f"{export}\n{step}"],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
+            )  # fmt: skip
+            assert run.returncode == 0, f"{step}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+            if page.name == "getting-started.md":
+                assert "holding orders:42 with fencing token" in run.stdout
+        os.killpg(terminal.pid, signal.SIGHUP)  # the terminal closes
+        terminal.wait(timeout=15)
+        deadline = time.monotonic() + 10
+        while not _refuses(port):
+            assert time.monotonic() < deadline, "the server outlived its terminal"
+            time.sleep(0.05)
+    finally:
+        if terminal.poll() is None:
+            os.killpg(terminal.pid, signal.SIGKILL)
+            terminal.wait(timeout=10)
+        assert terminal.stdout is not None
+        terminal.stdout.close()
+
+
+@pytest.mark.server
+def test_the_docs_index_example_runs(server: EmbeddedServer) -> None:
+    blocks = python_blocks(DOCS / "index.md")
+    assert len(blocks) == 1
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+    }
+    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+
+
+@pytest.mark.server
+def test_the_quorum_pages_example_runs(quorum_urls: list[str]) -> None:
+    blocks = python_blocks(DOCS / "quorum.md")
+    assert len(blocks) == 1
+    env = {
+        **os.environ,
+        "QUORUM_URLS": " ".join(quorum_urls),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+    }
+    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "holding orders:42 with fencing token" in run.stdout
+
+
 # A tab of the migration guide: `=== "hybridlock"`, then its indented ```python block.
 _HYBRIDLOCK_TAB = re.compile(r'^=== "hybridlock"\n\n    ```python\n(.*?)^    ```', re.MULTILINE | re.DOTALL)
 
@@ -103,13 +232,81 @@ def test_the_migration_guides_hybridlock_examples_run(server: EmbeddedServer, re
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
 
 
-def _acl_block(text: str) -> str:
-    start = text.index("ACL SETUSER locker")
-    return " ".join(text[start : text.index("```", start)].split())
+# Claims that a feature is missing: the future-tense ones ("not supported yet", "stay with X for now") and the plain
+# ones ("not supported", "does not support").
+_NOT_YET = re.compile(
+    r"not (?:yet )?(?:supported|implemented|available|possible) yet"
+    r"|not yet (?:supported|implemented|available|possible)"
+    r"|coming soon|in a (?:future|later) (?:release|version)|\bstay with\b|\bplanned\b|\bfor now\b",
+    re.IGNORECASE,
+)
+_NOT_SUPPORTED = re.compile(r"not supported|unsupported|does not support|no support for|cannot be used", re.IGNORECASE)
+
+# The features a guide may talk about without naming the class that gives them, each with the public name that
+# gives it: a claim that one of them does not exist yet is wrong while that name does.
+_FEATURES = {
+    r"\bquorum|\bredlock|multi-master|several (?:independent )?(?:servers|masters)": "hybridlock:QuorumLockRegistry",
+    r"\bsentinel": "hybridlock.testing:SentinelService",
+    r"\bcluster\b": "hybridlock.backends:RedisClusterBackend",
+    r"\basyncio\b|\basync\b": "hybridlock:AsyncLockRegistry",
+    r"read-write|readers and writers|\brwlock": "hybridlock:ReadWriteLock",
+    r"multi-key|several keys|obtain_many": "hybridlock:MultiLock",
+    r"\bfencing": "hybridlock.fencing:fenced_set",
+    r"\bprometheus": "hybridlock.metrics.prometheus:PrometheusObserver",
+    r"\bopentelemetry": "hybridlock.metrics.opentelemetry:OpenTelemetryObserver",
+    r"\bobserver|\bmetrics": "hybridlock.metrics:LockObserver",
+    r"\bcommand line|\bCLI\b": "hybridlock.__main__:main",
+}
 
 
-def test_the_acl_page_shows_the_acl_the_acl_tests_check() -> None:
-    # tests/test_acl.py runs the lock kinds as a user with exactly the README's ACL; the docs must not drift from it.
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    page = (DOCS / "acl.md").read_text(encoding="utf-8")
-    assert _acl_block(page) == _acl_block(readme)
+def _public_names() -> set[str]:
+    import hybridlock
+    import hybridlock.backends
+    import hybridlock.fencing
+    import hybridlock.metrics
+    import hybridlock.testing
+
+    modules = (hybridlock, hybridlock.backends, hybridlock.fencing, hybridlock.metrics, hybridlock.testing)
+    return {name for module in modules for name in module.__all__ if not name.startswith("_")}
+
+
+def _claims(text: str) -> list[str]:
+    """The units a claim is made in: each table row, and each sentence of the prose (code blocks left out)."""
+    text = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.MULTILINE | re.DOTALL)
+    units = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        rows = [line for line in paragraph.splitlines() if line.lstrip().startswith("|")]
+        units += rows
+        prose = " ".join(line.strip() for line in paragraph.splitlines() if not line.lstrip().startswith("|"))
+        units += re.split(r"(?<=[.!?])\s+(?=[A-Z`*])", prose)
+    return [unit for unit in units if unit.strip()]
+
+
+def _guides() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_every_feature_the_docs_consistency_check_knows_exists() -> None:
+    import importlib
+
+    for provider in _FEATURES.values():
+        module, name = provider.split(":")
+        assert hasattr(importlib.import_module(module), name), f"{provider} is gone: update _FEATURES"
+
+
+def test_the_guides_do_not_say_a_feature_that_exists_is_missing() -> None:
+    names = _public_names()
+    wrong = []
+    for page in _guides():
+        for unit in _claims(page.read_text(encoding="utf-8")):
+            if _NOT_YET.search(unit):
+                # "Not yet" about anything the library has is stale, whatever words it uses for it.
+                wrong += [
+                    f"{page.relative_to(ROOT)}: says {provider.split(':')[1]}'s feature is missing: {unit.strip()}"
+                    for feature, provider in _FEATURES.items()
+                    if re.search(feature, unit, re.IGNORECASE)
+                ]
+            if _NOT_YET.search(unit) or _NOT_SUPPORTED.search(unit):
+                named = set(re.findall(r"`(?:hybridlock\.)?([A-Za-z_]\w*)", unit)) & names
+                wrong += [f"{page.relative_to(ROOT)}: calls {name} missing: {unit.strip()}" for name in sorted(named)]
+    assert not wrong, "\n".join(wrong)

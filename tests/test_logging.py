@@ -1,9 +1,9 @@
 """hybridlock's logging: the logger names are the documented set, and trouble is logged once, not once per round.
 
-The README's "Logging" table lists every logger the library uses; the first test holds the code to it. The others
-drive a real server through an outage (killed, then restarted empty) with several locks held, and count the
-records: one WARNING from the renewer for the whole streak of failed rounds, one when rounds work again, and one
-loss WARNING per lock.
+The Logging table of docs/metrics.md lists every logger the library uses; the first test holds the code to it.
+The others drive a real server through an outage (killed, then restarted empty) with several locks held, and count
+the records: one WARNING from the renewer for the whole streak of failed rounds, one when rounds work again, and
+one loss WARNING per lock.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def _logger_names_in_code() -> set[str]:
 
 def test_every_logger_is_a_documented_child_of_hybridlock() -> None:
     in_code = _logger_names_in_code()
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = re.split(r"\n##+ ", readme.split("\n### Logging\n", 1)[1], maxsplit=1)[0]
+    page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    table = re.split(r"\n##+ ", page.split("\n## Logging\n", 1)[1], maxsplit=1)[0]
     documented = set(re.findall(r"^\| `(hybridlock\.[a-z_]+)` \|", table, flags=re.MULTILINE))
     assert in_code == documented
     assert all(name.startswith("hybridlock.") for name in in_code)

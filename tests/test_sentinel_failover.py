@@ -1,7 +1,7 @@
 """Failovers of a Sentinel-managed master while locks are held and waited for (real master, 2 replicas and
 3 sentinels, started here; sentinels notice a dead master after 500 ms).
 
-What the README's guarantees promise: a lock the promoted replica has survives the failover and its renewals go on
+What docs/guarantees.md promises: a lock the promoted replica has survives the failover and its renewals go on
 at the new master; a lock the promoted replica never received is gone, its holder is told at its next renewal, and
 waiters get it at the new master; with confirmation, a lock survives even the old master's crash.
 """

@@ -1,4 +1,4 @@
-"""What each server-side failure does to a held lock, on real servers: the rows of the README's failure table.
+"""What each server-side failure does to a held lock, on real servers: the failure table of docs/guarantees.md.
 
 Every test checks the same invariants: the holder is told (``lost``, its ``on_lost`` callback, an error from
 ``release()``), its ``valid_until`` never vouches for a moment in which another owner holds the lock, and fencing

@@ -1,1 +1,1 @@
-"""The pure core: decisions and arithmetic with no threads, event loop, clock reads or I/O (see the README's layout)."""
+"""The pure core: decisions and arithmetic with no threads, event loop, clock reads or I/O (docs/development.md)."""

@@ -375,7 +375,7 @@ class QuorumLockRegistry(LockRegistry):
     ``hybridlock._sync.backends.quorum`` and, for the argument, ``hybridlock._core.quorum``.
 
     A restarted server that lost its data must not rejoin before the longest lease has passed since it went down
-    (or run the servers with ``appendfsync always``): see the README's guarantees."""
+    (or run the servers with ``appendfsync always``): see docs/guarantees.md."""
 
     def __init__(
         self,
