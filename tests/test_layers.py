@@ -1,4 +1,4 @@
-"""The package's import layers, enforced (see ``../shared/DESIGN.md`` and the README's layout).
+"""The package's import layers, enforced (see ``../shared/DESIGN.md`` and the layout in docs/development.md).
 
 Each module imports only modules of its own layer or the layers below it; the pure layers (``_core``,
 ``_protocol``) import no threads, event loop, clock, socket or client library; no module imports the registry (the
