@@ -412,3 +412,23 @@ def test_an_owner_refused_between_the_keepers_acquire_and_its_subscription_still
         assert time.monotonic() - started < 3.0
     finally:
         del backend.watch
+
+
+def test_a_queue_that_cannot_be_looked_at_counts_as_wanted_and_fails_nothing():
+    # The look at the queue comes after the grant (and at the first local hand-off): a server that fails it then
+    # must not fail an acquire that holds the lock, or a release. The lease is given back instead of kept idle.
+    backend = MemoryBackend()
+    registry = hybridlock.LockRegistry(backend, retain_for=60.0)
+    lock = registry.obtain("unanswered")
+
+    def unreachable(names):  # type: ignore[no-untyped-def]
+        raise hybridlock.BackendUnavailableError("simulated", key=names.key, server="memory")
+
+    backend.has_waiters = unreachable  # type: ignore[method-assign]
+    try:
+        assert lock.acquire(timeout=5)
+        lock.release()
+        assert not lock.statistics().retained
+        assert not backend.is_locked(lock._names)
+    finally:
+        registry.close()

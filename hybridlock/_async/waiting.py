@@ -23,6 +23,7 @@ a place in the queue is left (giving back a grant made to it meanwhile); both sh
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from .context import LockContext
 
 __all__ = ["Grant", "WaitHint", "acquire_remote", "contention_watch", "release_remote", "wanted_before_heard"]
+
+logger = logging.getLogger("hybridlock.lock")
 
 
 class Grant(NamedTuple):
@@ -430,8 +433,16 @@ async def contention_watch(context: LockContext, names: LockNames) -> AsyncRelea
 async def wanted_before_heard(context: LockContext, names: LockNames, watch: AsyncReleaseWatch | None) -> bool:
     """Whether an owner wanted the lock before ``watch`` could hear its announcement, which then went to nobody: its
     place in the server's queue is what is left of it. Asked once per tenancy, when a holder starts to watch after
-    its acquire (one round trip). False while the watch is unconfirmed: it counts as contended by itself then."""
-    return watch is not None and await watch.heard(0) and await context.backend.has_waiters(names)
+    its acquire (one round trip). False while the watch is unconfirmed: it counts as contended by itself then. True
+    when the server cannot be asked: the lock is held already, and only keeping it idle (or passing it on) hangs on
+    the answer, so assume the worst instead of failing an acquire or a release over it."""
+    if watch is None or not await watch.heard(0):
+        return False
+    try:
+        return await context.backend.has_waiters(names)
+    except HybridLockError as exc:
+        logger.debug("hybridlock: could not look at the queue of %r (taken as wanted): %s", names.key, exc)
+        return True
 
 
 async def release_remote(context: LockContext, names: LockNames) -> bool:
