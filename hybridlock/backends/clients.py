@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -434,9 +435,18 @@ def check_client_settings(client: Any, server: str) -> None:
             kwargs.setdefault(name, None)
         kwargs["retry"] = getattr(client, "retry", None)
     else:
-        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        pool = getattr(client, "connection_pool", None)
+        kwargs = getattr(pool, "connection_kwargs", None)
+        if not isinstance(kwargs, dict):
+            return
+        # What the pool's connections will carry: a setting the client was not given (a URL names only what it
+        # has, redis.Redis(host=...) fills in its own defaults) is the connection class's default.
+        kwargs = {**_connection_defaults(getattr(pool, "connection_class", None)), **kwargs}
     if not isinstance(kwargs, dict):
         return
+    if kwargs.get("socket_connect_timeout", 0) is None:
+        # Both libraries' connections connect within socket_timeout when given no socket_connect_timeout.
+        kwargs["socket_connect_timeout"] = kwargs.get("socket_timeout", 0)
     untimed = [name for name in ("socket_timeout", "socket_connect_timeout") if kwargs.get(name, 0) is None]
     retries = _retries(client, kwargs)
     too_many = retries is not None and retries > _MAX_RETRIES
@@ -467,6 +477,27 @@ def _caller_stacklevel() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+_DEFAULTED = ("socket_timeout", "socket_connect_timeout", "retry", "retry_on_timeout", "retry_on_error")
+
+
+@functools.cache
+def _connection_defaults(connection_class: Any) -> dict[str, Any]:
+    """The defaults of ``connection_class``'s settings that bear on the timeout promise (the first class of its MRO
+    that names one gives it: ``UnixDomainSocketConnection`` has a ``socket_timeout`` of its own); none for a class
+    whose signature cannot be read (a stand-in)."""
+    defaults: dict[str, Any] = {}
+    for cls in getattr(connection_class, "__mro__", ()):
+        try:
+            parameters = inspect.signature(cls.__dict__["__init__"]).parameters
+        except (KeyError, TypeError, ValueError):
+            continue
+        for name in _DEFAULTED:
+            parameter = parameters.get(name)
+            if parameter is not None and parameter.default is not parameter.empty:
+                defaults.setdefault(name, parameter.default)
+    return defaults
 
 
 def _retries(client: Any, kwargs: dict[str, Any]) -> int | None:
