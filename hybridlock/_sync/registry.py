@@ -511,6 +511,12 @@ def _refuse_retention_for_a_backend(config: RegistryConfig, backend: LockBackend
             "the backend (RedisBackend(client, fence_retention=...)), or a client or a URL to the registry",
             server=backend.address,
         )
+    if own is not None and config.lease is not None and own < config.lease:
+        raise InvalidArgumentError(
+            f"the backend object's fence_retention ({own:g} s) must be at least expire_after ({config.lease:g} s): a "
+            "fencing counter that ends before the lease it fenced could let the next token go below one still held",
+            server=backend.address,
+        )
 
 
 def _make_backend(connection: Any, config: RegistryConfig) -> LockBackend:

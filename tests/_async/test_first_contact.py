@@ -259,5 +259,7 @@ async def test_a_backend_object_keeps_its_own_retention(server: EmbeddedServer) 
             assert registry.fence_retention == 100
             await take(registry, "backend")
         assert 60_000 < fence_ttl(server.url, "backend") <= 100_000
+        with pytest.raises(hybridlock.InvalidArgumentError, match="fence_retention"):
+            hybridlock.AsyncLockRegistry(backend, expire_after=120)  # a lease longer than its counters
     finally:
         await client.aclose()

@@ -260,5 +260,7 @@ def test_a_backend_object_keeps_its_own_retention(server: EmbeddedServer) -> Non
             assert registry.fence_retention == 100
             take(registry, "backend")
         assert 60_000 < fence_ttl(server.url, "backend") <= 100_000
+        with pytest.raises(hybridlock.InvalidArgumentError, match="fence_retention"):
+            hybridlock.LockRegistry(backend, expire_after=120)  # a lease longer than its counters
     finally:
         client.close()
