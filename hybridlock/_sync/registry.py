@@ -109,7 +109,7 @@ class LockRegistry:
     budget bounds it. While a lease is retained, another owner's non-blocking attempt fails.
 
     ``fence_retention`` (seconds; default ``FENCE_RETENTION``, a day, or the lease if longer) is how long a lock's
-    fencing counter (``<lock key>:fence``, about 90 bytes in ``MEMORY USAGE``) stays in the server after the key's
+    fencing counter (``<lock key>:fence``, 72-88 bytes by ``MEMORY USAGE``) stays in the server after the key's
     last acquisition: every distinct key leaves one for that long. At least ``expire_after``. The counter keeps
     fencing tokens increasing across a server clock that steps back by less than the retention; past it, tokens
     rest on the server clock alone (see ``docs/tuning.md``). A registry given a backend object refuses it (give it
