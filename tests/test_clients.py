@@ -12,8 +12,10 @@ from typing import ClassVar
 
 import pytest
 import redis
+import redis.asyncio
 import redis.sentinel
 import valkey
+import valkey.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from valkey.backoff import NoBackoff as ValkeyNoBackoff
@@ -21,6 +23,7 @@ from valkey.retry import Retry as ValkeyRetry
 
 import hybridlock
 from hybridlock._cli.demo import run_demo
+from hybridlock.backends.clients import check_client_settings
 from hybridlock.backends.redis import ScriptRunner
 from hybridlock.testing.server import _free_port
 
@@ -305,7 +308,9 @@ def test_a_client_that_cannot_keep_the_timeout_promise_draws_a_warning():
     cases = {
         "retry policy of 10 retries": redis.Redis(),  # redis-py 8's defaults: 5 s timeouts, 10 retries with backoff
         "no socket_timeout": valkey.Valkey(),  # valkey-py's defaults: no timeouts at all
-        "no socket_connect_timeout": redis.Redis(socket_connect_timeout=None, retry=Retry(NoBackoff(), 1)),
+        "no socket_connect_timeout": redis.Redis(
+            socket_timeout=None, socket_connect_timeout=None, retry=Retry(NoBackoff(), 1)
+        ),
         "retry policy of 3 retries": quiet_redis(retry=Retry(NoBackoff(), 3)),
     }
     for expected, client in cases.items():  # never connected
@@ -313,6 +318,61 @@ def test_a_client_that_cannot_keep_the_timeout_promise_draws_a_warning():
             hybridlock.LockRegistry(client).close()
         assert record[0].filename == __file__, "the warning must point at the caller's line"
         assert "Retry(NoBackoff(), 1)" in str(record[0].message)
+
+
+def _settings_warning(client: object) -> bool:
+    """Whether hybridlock warns about ``client``'s settings (``ClientSettingsWarning``), without failing on it."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        check_client_settings(client, "redis://example")
+    return any(issubclass(warning.category, hybridlock.ClientSettingsWarning) for warning in record)
+
+
+def _cannot_keep_the_promise(client: object) -> bool:
+    """The truth the warning must tell: a connection the client's pool makes (never connected) has a socket timeout or
+    a connect timeout of None (it may wait for ever), or retries more than once."""
+    pool = client.connection_pool  # type: ignore[attr-defined]
+    connection = pool.connection_class(**pool.connection_kwargs)
+    connect = getattr(connection, "socket_connect_timeout", getattr(connection, "_socket_connect_timeout", 0))
+    return connection.socket_timeout is None or connect is None or connection.retry._retries > 1
+
+
+def test_the_settings_warning_follows_the_connections_a_client_makes_however_it_was_built():
+    # redis.Redis(host=...) fills in every setting; from_url names only what the URL and the arguments give, and the
+    # connection class supplies the rest (valkey-py's Unix socket connection: no socket timeout at all). One rule:
+    # what the connections will carry. Checked against connections actually made (never connected).
+    settings: list[dict[str, object]] = [
+        {},
+        {"socket_timeout": None},
+        {"socket_connect_timeout": None},  # connections then connect within socket_timeout
+        {"socket_timeout": 1},
+    ]
+    classes = [redis.Redis, redis.asyncio.Redis, valkey.Valkey, valkey.asyncio.Valkey]
+    clients: list[object] = []
+    for cls in classes:
+        for given in settings:
+            clients += [cls(host="127.0.0.1", **given), cls.from_url("redis://127.0.0.1:6390/0", **given)]
+        clients += [cls(unix_socket_path="/tmp/hybridlock.sock"), cls.from_url("unix:///tmp/hybridlock.sock")]
+    wrong = [
+        f"{client!r}: cannot keep it {_cannot_keep_the_promise(client)}"
+        for client in clients
+        if _settings_warning(client) != _cannot_keep_the_promise(client)
+    ]
+    assert not wrong, wrong
+
+
+def test_a_client_from_a_url_and_one_from_host_with_the_same_settings_draw_the_same_warning():
+    # The same settings draw the same verdict, whichever way the client was built. (All given: the two constructors
+    # default them differently, redis.Redis(host=...) to 10 retries, valkey.Valkey(host=...) to no timeouts.)
+    timeouts = [(1, 1), (None, 1), (1, None), (None, None)]
+    for cls, retry in ((redis.Redis, Retry(NoBackoff(), 1)), (valkey.Valkey, ValkeyRetry(ValkeyNoBackoff(), 1))):
+        for socket_timeout, connect_timeout in timeouts:
+            given = {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout}
+            by_host = cls(host="127.0.0.1", port=6390, retry=retry, **given)  # type: ignore[arg-type]
+            by_url = cls.from_url("redis://127.0.0.1:6390/0", retry=retry, **given)
+            assert _settings_warning(by_host) == _settings_warning(by_url), (cls.__name__, given)
 
 
 def test_a_client_with_the_recommended_settings_draws_no_warning():

@@ -92,13 +92,21 @@ def test_a_cluster_client_passed_in_is_used_and_named_by_its_nodes(cluster, clus
             assert {int(node.rpartition(":")[2]) for node in shown} <= {node.port for node in cluster.nodes}
     finally:
         client.close()
-    # redis-py's defaults: no socket timeout, and 10 cluster retries with backoff.
+    # redis-py 8's defaults: 5 s timeouts on its nodes' connections (what the warning reads, as for one server, not
+    # the cluster client's own kwargs, which lack them), and 10 cluster retries with backoff.
     loose = redis.cluster.RedisCluster(host="127.0.0.1", port=port)
+    untimed = redis.cluster.RedisCluster(host="127.0.0.1", port=port, socket_timeout=None, retry=Retry(NoBackoff(), 1))
     try:
-        with pytest.warns(hybridlock.ClientSettingsWarning, match="no socket_timeout"):
+        with pytest.warns(hybridlock.ClientSettingsWarning, match="a retry policy of 10 retries") as record:
             hybridlock.LockRegistry(loose).close()
+        assert "no socket_timeout" not in str(record[0].message)
+        assert "no socket_connect_timeout" not in str(record[0].message)
+        # (Its nodes' connections connect within redis-py's default socket_connect_timeout, 5 s.)
+        with pytest.warns(hybridlock.ClientSettingsWarning, match="has no socket_timeout: a lock call"):
+            hybridlock.LockRegistry(untimed).close()
     finally:
         loose.close()
+        untimed.close()
 
 
 def test_scripts_run_at_each_slots_master_and_announce_with_spublish(cluster, cluster_url):

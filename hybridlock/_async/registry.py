@@ -29,10 +29,10 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .._core.config import LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
+from .._core.config import QUORUM_FENCE_RETENTION, LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
 from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
-from ._compat import at_exit, new_guard
+from ._compat import at_exit, monotonic, new_guard
 from .backends.base import AsyncLockBackend
 from .backends.memory import AsyncMemoryBackend
 from .context import LockContext
@@ -107,6 +107,13 @@ class AsyncLockRegistry:
     retention at once (with ``lock_type="pubsub"``; with ``"spin"`` only the deadline does), and the hand-off
     budget bounds it. While a lease is retained, another owner's non-blocking attempt fails.
 
+    ``fence_retention`` (seconds; default ``FENCE_RETENTION``, a day, or the lease if longer) is how long a lock's
+    fencing counter (``<lock key>:fence``, 72-88 bytes by ``MEMORY USAGE``) stays in the server after the key's
+    last acquisition: every distinct key leaves one for that long. At least ``expire_after``. The counter keeps
+    fencing tokens increasing across a server clock that steps back by less than the retention; past it, tokens
+    rest on the server clock alone (see ``docs/tuning.md``). A registry given a backend object refuses it (give it
+    to the backend).
+
     ``observer`` (a ``hybridlock.metrics.LockObserver``, or any object with some of its methods) is told of every
     acquire and release of a hold, every renewal round and every lease found lost, for metrics
     (``hybridlock.metrics.prometheus.PrometheusObserver``). Without one, the instrumentation costs one attribute
@@ -130,6 +137,7 @@ class AsyncLockRegistry:
         confirm_replicas: int = 0,
         confirm_timeout: float | None = None,
         confirm_fsync: bool = False,
+        fence_retention: float | None = None,
         observer: Any = None,
     ) -> None:
         self._setup(
@@ -147,6 +155,7 @@ class AsyncLockRegistry:
                 confirm_replicas=confirm_replicas,
                 confirm_timeout=confirm_timeout,
                 confirm_fsync=confirm_fsync,
+                fence_retention=fence_retention,
             ),
             connection,
             observer,
@@ -156,7 +165,7 @@ class AsyncLockRegistry:
     def _setup(self, config: RegistryConfig, connection: Any, observer: Any) -> None:
         self._config = config
         hook = ObserverHook.checked(observer, config.registry_key)
-        self._context = LockContext(config, _make_backend(connection, config.confirmation), self, observer=hook)
+        self._context = LockContext(config, _make_backend(connection, config), self, observer=hook)
         self._mutex = new_guard()
         self._locks: weakref.WeakValueDictionary[str, AsyncHybridLock] = weakref.WeakValueDictionary()
         self._rw_locks: weakref.WeakValueDictionary[str, AsyncReadWriteLock] = weakref.WeakValueDictionary()
@@ -182,6 +191,13 @@ class AsyncLockRegistry:
         return self._config.expire_after
 
     @property
+    def fence_retention(self) -> float:
+        """How long (seconds) a lock's fencing counter is kept in the server after the key's last acquisition (the
+        ``fence_retention`` given, or the topology's default)."""
+        backend_retention = getattr(self._context.backend, "fence_retention", None)
+        return self._config.fence_retention if backend_retention is None else backend_retention
+
+    @property
     def server(self) -> str:
         """The lock server's address, as error messages give it."""
         return self._context.server
@@ -199,6 +215,27 @@ class AsyncLockRegistry:
     @property
     def closed(self) -> bool:
         return self._context.closed.is_set()
+
+    async def ping(self) -> float:
+        """Check, before the first lock, that the lock server would serve this registry; returns the round trip in
+        seconds.
+
+        One script run (``EVALSHA``, ``EVAL`` when the server lacks it), as a lock's first acquire sends: it reads
+        the server clock and writes then deletes ``<registry_key>:ping`` (a key no lock uses), so it needs what
+        every lock needs: the server reachable within the client's timeouts, the login accepted, the commands and
+        keys the registry's ACL must allow, a server recent enough for the scripts (Redis 6.2+, Valkey), a master.
+        What fails raises what the first acquire would have (``BackendUnavailableError``,
+        ``AuthenticationFailedError``, a ``HybridLockError`` for a refused command), for the operation "ping",
+        naming the server and no key. Over a quorum every server is asked at once: it raises unless a majority
+        answers (as an acquire would), and logs the minority that did not; the time is until that majority
+        answered. On a cluster, the master of the probe key's slot answers. A local registry
+        (``AsyncLocalLockRegistry``) has nothing to reach. Raises ``RegistryClosedError`` once closed. It does not
+        check replica confirmation or pub/sub."""
+        self._check_open()
+        self._context.check_loop()
+        start = monotonic()
+        await self._context.backend.ping(f"{self.registry_key}:ping")
+        return monotonic() - start
 
     def obtain(self, key: str) -> AsyncHybridLock:
         """The lock for ``key``: the same object for as long as the program references it or anyone holds it."""
@@ -373,6 +410,9 @@ class AsyncQuorumLockRegistry(AsyncLockRegistry):
     in different processes poll with jittered backoff (no server queue, no release notifications): see
     ``hybridlock._async.backends.quorum`` and, for the argument, ``hybridlock._core.quorum``.
 
+    ``fence_retention`` defaults to ``QUORUM_FENCE_RETENTION`` (a week) here: the quorum's tokens rest on its
+    counters (see ``hybridlock._core.quorum``, "Lost counters").
+
     A restarted server that lost its data must not rejoin before the longest lease has passed since it went down
     (or run the servers with ``appendfsync always``): see docs/guarantees.md."""
 
@@ -389,6 +429,7 @@ class AsyncQuorumLockRegistry(AsyncLockRegistry):
         handoff_barge_window: float = 0.002,
         retain_for: float = 0.0,
         handoff_contended_window: float = 0.02,
+        fence_retention: float | None = None,
         observer: Any = None,
     ) -> None:
         config = RegistryConfig.checked(
@@ -402,10 +443,16 @@ class AsyncQuorumLockRegistry(AsyncLockRegistry):
             handoff_barge_window=handoff_barge_window,
             retain_for=retain_for,
             handoff_contended_window=handoff_contended_window,
+            fence_retention=fence_retention,
+            default_fence_retention=QUORUM_FENCE_RETENTION,
         )
         from .backends.quorum import AsyncQuorumBackend  # imports the client library: only when used
 
-        backend = servers if isinstance(servers, AsyncQuorumBackend) else AsyncQuorumBackend(servers)
+        if isinstance(servers, AsyncQuorumBackend):
+            _refuse_retention_for_a_backend(config, servers)
+            backend = servers
+        else:
+            backend = AsyncQuorumBackend(servers, fence_retention=config.fence_retention)
         self._setup(config, backend, observer)
         _warn_if_long(config)
 
@@ -454,8 +501,28 @@ def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, 
         raise InvalidArgumentError("confirm_replicas is not supported on a cluster yet", server=server)
 
 
-def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = None) -> AsyncLockBackend:
+def _refuse_retention_for_a_backend(config: RegistryConfig, backend: AsyncLockBackend) -> None:
+    # A backend object keeps its counters as it was built to (a registry may share it with others).
+    own = getattr(backend, "fence_retention", None)
+    if config.fence_retention_given and own != config.fence_retention:
+        raise InvalidArgumentError(
+            f"fence_retention={config.fence_retention:g} differs from the backend object's own ({own} s): give it to "
+            "the backend (AsyncRedisBackend(client, fence_retention=...)), or a client or a URL to the registry",
+            server=backend.address,
+        )
+    if own is not None and config.lease is not None and own < config.lease:
+        raise InvalidArgumentError(
+            f"the backend object's fence_retention ({own:g} s) must be at least expire_after ({config.lease:g} s): a "
+            "fencing counter that ends before the lease it fenced could let the next token go below one still held",
+            server=backend.address,
+        )
+
+
+def _make_backend(connection: Any, config: RegistryConfig) -> AsyncLockBackend:
+    confirmation = config.confirmation
+    retention = config.fence_retention
     if isinstance(connection, AsyncLockBackend):
+        _refuse_retention_for_a_backend(config, connection)
         if confirmation is not None:
             # The backend was built without it, and a backend of another kind may have no replicas at all.
             raise InvalidArgumentError(
@@ -481,16 +548,18 @@ def _make_backend(connection: Any, confirmation: ReplicaConfirmation | None = No
             shown, detail = redacted_url(connection), redacted(str(exc), connection)
             raise InvalidArgumentError(f"not a valid server URL: {shown!r} ({detail})") from None
         if cluster:
-            return AsyncRedisClusterBackend(client, owns_client=True, address=redacted_url(connection))
-        return AsyncRedisBackend(client, owns_client=True, confirmation=confirmation)
+            return AsyncRedisClusterBackend(
+                client, owns_client=True, address=redacted_url(connection), fence_retention=retention
+            )
+        return AsyncRedisBackend(client, owns_client=True, confirmation=confirmation, fence_retention=retention)
     clients.asyncio_client_family(connection)  # a client of the other kind is refused here
     if clients.is_cluster_client(connection):
-        cluster_backend = AsyncRedisClusterBackend(connection)
+        cluster_backend = AsyncRedisClusterBackend(connection, fence_retention=retention)
         _refuse_confirmation_on_a_cluster(confirmation, cluster_backend.address)
         check_client_settings(connection, cluster_backend.address)
         return cluster_backend
     if hasattr(connection, "evalsha") and hasattr(connection, "connection_pool"):
-        backend = AsyncRedisBackend(connection, confirmation=confirmation)
+        backend = AsyncRedisBackend(connection, confirmation=confirmation, fence_retention=retention)
         check_client_settings(connection, backend.address)
         return backend
     raise InvalidArgumentError(

@@ -18,15 +18,19 @@ from .policy import WaitPolicy
 
 __all__ = [
     "CLOCK_RATE_MARGIN",
+    "FENCE_RETENTION",
     "LONG_LEASE",
     "MAX_SECONDS",
     "MIN_LEASE",
     "QUEUE_PLACE_KEEP_MS",
+    "QUORUM_FENCE_RETENTION",
     "LockType",
     "RegistryConfig",
     "ReplicaConfirmation",
     "grant_valid_until",
     "lease_drift",
+    "checked_fence_retention",
+    "fence_retention_ms",
     "long_lease_note",
     "validate_seconds",
     "validate_timeout",
@@ -56,6 +60,44 @@ QUEUE_PLACE_KEEP_MS = 3000
 LONG_LEASE = 1000.0
 
 LockType = Literal["pubsub", "spin"]
+
+#: ``fence_retention``'s default on one server (Sentinel-managed or not) and on a cluster, in seconds: a day. How long
+#: a lock's fencing counter (``<lock key>:fence``) is kept after its last acquisition. There a token is
+#: ``max(counter + 1, server clock in µs)``: the clock alone keeps tokens increasing, and the counter only carries
+#: them past a server clock that stepped back (by less than the time since the key's last acquisition, or it is
+#: gone), so a day covers any step a clock kept by NTP takes, at a seventh of the memory a week cost (about 120-170
+#: bytes per key: docs/tuning.md).
+FENCE_RETENTION = 24 * 3600.0
+
+#: ``fence_retention``'s default over a quorum: a week. There the counters carry tokens in normal operation (the
+#: write-back raises every server's counter to the highest token minted, which may come from a server whose clock
+#: runs ahead), and a counter gone is a lost counter (``_core.quorum``, "Lost counters"): harmless only once its
+#: server's clock has passed the token, more than twice the clock skew after it was minted.
+QUORUM_FENCE_RETENTION = 7 * 24 * 3600.0
+
+
+def fence_retention_ms(retention: float) -> int:
+    """A fencing counter's retention in seconds as the server takes it (a ``PX``): whole milliseconds."""
+    return max(1, round(retention * 1000))
+
+
+def checked_fence_retention(value: object, lease: float | None, default: float) -> float:
+    """Validate ``fence_retention`` (None: ``default``, or the lease if that is longer).
+
+    It must be at least the lease (``expire_after``). The counter is what keeps a key's next token above the ones
+    already handed out when the clock term cannot (a server clock stepped back; over a quorum, a token written back
+    from a faster clock): once it is gone, tokens rest on the clock alone. A counter that ended before the lease it
+    fenced could send the next token below one that its holder may still use, on a clock step or a skew shorter than
+    one lease, which the rest of the design (the drift margin, the quorum's delayed-restart rule) counts as small."""
+    if value is None:
+        return default if lease is None else max(default, lease)
+    retention = validate_seconds("fence_retention", value)
+    if lease is not None and retention < lease:
+        raise InvalidArgumentError(
+            f"fence_retention must be at least expire_after ({lease:g} s), not {value!r}: a fencing counter that "
+            "ends before the lease it fenced could let the next token go below one still held"
+        )
+    return retention
 
 
 def long_lease_note(name: str, lease: float) -> str | None:
@@ -249,6 +291,10 @@ class RegistryConfig:
     wait_policy: WaitPolicy = field(default_factory=WaitPolicy)
     #: Replica confirmation of acquires and renewals (``confirm_replicas``); None when off.
     confirmation: ReplicaConfirmation | None = None
+    #: How long a lock's fencing counter is kept after its last acquisition, in seconds (``fence_retention``).
+    fence_retention: float = FENCE_RETENTION
+    #: Whether ``fence_retention`` was given (a registry given a backend object refuses it: the backend has its own).
+    fence_retention_given: bool = False
 
     @classmethod
     def checked(
@@ -267,10 +313,13 @@ class RegistryConfig:
         confirm_replicas: object = 0,
         confirm_timeout: object = None,
         confirm_fsync: object = False,
+        fence_retention: object = None,
+        default_fence_retention: float = FENCE_RETENTION,
         never_expires: bool = False,
     ) -> RegistryConfig:
         """Validate the registry's options (``InvalidArgumentError`` naming the option on the first bad one).
-        ``never_expires``: the locks have no lease at all (``expire_after`` is then only checked)."""
+        ``never_expires``: the locks have no lease at all (``expire_after`` is then only checked).
+        ``default_fence_retention``: the topology's default (``FENCE_RETENTION``, ``QUORUM_FENCE_RETENTION``)."""
         key = validate_registry_key(registry_key)
         lease = validate_seconds("expire_after", expire_after, minimum=MIN_LEASE)
         if lock_type not in ("pubsub", "spin"):
@@ -291,6 +340,7 @@ class RegistryConfig:
         confirmation = ReplicaConfirmation.checked(
             confirm_replicas, confirm_timeout, None if never_expires else lease, confirm_fsync
         )
+        retention = checked_fence_retention(fence_retention, None if never_expires else lease, default_fence_retention)
         return cls(
             registry_key=key,
             lease=None if never_expires else lease,
@@ -303,6 +353,8 @@ class RegistryConfig:
             handoff_barge_window=barge,
             retain_for=retain,
             confirmation=confirmation,
+            fence_retention=retention,
+            fence_retention_given=fence_retention is not None,
         )
 
     @property
@@ -314,6 +366,11 @@ class RegistryConfig:
     def lease_ms(self) -> int | None:
         """The lease as the server takes it (None: no expiry)."""
         return None if self.lease is None else lease_ms(self.lease)
+
+    @property
+    def fence_retention_ms(self) -> int:
+        """``fence_retention`` as the server takes it."""
+        return fence_retention_ms(self.fence_retention)
 
     @property
     def renew_period(self) -> float:

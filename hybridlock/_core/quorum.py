@@ -51,8 +51,10 @@ only after our write-back reached it, when its counter is at least ``T``, and mi
 acquisition takes the maximum over ``M'``, which is at least that. Tokens therefore strictly increase in the
 order acquisitions return, whichever majorities grant them, with any clock skew between the servers and with a
 minority of servers down or cut off at any moment. (Only ``G`` may count: a server that refused us could grant
-someone else just before a write-back lands there.) A counter that expired after a week unused is the
-one-server case of the scripts' docstring.
+someone else just before a write-back lands there.) A counter that expired (``fence_retention`` after its last
+acquisition or write-back: a week by default, at least the lease) is lost on every server at once; it is harmless
+once more than twice the clock skew has passed since the last token was minted (see "Lost counters"), as the
+delayed-restart rule asks of a server that lost its data.
 
 Lost counters
 -------------

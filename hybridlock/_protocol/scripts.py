@@ -20,16 +20,18 @@ Every script that gives a lock to an owner mints its token with one ``mint`` (in
 
     token = max(stored counter + 1, server clock in microseconds from TIME)
 
-then store it in the lock's counter key with a TTL of ``FENCE_COUNTER_TTL_MS`` (refreshed at every acquisition).
-Every acquisition is one script run taking well over a microsecond, so on one server the clock term alone already
-increases from one acquisition to the next; the counter term keeps tokens increasing when the clock steps back.
+then store it in the lock's counter key with a TTL of the registry's ``fence_retention`` (refreshed at every
+acquisition; ``hybridlock._core.config.FENCE_RETENTION``, a day, on one server or a cluster,
+``QUORUM_FENCE_RETENTION``, a week, over a quorum). Every acquisition is one script run taking well over a
+microsecond, so on one server the clock term alone already increases from one acquisition to the next; the counter
+term keeps tokens increasing when the clock steps back.
 
 What holds:
 
 * On one server, tokens of a key strictly increase. While the counter exists, the ``+ 1`` term guarantees it
-  whatever the clock does. When the counter is gone (expired after a week idle, evicted, deleted, lost in a restart
-  without persistence), the clock term is past every earlier token provided the server clock has not stepped back
-  by more than the time since the key's last acquisition.
+  whatever the clock does. When the counter is gone (expired ``fence_retention`` after the key's last
+  acquisition, evicted, deleted, lost in a restart without persistence), the clock term is past every earlier
+  token provided the server clock has not stepped back by more than the time since the key's last acquisition.
 * Across a failover to a replica that missed the last writes (asynchronous replication), the new master's first
   token exceeds every token the lost master minted provided the two servers' clocks differ by less than the time
   between the old master's last acquisition and the new master's first. A failover takes seconds, so clocks kept
@@ -60,7 +62,8 @@ from typing import Any
 from .._core.config import QUEUE_PLACE_KEEP_MS
 from ..errors import FencingCounterError
 
-# Counter keys live this long after their last acquisition (one week); see the module docstring.
+# The longest default a counter key lives after its last acquisition (a quorum's, one week); each backend sends its
+# registry's ``fence_retention`` (see the module docstring).
 FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 
 #: The largest fencing token: 2^53 - 1, the largest integer a Lua number (a double) counts exactly (see "The exact
@@ -922,6 +925,19 @@ end
 return 1
 """
 )
+
+PING = """
+-- PING: what a lock's first script needs of the server, without touching any lock (LockRegistry.ping): scripting
+-- (EVALSHA, EVAL on NOSCRIPT), the server clock (TIME), and SET with PX and GET, as every token's mint uses it
+-- (Redis 6.2+, Valkey), as the registry's user (its ACL), on a master (a replica refuses the write).
+-- KEYS[1]  a probe key of the registry's namespace (``<registry_key>:ping``; no lock key is one: they all hold a
+--          "{"), which it leaves gone
+-- returns  1
+redis.call('TIME')
+redis.call('SET', KEYS[1], '1', 'PX', 1000, 'GET')
+redis.call('DEL', KEYS[1])
+return 1
+"""
 
 RAISE_FENCE = (
     """

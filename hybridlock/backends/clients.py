@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -424,19 +425,28 @@ def check_client_settings(client: Any, server: str) -> None:
     stand-in client) draw no warning."""
     kwargs: Any
     if is_cluster_client(client):
-        # A cluster client keeps its nodes' connection settings, and its own retry policy, on itself. A setting it
-        # was not given is the connection's default: none, for the blocking client's timeouts.
-        try:
-            kwargs = dict(client.get_connection_kwargs())
-        except Exception:  # a stub without any
+        # A cluster client keeps its own retry policy (its nodes' clients retry nothing), and its nodes' connection
+        # settings: on the client of a node it met (the blocking client meets the cluster at construction), else on
+        # itself, for the connections it will make.
+        node = _a_node_client(client)
+        if node is not None:
+            kwargs = _pool_settings(getattr(node, "connection_pool", None))
+        else:
+            try:
+                kwargs = dict(client.get_connection_kwargs())
+            except Exception:  # a stub without any
+                return
+            kwargs = {**_connection_defaults(kwargs.get("connection_class")), **kwargs}
+        if kwargs is None:
             return
-        for name in ("socket_timeout", "socket_connect_timeout"):
-            kwargs.setdefault(name, None)
         kwargs["retry"] = getattr(client, "retry", None)
     else:
-        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        kwargs = _pool_settings(getattr(client, "connection_pool", None))
     if not isinstance(kwargs, dict):
         return
+    if kwargs.get("socket_connect_timeout", 0) is None:
+        # Both libraries' connections connect within socket_timeout when given no socket_connect_timeout.
+        kwargs["socket_connect_timeout"] = kwargs.get("socket_timeout", 0)
     untimed = [name for name in ("socket_timeout", "socket_connect_timeout") if kwargs.get(name, 0) is None]
     retries = _retries(client, kwargs)
     too_many = retries is not None and retries > _MAX_RETRIES
@@ -467,6 +477,51 @@ def _caller_stacklevel() -> int:
         frame = frame.f_back  # type: ignore[assignment]
         level += 1
     return level
+
+
+def _pool_settings(pool: Any) -> dict[str, Any] | None:
+    """What the connections ``pool`` makes will carry: a setting the client was not given (a URL names only what it
+    has; ``redis.Redis(host=...)`` fills in its own defaults) is the connection class's default. None for a pool
+    whose settings cannot be read (a stand-in)."""
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    return {**_connection_defaults(getattr(pool, "connection_class", None)), **kwargs}
+
+
+def _a_node_client(client: Any) -> Any:
+    """The client of one node a blocking cluster client has met (redis-py's ``redis_connection``, valkey-py's
+    ``valkey_connection``); None when it has none yet (the asyncio client, before its first command)."""
+    try:
+        node = client.get_default_node()
+    except Exception:  # a stub, or no node known
+        return None
+    for name in ("redis_connection", "valkey_connection"):
+        found = getattr(node, name, None)
+        if found is not None and hasattr(found, "connection_pool"):
+            return found
+    return None
+
+
+_DEFAULTED = ("socket_timeout", "socket_connect_timeout", "retry", "retry_on_timeout", "retry_on_error")
+
+
+@functools.cache
+def _connection_defaults(connection_class: Any) -> dict[str, Any]:
+    """The defaults of ``connection_class``'s settings that bear on the timeout promise (the first class of its MRO
+    that names one gives it: ``UnixDomainSocketConnection`` has a ``socket_timeout`` of its own); none for a class
+    whose signature cannot be read (a stand-in)."""
+    defaults: dict[str, Any] = {}
+    for cls in getattr(connection_class, "__mro__", ()):
+        try:
+            parameters = inspect.signature(cls.__dict__["__init__"]).parameters
+        except (KeyError, TypeError, ValueError):
+            continue
+        for name in _DEFAULTED:
+            parameter = parameters.get(name)
+            if parameter is not None and parameter.default is not parameter.empty:
+                defaults.setdefault(name, parameter.default)
+    return defaults
 
 
 def _retries(client: Any, kwargs: dict[str, Any]) -> int | None:

@@ -51,6 +51,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 from redis.crc import key_slot
 
+from ..._core.config import FENCE_RETENTION, checked_fence_retention
 from ..._core.names import LockNames, ReadWriteNames
 from ...backends.clients import (
     asyncio_client_family,
@@ -293,9 +294,17 @@ def _is_migration(exc: BaseException) -> bool:
 class AsyncRedisClusterBackend(AsyncRedisBackend):
     """Locks in a Redis or Valkey cluster. ``client`` is a ``redis.asyncio.RedisCluster`` (or valkey-py's twin); an
     asyncio backend and its client serve one event loop. ``address`` names the cluster in messages (default: the
-    nodes the client was given, as ``redis+cluster://host:port,...``)."""
+    nodes the client was given, as ``redis+cluster://host:port,...``). ``fence_retention``: as
+    ``AsyncRedisBackend``'s."""
 
-    def __init__(self, client: Any, *, owns_client: bool = False, address: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        owns_client: bool = False,
+        address: str | None = None,
+        fence_retention: float | None = None,
+    ) -> None:
         # Refuses clients of the other side (asyncio vs blocking) with the one to use instead.
         self._family = asyncio_client_family(client)
         if not is_cluster_client(client):
@@ -310,6 +319,7 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
         # Replica confirmation (WAIT on the connection that wrote) is built for one master; the registry refuses it
         # for a cluster.
         self.confirmation = None
+        self.fence_retention = checked_fence_retention(fence_retention, None, FENCE_RETENTION)
         self._cluster_scripts = _ClusterScriptRunner(self)
         self._scripts = self._cluster_scripts
         self._blocking_slice = blocking_slice(client)

@@ -11,6 +11,7 @@ method awaits anything but a watch's ``wait``. The asyncio backend serves the ta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from ..._core.names import LockNames, ReadWriteNames
@@ -35,6 +36,8 @@ class AsyncMemoryBackend(AsyncLockBackend):
     """Keeps locks in a dict guarded by one condition variable."""
 
     address = "memory"
+    #: Fencing counters are kept for the backend's life (see ``__init__``).
+    fence_retention = math.inf
 
     def __init__(self) -> None:
         # Not reentrant: no method calls another public one under it (try_acquire_many uses the helpers), and the

@@ -39,7 +39,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.crc import key_slot
 
-from ..._core.config import ReplicaConfirmation
+from ..._core.config import FENCE_RETENTION, ReplicaConfirmation, checked_fence_retention, fence_retention_ms
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
@@ -447,10 +447,17 @@ class AsyncRedisBackend(AsyncLockBackend):
     event loop.
 
     ``confirmation``: every acquire and renewal is followed, on the same connection, by ``WAIT`` for that many
-    replicas (``LockRegistry(confirm_replicas=..., confirm_timeout=...)`` passes it)."""
+    replicas (``LockRegistry(confirm_replicas=..., confirm_timeout=...)`` passes it). ``fence_retention``: how long
+    (seconds) a lock's fencing counter is kept after its last acquisition (default ``FENCE_RETENTION``, a day; the
+    registry's ``fence_retention`` explains it)."""
 
     def __init__(
-        self, client: Any, *, owns_client: bool = False, confirmation: ReplicaConfirmation | None = None
+        self,
+        client: Any,
+        *,
+        owns_client: bool = False,
+        confirmation: ReplicaConfirmation | None = None,
+        fence_retention: float | None = None,
     ) -> None:
         # Refuses clients of the other side (asyncio vs blocking) with the one to use instead, and cluster clients.
         self._family = asyncio_client_family(client)
@@ -463,6 +470,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         self.address = server_name(client, self._family)
         self.login = login_of(client)  # for a refused login's message
         self.confirmation = confirmation
+        self.fence_retention = checked_fence_retention(fence_retention, None, FENCE_RETENTION)
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
@@ -472,6 +480,15 @@ class AsyncRedisBackend(AsyncLockBackend):
         self._in_flight = 0
         self._idle = AsyncCondition()
         self._closed = False
+
+    @property
+    def fence_retention(self) -> float:
+        """How long (seconds) a lock's fencing counter is kept after its last acquisition (its ``PX``)."""
+        return self._fence_retention_ms / 1000
+
+    @fence_retention.setter
+    def fence_retention(self, retention: float) -> None:
+        self._fence_retention_ms = fence_retention_ms(retention)
 
     def fork_guards(self) -> list[Any]:
         """The thread lock of the client's connection pool, which the registry holds across a fork: a thread of ours
@@ -592,7 +609,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         args = (
             owner,
             lease_ms or 0,
-            scripts.FENCE_COUNTER_TTL_MS,
+            self._fence_retention_ms,
             names.channel,
             await self._announcement(),
             int(queue),
@@ -636,7 +653,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         args = [
             owner,
             lease_ms or 0,
-            scripts.FENCE_COUNTER_TTL_MS,
+            self._fence_retention_ms,
             int(queue),
             await self._announcement(),
             *(n.channel for n in names),
@@ -654,7 +671,7 @@ class AsyncRedisBackend(AsyncLockBackend):
                         [
                             (
                                 (n.lock, n.queue, n.queue_until, n.fence),
-                                (owner, n.channel, announcement, scripts.FENCE_COUNTER_TTL_MS),
+                                (owner, n.channel, announcement, self._fence_retention_ms),
                             )
                             for n in names
                         ],
@@ -672,7 +689,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             released = await self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until, names.fence),
-                (owner, names.channel, await self._announcement() if notify else "", scripts.FENCE_COUNTER_TTL_MS),
+                (owner, names.channel, await self._announcement() if notify else "", self._fence_retention_ms),
             )
         return bool(released)
 
@@ -681,7 +698,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             await self._scripts.run(
                 scripts.CANCEL_WAIT,
                 (names.lock, names.queue, names.queue_until, names.fence),
-                (owner, names.channel, await self._announcement(), scripts.FENCE_COUNTER_TTL_MS, place or ""),
+                (owner, names.channel, await self._announcement(), self._fence_retention_ms, place or ""),
             )
 
     async def keep_waiting(
@@ -710,7 +727,7 @@ class AsyncRedisBackend(AsyncLockBackend):
                     ],
                     (
                         owner,
-                        scripts.FENCE_COUNTER_TTL_MS,
+                        self._fence_retention_ms,
                         announcement,
                         *(arg for n, place in group for arg in (place or "", n.channel)),
                     ),
@@ -915,7 +932,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             "write acquire",
             scripts.ACQUIRE_WRITE,
             (names.writer, names.readers, names.writers_waiting, names.fence),
-            (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, await self._announcement(), int(wait)),
+            (owner, lease_ms, self._fence_retention_ms, names.channel, await self._announcement(), int(wait)),
         )
         if reply[0] == scripts.OUT_OF_RANGE:
             raise self._out_of_range(names, reply[1], "write acquire")
@@ -983,11 +1000,17 @@ class AsyncRedisBackend(AsyncLockBackend):
             pipe.pexpire(key, ttl_ms)
             await pipe.execute()
 
+    async def ping(self, probe: str) -> None:
+        # One script, as a lock's first acquire sends one: the same connection, login, EVALSHA (EVAL on NOSCRIPT),
+        # the same translation of what goes wrong (named "ping", with no key).
+        async with self._translated(None, "ping"):
+            await self._scripts.run(scripts.PING, (probe,), ())
+
     async def raise_fence(self, names: LockNames, token: int) -> None:
         """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back).
         ``FencingCounterError`` when the counter holds a number outside the exact range (left alone)."""
         async with self._translated(names, "fencing write-back"):
-            reply = await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+            reply = await self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, self._fence_retention_ms))
         if reply != 1:
             raise self._out_of_range(names, reply[1], "fencing write-back")
 

@@ -223,6 +223,13 @@ class LockBackend(abc.ABC):
         then learn of contention only by polling ``ReleaseWatch.contended``."""
         return False
 
+    def ping(self, probe: str) -> None:  # noqa: B027 - optional: a backend in memory has nothing to reach
+        """Ask the server for what a lock's first operation needs of it (reachable, the login accepted, the scripts
+        allowed and working, a master), without touching any lock; ``probe`` is a key of the registry's namespace
+        that no lock uses, which the backend may write and delete. Raises what that first operation would have
+        raised (``BackendUnavailableError``, ``AuthenticationFailedError``, a ``HybridLockError`` for a refused
+        command), naming the server and no key. Default: nothing."""
+
     def describe_owner(  # noqa: B027 - optional: a backend nobody else can read needs no description
         self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int
     ) -> None:

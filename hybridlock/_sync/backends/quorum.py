@@ -70,12 +70,13 @@ Failure modes
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..._core.config import lease_drift
+from ..._core.config import QUORUM_FENCE_RETENTION, checked_fence_retention, lease_drift
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.quorum import majority, tally_acquire, tally_flags, validity_left, write_back_holds
 from ...errors import (
@@ -91,6 +92,8 @@ from .redis import RedisBackend
 
 __all__ = ["READ_WRITE_REFUSED", "STRAGGLER_PATIENCE", "QuorumBackend"]
 
+logger = logging.getLogger("hybridlock.backend")
+
 READ_WRITE_REFUSED = (
     "read-write locks are not available over a quorum of servers: use plain locks (obtain) or one server"
 )
@@ -104,14 +107,22 @@ class QuorumBackend(LockBackend):
     """Locks held in a majority of ``servers``: each a ``redis://`` URL, a ``redis.Redis`` client (or
     valkey's twin) or an ``RedisBackend``; independent servers (not replicas of one another), at least one,
     an odd number of them (3 or 5) being the useful choice. Use it through ``QuorumLockRegistry``, or pass
-    it to ``LockRegistry`` as the connection."""
+    it to ``LockRegistry`` as the connection.
 
-    def __init__(self, servers: Sequence[Any]) -> None:
+    ``fence_retention`` (seconds, default ``QUORUM_FENCE_RETENTION``: a week) is how long each server keeps a lock's
+    fencing counter after its last acquisition or write-back; it is set on every server's backend, those given as
+    ``RedisBackend`` objects too (the quorum's tokens rest on its counters: see ``hybridlock._core.quorum``)."""
+
+    def __init__(self, servers: Sequence[Any], *, fence_retention: float | None = None) -> None:
         if isinstance(servers, (str, bytes)) or not isinstance(servers, Sequence):
             raise InvalidArgumentError("a quorum needs a list of servers (URLs, clients or backends)")
         if not servers:
             raise InvalidArgumentError("a quorum needs at least one server")
+        retention = checked_fence_retention(fence_retention, None, QUORUM_FENCE_RETENTION)
         self.servers: list[RedisBackend] = [_server_backend(server) for server in servers]
+        for server in self.servers:
+            server.fence_retention = retention
+        self.fence_retention = retention
         addresses = [server.address for server in self.servers]
         if len(set(addresses)) != len(addresses):
             raise InvalidArgumentError(f"a quorum's servers must be distinct, not {', '.join(addresses)}")
@@ -343,6 +354,26 @@ class QuorumBackend(LockBackend):
         holding = sum(1 for outcome in answered if outcome)
         # Held by someone if the servers that say so, with those that did not answer, could be a majority.
         return holding > 0 and holding + len(outcomes) - len(answered) >= self.majority
+
+    def ping(self, probe: str) -> None:
+        """Ping every server at once; raises (as an acquire that fewer than a majority granted would, naming every
+        server that failed and why) unless a majority answers. A minority failing is logged (a warning naming each
+        server) and not raised: a lock would still be taken."""
+        outcomes = self._on_all(None, "ping", probe)
+        failed = [
+            f"{server.address}: {_reason(outcome)}"
+            for server, outcome in zip(self.servers, outcomes, strict=True)
+            if isinstance(outcome, Exception)
+        ]
+        if len(outcomes) - len(failed) < self.majority:
+            raise self._unavailable(None, "ping", outcomes)
+        if failed:
+            logger.warning(
+                "hybridlock: %d of %d quorum servers did not answer a ping (a majority did): %s",
+                len(failed),
+                len(outcomes),
+                "; ".join(failed),
+            )
 
     def describe_owner(self, key: str, fields: Mapping[str, str], gone: Sequence[str], ttl_ms: int) -> None:
         """Write the owner's description on every server (``hybridlock inspect`` over a quorum reads it from any

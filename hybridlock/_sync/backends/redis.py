@@ -40,7 +40,7 @@ import redis
 import redis.exceptions
 from redis.crc import key_slot
 
-from ..._core.config import ReplicaConfirmation
+from ..._core.config import FENCE_RETENTION, ReplicaConfirmation, checked_fence_retention, fence_retention_ms
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
@@ -448,10 +448,17 @@ class RedisBackend(LockBackend):
     event loop.
 
     ``confirmation``: every acquire and renewal is followed, on the same connection, by ``WAIT`` for that many
-    replicas (``LockRegistry(confirm_replicas=..., confirm_timeout=...)`` passes it)."""
+    replicas (``LockRegistry(confirm_replicas=..., confirm_timeout=...)`` passes it). ``fence_retention``: how long
+    (seconds) a lock's fencing counter is kept after its last acquisition (default ``FENCE_RETENTION``, a day; the
+    registry's ``fence_retention`` explains it)."""
 
     def __init__(
-        self, client: Any, *, owns_client: bool = False, confirmation: ReplicaConfirmation | None = None
+        self,
+        client: Any,
+        *,
+        owns_client: bool = False,
+        confirmation: ReplicaConfirmation | None = None,
+        fence_retention: float | None = None,
     ) -> None:
         # Refuses clients of the other side (asyncio vs blocking) with the one to use instead, and cluster clients.
         self._family = client_family(client)
@@ -464,6 +471,7 @@ class RedisBackend(LockBackend):
         self.address = server_name(client, self._family)
         self.login = login_of(client)  # for a refused login's message
         self.confirmation = confirmation
+        self.fence_retention = checked_fence_retention(fence_retention, None, FENCE_RETENTION)
         self._owns_client = owns_client
         self._scripts = ScriptRunner(client, self._family)
         self._subscriber = Subscriber(client)
@@ -473,6 +481,15 @@ class RedisBackend(LockBackend):
         self._in_flight = 0
         self._idle = Condition()
         self._closed = False
+
+    @property
+    def fence_retention(self) -> float:
+        """How long (seconds) a lock's fencing counter is kept after its last acquisition (its ``PX``)."""
+        return self._fence_retention_ms / 1000
+
+    @fence_retention.setter
+    def fence_retention(self, retention: float) -> None:
+        self._fence_retention_ms = fence_retention_ms(retention)
 
     def fork_guards(self) -> list[Any]:
         """The thread lock of the client's connection pool, which the registry holds across a fork: a thread of ours
@@ -593,7 +610,7 @@ class RedisBackend(LockBackend):
         args = (
             owner,
             lease_ms or 0,
-            scripts.FENCE_COUNTER_TTL_MS,
+            self._fence_retention_ms,
             names.channel,
             self._announcement(),
             int(queue),
@@ -637,7 +654,7 @@ class RedisBackend(LockBackend):
         args = [
             owner,
             lease_ms or 0,
-            scripts.FENCE_COUNTER_TTL_MS,
+            self._fence_retention_ms,
             int(queue),
             self._announcement(),
             *(n.channel for n in names),
@@ -655,7 +672,7 @@ class RedisBackend(LockBackend):
                         [
                             (
                                 (n.lock, n.queue, n.queue_until, n.fence),
-                                (owner, n.channel, announcement, scripts.FENCE_COUNTER_TTL_MS),
+                                (owner, n.channel, announcement, self._fence_retention_ms),
                             )
                             for n in names
                         ],
@@ -673,7 +690,7 @@ class RedisBackend(LockBackend):
             released = self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until, names.fence),
-                (owner, names.channel, self._announcement() if notify else "", scripts.FENCE_COUNTER_TTL_MS),
+                (owner, names.channel, self._announcement() if notify else "", self._fence_retention_ms),
             )
         return bool(released)
 
@@ -682,7 +699,7 @@ class RedisBackend(LockBackend):
             self._scripts.run(
                 scripts.CANCEL_WAIT,
                 (names.lock, names.queue, names.queue_until, names.fence),
-                (owner, names.channel, self._announcement(), scripts.FENCE_COUNTER_TTL_MS, place or ""),
+                (owner, names.channel, self._announcement(), self._fence_retention_ms, place or ""),
             )
 
     def keep_waiting(
@@ -711,7 +728,7 @@ class RedisBackend(LockBackend):
                     ],
                     (
                         owner,
-                        scripts.FENCE_COUNTER_TTL_MS,
+                        self._fence_retention_ms,
                         announcement,
                         *(arg for n, place in group for arg in (place or "", n.channel)),
                     ),
@@ -916,7 +933,7 @@ class RedisBackend(LockBackend):
             "write acquire",
             scripts.ACQUIRE_WRITE,
             (names.writer, names.readers, names.writers_waiting, names.fence),
-            (owner, lease_ms, scripts.FENCE_COUNTER_TTL_MS, names.channel, self._announcement(), int(wait)),
+            (owner, lease_ms, self._fence_retention_ms, names.channel, self._announcement(), int(wait)),
         )
         if reply[0] == scripts.OUT_OF_RANGE:
             raise self._out_of_range(names, reply[1], "write acquire")
@@ -984,11 +1001,17 @@ class RedisBackend(LockBackend):
             pipe.pexpire(key, ttl_ms)
             pipe.execute()
 
+    def ping(self, probe: str) -> None:
+        # One script, as a lock's first acquire sends one: the same connection, login, EVALSHA (EVAL on NOSCRIPT),
+        # the same translation of what goes wrong (named "ping", with no key).
+        with self._translated(None, "ping"):
+            self._scripts.run(scripts.PING, (probe,), ())
+
     def raise_fence(self, names: LockNames, token: int) -> None:
         """Raise the fencing counter of ``names`` to at least ``token`` (a quorum acquire's write-back).
         ``FencingCounterError`` when the counter holds a number outside the exact range (left alone)."""
         with self._translated(names, "fencing write-back"):
-            reply = self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, scripts.FENCE_COUNTER_TTL_MS))
+            reply = self._scripts.run(scripts.RAISE_FENCE, (names.fence,), (token, self._fence_retention_ms))
         if reply != 1:
             raise self._out_of_range(names, reply[1], "fencing write-back")
 
