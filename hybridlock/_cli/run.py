@@ -53,6 +53,7 @@ from .common import (
     report,
     server_urls_of,
 )
+from .show import who_holds
 
 __all__ = [
     "EXIT_CANNOT_RUN",
@@ -198,14 +199,14 @@ def _command(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return report(_PROG, exc)
     try:
-        return _hold_and_run(registry, args, command)
+        return _hold_and_run(registry, args, command, urls)
     finally:
         registry.close()
 
 
-def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: list[str]) -> int:
+def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: list[str], urls: list[str]) -> int:
     lock = registry.obtain(args.key)
-    failed = _acquire(lock, args)
+    failed = _acquire(lock, args, urls, registry.registry_key)
     if failed is not None:
         return failed
     lost = threading.Event()
@@ -226,8 +227,9 @@ def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: lis
     return status
 
 
-def _acquire(lock: HybridLock, args: argparse.Namespace) -> int | None:
-    """Take the lock: None once held, else the exit status to end with."""
+def _acquire(lock: HybridLock, args: argparse.Namespace, urls: list[str], registry_key: str) -> int | None:
+    """Take the lock: None once held, else the exit status to end with (refused or timed out: saying who holds it,
+    as ``inspect`` does)."""
 
     def interrupted(signum: int, frame: FrameType | None) -> None:
         raise _Interrupted(signum)
@@ -251,10 +253,13 @@ def _acquire(lock: HybridLock, args: argparse.Namespace) -> int | None:
             signal.signal(signum, handler)
     if got:
         return None
+    who = who_holds(urls, registry_key, args.key)
     if args.no_wait:
-        print(f"{_PROG}: {args.key!r} is held by another owner", file=sys.stderr)
+        # Over a quorum, refused means not taken on a majority: held elsewhere, or servers out of reach.
+        refused = "is held by another owner" if len(urls) == 1 else "could not be taken on a majority of the servers"
+        print(f"{_PROG}: {args.key!r} {refused}: {who}", file=sys.stderr)
         return EXIT_HELD
-    print(f"{_PROG}: timed out after {args.timeout:g} s waiting for {args.key!r}", file=sys.stderr)
+    print(f"{_PROG}: timed out after {args.timeout:g} s waiting for {args.key!r}: {who}", file=sys.stderr)
     return EXIT_TIMEOUT
 
 

@@ -36,7 +36,7 @@ from .common import (
 )
 from .inspection import read_locks, scan_keys
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "who_holds"]
 
 USAGE, SERVER_FAILED = 2, 3
 
@@ -192,6 +192,33 @@ def _run_quorum(
         for lock in locks:
             print(f"{lock['key']} [{lock['kind']}]: {lock['verdict']}")
     return 0
+
+
+def who_holds(urls: list[str], registry_key: str, key: str) -> str:
+    """Who holds the plain lock ``key``, as ``inspect`` describes a holder (owner id, host, pid, thread, where and
+    since when it took it; the lease left), in one line for a message (``run --no-wait`` refused); over a quorum,
+    each server's holder. Read afresh, through clients of its own; never raises: what could not be read is said."""
+    try:
+        servers = open_servers(urls, USAGE, SERVER_FAILED)
+    except CommandError as exc:
+        return f"who holds it could not be read ({exc})"
+    try:
+        found = on_each(
+            servers, lambda server: read_locks(server.client, registry_key, [(key, "lock")])[0], SERVER_FAILED
+        )
+    finally:
+        close_all(servers)
+    now = time.time()
+    said = []
+    for server, state in zip(servers, found, strict=True):
+        if isinstance(state, CommandError):
+            shown = f"who holds it could not be read ({state.reason})"
+        elif state["holder"] is None:
+            shown = "free" if len(servers) > 1 else "free by now (released, or its lease ended, since)"
+        else:
+            shown = f"held by {_who(state['holder'], now)}; {_lease(state['lease_remaining_ms'])}"
+        said.append(shown if len(servers) == 1 else f"{server.name}: {shown}")
+    return "; ".join(said)
 
 
 def _holder_of(state: dict[str, Any]) -> dict[str, Any] | None:
