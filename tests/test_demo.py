@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from hybridlock.__main__ import main
+from hybridlock._cli.common import EXIT_FAILED, EXIT_NOT_DONE, EXIT_USAGE
 from hybridlock._cli.demo import DemoSettings, _report
 
 
@@ -56,7 +57,7 @@ def test_demo_without_a_server_binary_says_so():
     result = subprocess.run(
         [sys.executable, "-m", "hybridlock", "demo"], capture_output=True, text=True, timeout=60, env=env
     )
-    assert result.returncode == 2
+    assert result.returncode == EXIT_FAILED
     assert "HYBRIDLOCK_REDIS_SERVER" in result.stderr
     assert "/nonexistent/redis-server" in result.stderr
     assert "Traceback" not in result.stderr
@@ -64,7 +65,7 @@ def test_demo_without_a_server_binary_says_so():
 
 def test_demo_reports_an_unreachable_server(capsys):
     # Port 1 on loopback: nothing listens there, so the connection is refused at once.
-    assert main(["demo", "--server", "redis://127.0.0.1:1/0", "--cycles", "1"]) == 2
+    assert main(["demo", "--server", "redis://127.0.0.1:1/0", "--cycles", "1"]) == EXIT_FAILED
     assert "cannot use the server at redis://127.0.0.1:1/0" in capsys.readouterr().err
 
 
@@ -104,7 +105,7 @@ def test_demo_takes_server_and_warns_of_redis(server, capsys):
     captured = capsys.readouterr()
     assert "OK: count is exact" in captured.out
     assert "hybridlock demo: warning: --redis is deprecated, use --server URL" in captured.err
-    assert main(["demo", "--redis", server.url, "--server", "redis://127.0.0.1:1/0", *args]) == 2
+    assert main(["demo", "--redis", server.url, "--server", "redis://127.0.0.1:1/0", *args]) == EXIT_USAGE
     assert "--server and --redis name different servers" in capsys.readouterr().err
 
 
@@ -114,7 +115,7 @@ def test_demo_control_without_the_lock_comes_out_wrong(server, capsys):
     increments (the GET then SET race the lock prevents) and exits 1. Eight threads of 200 cycles: for none of 1,600
     read-then-write cycles to overlap another is beyond chance."""
     args = ["demo", "--server", server.url, "--processes", "2", "--threads", "4", "--cycles", "200", "--key", "ctl"]
-    assert main([*args, "--no-lock"]) == 1
+    assert main([*args, "--no-lock"]) == EXIT_NOT_DONE
     out = capsys.readouterr().out
     assert "WITHOUT the lock" in out
     assert "expected count: 1600\n" in out

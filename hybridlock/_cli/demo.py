@@ -31,7 +31,7 @@ import redis
 from .._sync.registry import LockRegistry
 from ..backends.clients import redacted, redacted_url
 from ..testing.server import EmbeddedServer, ServerNotFoundError
-from .common import SERVER_ENV
+from .common import EXIT_FAILED, EXIT_NOT_DONE, EXIT_OK, EXIT_SIGNALLED, EXIT_USAGE, SERVER_ENV, exit_status_epilog
 
 __all__ = ["add_parser", "run_demo"]
 
@@ -90,10 +90,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Run PROCESSES worker processes with THREADS threads each, all contending for one lock. Under the lock "
             "every cycle increments a counter kept in the server with a non-atomic GET then SET, so any lapse in "
             "mutual exclusion loses an increment. Prints throughput and checks the final count is exact. With "
-            "--no-lock, the control: the same run without the lock, whose count comes out short. Exit status 0: "
-            "the count is exact; 1: it is not (with --no-lock, as expected) or a worker failed; 2: no server could "
-            "be started or reached."
+            "--no-lock, the control: the same run without the lock, whose count comes out short."
         ),
+        epilog=exit_status_epilog("demo"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--server",
@@ -142,7 +142,7 @@ def _command(args: argparse.Namespace) -> int:
         print("hybridlock demo: warning: --redis is deprecated, use --server URL", file=sys.stderr)
         if url is not None and url != args.redis:
             print("hybridlock demo: --server and --redis name different servers", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         url = args.redis
     lock = not args.no_lock
     if url is not None:
@@ -151,12 +151,12 @@ def _command(args: argparse.Namespace) -> int:
         server = EmbeddedServer()
     except ServerNotFoundError as exc:
         print(f"hybridlock demo: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     try:
         server.start()
     except RuntimeError as exc:
         print(f"hybridlock demo: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     try:
         print(f"Started {os.path.basename(server.binary)} on {server.url} for this run.")
         return run_demo(
@@ -180,8 +180,8 @@ def run_demo(
     lock: bool = True,
 ) -> int:
     """Run the demo against the server at ``url`` for ``seconds``, or ``cycles`` per thread, under the lock (or,
-    with ``lock=False``, the control: without it); return the exit status (0: the count is exact, 1: it is not or a
-    worker failed, 2: the server cannot be reached)."""
+    with ``lock=False``, the control: without it); return the exit status (``EXIT_STATUSES``: 0 the count is exact,
+    1 it is not or a worker failed, 2 ``url`` is no valid URL, 125 the server cannot be reached)."""
     if (seconds is None) == (cycles is None):
         raise ValueError("give exactly one of seconds and cycles")
     settings = DemoSettings(url, processes, threads, cycles, key, lock)
@@ -193,7 +193,7 @@ def run_demo(
             f"hybridlock demo: cannot use the server at {redacted_url(url)}: {redacted(str(exc), url)}",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
     try:
         contending = f"contending on lock {key!r} (registry {REGISTRY_KEY!r})" if lock else "WITHOUT the lock"
         print(
@@ -237,7 +237,7 @@ def _run(settings: DemoSettings, client: redis.Redis, seconds: float | None) -> 
         elapsed = _watch_progress(settings, workers, done, start, seconds, failures, errors, progress)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGNALLED + signal.SIGINT
     finally:
         stop.set()
         go.set()  # release workers still waiting to begin
@@ -309,7 +309,7 @@ def _report(
         raw = client.get(settings.counter_key)
     except redis.RedisError as exc:
         print(f"FAILED: cannot read the counter back: {exc}")
-        return 1
+        return EXIT_FAILED
     actual = int(raw) if raw is not None else 0
     rate = expected / elapsed if elapsed > 0 else 0.0
     print(f"{expected} cycles in {elapsed:.2f} s: {rate:,.0f} cycles/s")
@@ -323,25 +323,25 @@ def _report(
             f"WRONG, as expected without the lock: count is off by {actual - expected:+d}: increments were lost where "
             "two cycles read the same value (run without --no-lock to see the lock prevent it)"
         )
-        return 1
+        return EXIT_NOT_DONE
     if actual != expected:
         print(
             f"FAILED: count is off by {actual - expected:+d}: two holders were inside the lock at once "
             "(or a holder failed between its SET and counting the cycle)"
         )
-        return 1
+        return EXIT_NOT_DONE
     if failures:
         print("FAILED: some workers did not finish cleanly (see above)")
-        return 1
+        return EXIT_NOT_DONE
     if settings.cycles is not None and expected != settings.processes * settings.threads * settings.cycles:
         print(f"FAILED: only {expected} of {settings.processes * settings.threads * settings.cycles} cycles ran")
-        return 1
+        return EXIT_NOT_DONE
     if not settings.lock:
         # Not a failure of the control: no two cycles happened to overlap; more of them would.
         print("exact this time without the lock: no two cycles overlapped (try more --threads or --seconds)")
-        return 0
+        return EXIT_OK
     print("OK: count is exact")
-    return 0
+    return EXIT_OK
 
 
 class _Progress:

@@ -5,8 +5,7 @@ lock at its slot's master), or from every server of a quorum (``--server`` given
 shown with its holder on each server and a verdict, held by an owner only if that owner holds it on a majority
 (``N // 2 + 1``) of all the servers; a server that cannot be reached counts as not holding it and is shown so.
 
-Exit status: 0 done, 2 usage or no server given (or a list of servers that is no quorum), 3 the server could not
-be reached or refused a command (over a quorum: fewer than a majority of the servers answered).
+Exit statuses: the table in ``common.py`` (``EXIT_STATUSES``).
 """
 
 from __future__ import annotations
@@ -24,10 +23,13 @@ from .._core.quorum import majority
 from .._protocol.scripts import MAX_TOKEN
 from .._sync.backends.quorum import READ_WRITE_REFUSED
 from .common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
     CommandError,
     Server,
     add_server_arguments,
     close_all,
+    exit_status_epilog,
     on_each,
     open_servers,
     registry_key_of,
@@ -38,13 +40,9 @@ from .inspection import read_locks, scan_keys
 
 __all__ = ["add_parsers", "who_holds"]
 
-USAGE, SERVER_FAILED = 2, 3
+USAGE, SERVER_FAILED = EXIT_USAGE, EXIT_FAILED
 
-_STATUSES = (
-    "exit status: 0 done; 2 usage error, no server given, or servers that make no quorum (one given twice, a cluster "
-    "among them); 3 the server could not be reached or refused (over a quorum: fewer than a majority answered). "
-    "Over a quorum a lock is held by an owner only if that owner holds it on a majority of the servers."
-)
+_QUORUM = "Over a quorum a lock is held by an owner only if that owner holds it on a majority of the servers."
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -55,7 +53,8 @@ def add_parsers(subparsers: Any) -> None:
         "since when, and whether that thread or task ended without releasing it), the remaining lease, the owners "
         "waiting in queue order and the fencing counter; for a read-write lock its writer, readers and waiting "
         "writers. Read only.",
-        epilog=_STATUSES,
+        epilog=f"{_QUORUM}\n\n{exit_status_epilog('inspect')}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument("keys", nargs="+", metavar="KEY", help="lock key, as given to registry.obtain()")
     inspect.add_argument("--read-write", action="store_true", help="the keys are read-write locks (obtain_read_write)")
@@ -68,7 +67,8 @@ def add_parsers(subparsers: Any) -> None:
         help="list the locks held or waited for",
         description="List the locks of the registry that are held or waited for, with their holder, remaining "
         "lease, waiters and fencing counter. Uses SCAN (never KEYS), so it does not block the server. Read only.",
-        epilog=_STATUSES,
+        epilog=f"{_QUORUM}\n\n{exit_status_epilog('list')}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     listing.add_argument(
         "pattern", nargs="?", default="*", metavar="PATTERN", help="a glob over lock keys, as SCAN MATCH (default: *)"
@@ -132,7 +132,7 @@ def _run_quorum(
     args: argparse.Namespace, prog: str, servers: list[Server], registry_key: str, keys_of: Any, detailed: bool
 ) -> int:
     """Read every server at once (``list``: first the keys each one knows, then the union of them everywhere) and
-    give each lock a verdict by majority. Fewer than a majority answering is a ``CommandError`` (status 3)."""
+    give each lock a verdict by majority. Fewer than a majority answering is a ``CommandError`` (``EXIT_FAILED``)."""
     needed = majority(len(servers))
     answering = servers
     keys: list[tuple[str, str]] = []
