@@ -18,8 +18,8 @@ import pytest
 import redis
 
 import hybridlock
+from hybridlock._cli.common import EXIT_FAILED, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, EXIT_TIMEOUT, EXIT_USAGE
 from hybridlock._cli.inspection import glob_matcher
-from hybridlock._cli.run import EXIT_FAILED, EXIT_HELD, EXIT_LOST, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from tests._polling import until
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(90)]
@@ -437,7 +437,7 @@ def test_no_server_given_fails_with_its_own_status(server):
     result = subprocess.run(
         [_PY, "-m", "hybridlock", "run", "k", "--", "true"], env=env, capture_output=True, text=True, timeout=30
     )
-    assert result.returncode == EXIT_FAILED
+    assert result.returncode == EXIT_USAGE
     assert "HYBRIDLOCK_SERVER_URL" in result.stderr
 
 
@@ -446,7 +446,7 @@ def test_passwords_are_never_printed(server):
     run = _cli(server, "run", "--server", url, "k", "--", "true")
     assert run.returncode == EXIT_FAILED
     inspect = _cli(server, "inspect", "k", HYBRIDLOCK_SERVER_URL=url)
-    assert inspect.returncode == 3
+    assert inspect.returncode == EXIT_FAILED
     for result in (run, inspect):
         assert "sekrit" not in result.stdout + result.stderr
         assert "127.0.0.1:1" in result.stderr
@@ -462,9 +462,9 @@ def test_a_refused_login_is_told_as_such_by_every_command(own_server, userinfo, 
     url = f"redis://{userinfo}127.0.0.1:{own_server.port}/0"
     for args, status in (
         (("run", "k", "--", "true"), EXIT_FAILED),
-        (("inspect", "k"), 3),
-        (("list",), 3),
-        (("release", "--force", "--yes", "k"), 3),
+        (("inspect", "k"), EXIT_FAILED),
+        (("list",), EXIT_FAILED),
+        (("release", "--force", "--yes", "k"), EXIT_FAILED),
     ):
         result = _cli(own_server, *args, HYBRIDLOCK_SERVER_URL=url)
         assert result.returncode == status, result
@@ -713,7 +713,7 @@ def test_the_registry_key_comes_from_the_environment(server, make_registry):
 def test_an_unreachable_cluster_or_sentinel_service_is_named_without_its_password(server, url, named, command):
     # Nothing listens on port 1: the topology cannot be reached, which is said naming it, without its password.
     done = _cli(server, *command, "--server", url)
-    assert done.returncode == 3, done
+    assert done.returncode == EXIT_FAILED, done
     assert named in done.stderr
     assert "hunter2" not in done.stderr + done.stdout
 

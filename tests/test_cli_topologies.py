@@ -18,7 +18,7 @@ import redis
 from redis.crc import key_slot
 
 import hybridlock
-from hybridlock._cli.common import split_server_urls
+from hybridlock._cli.common import EXIT_FAILED, split_server_urls
 from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.server import EmbeddedServer
 from tests._polling import until
@@ -104,7 +104,7 @@ def test_an_unreachable_sentinel_service_is_named_by_its_service_never_its_passw
     # Nothing listens on port 1: the sentinels cannot be asked for the master.
     url = "redis+sentinel://:hunter22@127.0.0.1:1/locks/2"
     done = _cli(*command, "--server", url)
-    assert done.returncode == 3, done
+    assert done.returncode == EXIT_FAILED, done
     assert "sentinel://locks/2" in done.stderr
     assert "hunter22" not in done.stderr + done.stdout
 
@@ -277,7 +277,7 @@ def test_quorum_inspect_and_list_answer_with_a_server_down_and_fail_without_a_ma
                 srv.kill()
             for command in (["inspect", "job"], ["list"], ["release", "--force", "--yes", "job"]):
                 failed = _cli(*command, *_servers(urls))
-                assert failed.returncode == 3, failed
+                assert failed.returncode == EXIT_FAILED, failed
                 assert f"fewer than a majority ({needed} of {n})" in failed.stderr
         finally:
             with contextlib.suppress(hybridlock.HybridLockError):
@@ -327,7 +327,7 @@ def test_quorum_force_release_refused_by_every_holding_server_is_a_server_failur
                 client.config_set("min-replicas-to-write", 1)
         try:
             done = _cli("release", "--force", "--yes", "stuck", *_servers(urls))
-            assert done.returncode == 3, done  # not 1: the lock is held, the servers refused
+            assert done.returncode == EXIT_FAILED, done  # not 1: the lock is held, the servers refused
             assert done.stdout.count("not released") == len(urls)
         finally:
             for url in urls:
@@ -440,7 +440,7 @@ def test_a_sentinel_service_refusing_the_login_is_told_whose_password_is_missing
     hosts = protected_sentinel.url().removeprefix("redis+sentinel://")
     no_master_password = f"redis+sentinel://{hosts}?sentinel_password={SENTINEL_PASSWORD}"
     no_sentinel_password = f"redis+sentinel://:{MASTER_PASSWORD}@{hosts}"
-    for command, status in ((["inspect", "k"], 3), (["run", "k", "--", "true"], 125)):
+    for command, status in ((["inspect", "k"], EXIT_FAILED), (["run", "k", "--", "true"], EXIT_FAILED)):
         done = _cli(command[0], "--server", no_master_password, *command[1:])
         _refused(done, status, "the master of", "no password was given")
         done = _cli(command[0], "--server", no_sentinel_password, *command[1:])
@@ -450,7 +450,11 @@ def test_a_sentinel_service_refusing_the_login_is_told_whose_password_is_missing
 @pytest.mark.cluster
 def test_a_cluster_refusing_the_login_is_told_so(protected_cluster: EmbeddedCluster) -> None:
     url = protected_cluster.url.replace("redis+cluster://", "redis+cluster://:wrong-pw-e28b@")
-    for command, status in ((["inspect", "k"], 3), (["list"], 3), (["run", "k", "--", "true"], 125)):
+    for command, status in (
+        (["inspect", "k"], EXIT_FAILED),
+        (["list"], EXIT_FAILED),
+        (["run", "k", "--", "true"], EXIT_FAILED),
+    ):
         done = _cli(command[0], "--server", url, *command[1:])
         _refused(done, status, "the password given was refused", "redis+cluster://user")
 
@@ -458,7 +462,7 @@ def test_a_cluster_refusing_the_login_is_told_so(protected_cluster: EmbeddedClus
 def test_a_quorum_refusing_the_login_is_told_so() -> None:
     servers = [EmbeddedServer(extra_args=("--requirepass", MASTER_PASSWORD)).start() for _ in range(3)]
     try:
-        for command, status in ((["inspect", "k"], 3), (["run", "k", "--", "true"], 125)):
+        for command, status in ((["inspect", "k"], EXIT_FAILED), (["run", "k", "--", "true"], EXIT_FAILED)):
             done = _cli(command[0], *_servers([server.url for server in servers]), *command[1:])
             _refused(done, status, "for user 'default'", "no password was given")
     finally:

@@ -109,7 +109,7 @@ def test_the_demo_never_prints_the_password(capsys):
     port = _free_port()  # nothing listens there
     status = run_demo(f"redis://:{SECRET}@127.0.0.1:{port}/0", 1, 1, "k", cycles=1)
     err = capsys.readouterr().err
-    assert status == 2
+    assert status == 125  # unreachable (the exit-status table: EXIT_FAILED)
     assert "cannot use the server at redis://:***@127.0.0.1" in err
     assert SECRET not in err
     status = run_demo(f"redis://:{SECRET}@127.0.0.1:notaport/0", 1, 1, "k", cycles=1)

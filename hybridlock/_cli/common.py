@@ -19,6 +19,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -34,11 +35,22 @@ from ..backends.clients import library_family, login_of, login_refused, redacted
 from ..errors import BackendUnavailableError, HybridLockError
 
 __all__ = [
+    "EXIT_CANNOT_RUN",
+    "EXIT_FAILED",
+    "EXIT_HELD",
+    "EXIT_LOST",
+    "EXIT_NOT_DONE",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_STATUSES",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
     "REGISTRY_KEY_ENV",
     "SERVER_ENV",
     "CommandError",
     "Server",
     "add_server_arguments",
+    "exit_status_epilog",
     "on_each",
     "open_servers",
     "registry_key_of",
@@ -49,6 +61,72 @@ __all__ = [
 SERVER_ENV = "HYBRIDLOCK_SERVER_URL"
 REGISTRY_KEY_ENV = "HYBRIDLOCK_REGISTRY_KEY"
 DEFAULT_REGISTRY_KEY = "hybridlock"
+
+# -- exit statuses ------------------------------------------------------------------------------------------------
+# One table for every subcommand: a condition has one status whichever subcommand meets it. hybridlock's own
+# failures are numbered as timeout(1) and a shell number theirs (124-127), above what commands commonly use, so that
+# `run`, which exits with its command's status, stays tellable apart from it. Shown by each subcommand's --help and
+# in docs/command-line.md ("Exit statuses"), which tests/test_cli_grammar.py checks against this table.
+EXIT_OK = 0  # done (`run`: the command's own status instead)
+EXIT_NOT_DONE = 1  # a plain "no": release found the lock not held; the demo's count came out wrong
+EXIT_USAGE = 2  # the command line is wrong: bad option or value, no server given, servers that make no quorum, ...
+EXIT_HELD = 75  # --no-wait, and another owner holds the lock (sysexits' EX_TEMPFAIL: try again later)
+EXIT_LOST = 122  # the lease was lost while the command ran
+EXIT_TIMEOUT = 124  # --timeout passed before the lock was acquired (as timeout(1))
+EXIT_FAILED = 125  # the server could not be reached or refused; or hybridlock failed otherwise (as timeout(1))
+EXIT_CANNOT_RUN = 126  # the command was found but could not be run (as a shell)
+EXIT_NOT_FOUND = 127  # the command was not found (as a shell)
+EXIT_SIGNALLED = 128  # + N: signal N (SIGINT, SIGTERM, SIGHUP) ended the command line before it finished
+
+# (status as shown, meaning, the subcommands that give it)
+EXIT_STATUSES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        str(EXIT_OK),
+        "done; for run: CMD's own status instead, 128+N when signal N killed CMD (as a shell reports it)",
+        ("run", "inspect", "list", "release", "demo"),
+    ),
+    (
+        str(EXIT_NOT_DONE),
+        "release: the lock was not held, or changed hands meanwhile (nothing released); demo: the "
+        "count came out wrong or a worker failed",
+        ("release", "demo"),
+    ),
+    (
+        str(EXIT_USAGE),
+        "usage error: an unknown option or a bad value, no server given, servers that make no quorum "
+        "(one given twice, a cluster among them), run without -- before CMD or without CMD, release not confirmed",
+        ("run", "inspect", "list", "release", "demo"),
+    ),
+    (str(EXIT_HELD), "--no-wait, and another owner holds the lock (said who: host, pid, since when)", ("run",)),
+    (str(EXIT_LOST), "the lease was lost while CMD ran (CMD was sent --lost-signal)", ("run",)),
+    (str(EXIT_TIMEOUT), "--timeout passed before the lock was acquired (said who holds it)", ("run",)),
+    (
+        str(EXIT_FAILED),
+        "the server could not be reached or refused (a refused login too; over a quorum: fewer than a "
+        "majority answered); demo: no server could be started",
+        ("run", "inspect", "list", "release", "demo"),
+    ),
+    (str(EXIT_CANNOT_RUN), "CMD could not be run", ("run",)),
+    (str(EXIT_NOT_FOUND), "CMD was not found", ("run",)),
+    (
+        "128+N",
+        "signal N (SIGINT: 130, SIGTERM: 143, SIGHUP: 129) ended it before it finished (run: while waiting "
+        "for the lock; once CMD runs, the signal is passed on to CMD)",
+        ("run", "inspect", "list", "release", "demo"),
+    ),
+)
+
+
+def exit_status_epilog(subcommand: str) -> str:
+    """The rows of ``EXIT_STATUSES`` that ``subcommand`` gives, for its ``--help`` (a ``RawDescriptionHelpFormatter``
+    keeps the lines)."""
+    rows = [
+        textwrap.fill(meaning, width=100, initial_indent=f"  {status:<7}", subsequent_indent=" " * 9)
+        for status, meaning, where in EXIT_STATUSES
+        if subcommand in where
+    ]
+    return "exit status:\n" + "\n".join(rows)
+
 
 # Where one URL of a list ends: white space, or a comma followed by the next URL's scheme. A comma alone does not
 # end a URL: sentinel and cluster URLs list their hosts with commas (redis+sentinel://h1,h2/service).

