@@ -131,7 +131,7 @@ def _lost(lease: WatchedLease, what: str, how: str) -> LockLostError:
 
 @final
 class AsyncLossScope:
-    """``async with lock.until_lost() as scope:``: see ``LossWatching.until_lost``. One use only.
+    """``async with lock.until_lost() as scope:``: see ``AsyncHybridLock.until_lost``. One use only.
 
     ``lost_event`` (an ``AsyncEvent``, with ``threading.Event``'s calls) is set as the loss is found, and ``lost``
     reads it."""

@@ -132,7 +132,7 @@ def _lost(lease: WatchedLease, what: str, how: str) -> LockLostError:
 
 @final
 class LossScope:
-    """``with lock.until_lost() as scope:``: see ``LossWatching.until_lost``. One use only.
+    """``with lock.until_lost() as scope:``: see ``HybridLock.until_lost``. One use only.
 
     ``lost_event`` (an ``Event``, with ``threading.Event``'s calls) is set as the loss is found, and ``lost``
     reads it."""
