@@ -73,7 +73,8 @@ class WatchedLease(Protocol):
 
 class LossWatching:
     """What every kind that holds leases offers for work that must stop when they are lost (a mixin: the kind
-    provides ``is_held_by_current_thread()`` and, when it holds more than one lease, ``_watched_leases()``)."""
+    provides ``is_held_by_current_thread()`` and, when it holds more than one lease, ``_watched_leases()``; one whose
+    hold is not a task's, such as a leader's term, overrides ``_held_here()`` instead)."""
 
     __slots__ = ()
 
@@ -82,6 +83,10 @@ class LossWatching:
 
     def is_held_by_current_thread(self) -> bool:
         raise NotImplementedError
+
+    def _held_here(self) -> bool:
+        """Whether the caller may watch the leases: it holds them."""
+        return self.is_held_by_current_thread()
 
     def _watched_leases(self) -> Sequence[WatchedLease]:
         """The leases whose loss ends the work: the kind's own, by default."""
@@ -108,7 +113,7 @@ class LossWatching:
 
 def check_held(holder: LossWatching, leases: Sequence[WatchedLease], what: str, call: str) -> None:
     """``ensure_held()``'s check of ``leases``, held by ``holder``."""
-    if not holder.is_held_by_current_thread():
+    if not holder._held_here():
         first = leases[0]
         raise LockNotOwnedError(
             f"{call} needs the {what} held by this thread, and it is not", key=first.key, server=first._context.server
