@@ -96,11 +96,12 @@ class LossWatching:
 
         Enter it while this task holds the lock (``LockNotOwnedError`` otherwise; ``LockLostError`` at once if the
         lease is already lost, or its ``valid_until`` has passed). When the lease is found lost inside it (the key
-        gone or another owner's at a renewal, or its ``valid_until`` passed without one), the work inside is
-        cancelled and the scope raises ``LockLostError``; a cancellation from outside goes on as
-        ``CancelledError``. On the thread side nothing can be cancelled: the body watches ``scope.lost_event`` (or
-        calls ``ensure_held()``), and the scope raises ``LockLostError`` at its exit if the lease was lost while it
-        ran. Either way the lock is still held after it: release it (which raises ``LockLostError`` too)."""
+        gone or another owner's at a renewal, or its ``valid_until`` passed without one), the scope's
+        ``lost_event`` is set and the scope raises ``LockLostError`` at its exit. On asyncio the work inside is also
+        cancelled then, at the ``await`` it waits in (a cancellation from outside still leaves as
+        ``CancelledError``); threads cannot be cancelled, so their work waits on or polls ``scope.lost_event``, or
+        calls ``ensure_held()``. Either way the lock is still held after the scope: release it (which raises
+        ``LockLostError`` too)."""
         return AsyncLossScope(self, self._watched_leases(), self._loss_what)
 
     def ensure_held(self) -> None:
