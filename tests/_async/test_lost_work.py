@@ -27,9 +27,7 @@ from hybridlock.testing import EmbeddedServer
 
 from .._proxy import FaultProxy
 from ._compat import JOIN, sleep
-from .helpers import Kind, in_other, kinds
-
-pytestmark = pytest.mark.server
+from .helpers import Backend, Kind, in_other, kinds
 
 # How late after the loss is found (or after valid_until) the work may stop, on a machine shared with other test runs.
 SLACK = 0.5
@@ -55,6 +53,7 @@ async def _enter(lock: Any) -> None:
         pytest.fail("the body ran")
 
 
+@pytest.mark.server
 @kinds()
 async def test_a_key_deleted_under_the_holder_stops_the_work_with_lock_lost_error(
     server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
@@ -91,6 +90,7 @@ async def test_a_key_deleted_under_the_holder_stops_the_work_with_lock_lost_erro
         assert not lock.is_held_by_current_task()
 
 
+@pytest.mark.server
 @kinds()
 async def test_a_partitioned_holder_stops_its_work_as_valid_until_passes(
     own_server: EmbeddedServer, kind: Kind
@@ -138,6 +138,7 @@ async def test_a_partitioned_holder_stops_its_work_as_valid_until_passes(
         proxy.close()
 
 
+@pytest.mark.server
 @kinds()
 async def test_a_scope_whose_lease_is_not_lost_ends_as_its_body_does(server: EmbeddedServer, kind: Kind) -> None:
     """Across several renewals the work runs to its end; the scope adds nothing to the body's outcome, and a loss
@@ -162,6 +163,7 @@ async def test_a_scope_whose_lease_is_not_lost_ends_as_its_body_does(server: Emb
             lock.ensure_held()
 
 
+@pytest.mark.server
 @kinds()
 async def test_both_calls_refuse_a_lock_this_task_does_not_hold(server: EmbeddedServer, kind: Kind) -> None:
     async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
@@ -187,6 +189,7 @@ async def test_both_calls_refuse_a_lock_this_task_does_not_hold(server: Embedded
             await lock.release()
 
 
+@pytest.mark.server
 @kinds()
 async def test_a_scope_entered_on_a_lost_lease_raises_at_once(
     server: EmbeddedServer, redis_client: redis.Redis, kind: Kind
@@ -208,6 +211,7 @@ async def test_a_scope_entered_on_a_lost_lease_raises_at_once(
             await lock.release()
 
 
+@pytest.mark.server
 async def test_ensure_held_raises_once_valid_until_has_passed_even_unreported(server: EmbeddedServer) -> None:
     """Without renewal (``auto_renew=False``) nothing reports the lease's end: ``ensure_held()`` reads the clock."""
     async with hybridlock.AsyncLockRegistry(server.url, expire_after=0.5, auto_renew=False) as registry:
@@ -227,6 +231,7 @@ async def test_ensure_held_raises_once_valid_until_has_passed_even_unreported(se
             pass  # (its lease may have run out in the server too)
 
 
+@pytest.mark.server
 async def test_the_loss_signal_can_be_waited_on_elsewhere(server: EmbeddedServer, redis_client: redis.Redis) -> None:
     """Another task (thread) can wait on the scope's ``lost_event`` for the holder's loss."""
     async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
@@ -246,5 +251,35 @@ async def test_the_loss_signal_can_be_waited_on_elsewhere(server: EmbeddedServer
 
         with pytest.raises(hybridlock.LockLostError):
             await work()
+        with pytest.raises(hybridlock.LockLostError):
+            await lock.release()
+
+
+@kinds()
+async def test_on_every_backend_a_loss_the_renewer_reports_ends_the_scope(backend: Backend, kind: Kind) -> None:
+    """Over every backend (a ``LocalLockRegistry``, whose leases never end, too): the calls pass while the lock is
+    held, and a loss marked as the renewer marks it (``_claim_loss``) ends the scope with ``LockLostError``."""
+    async with backend:
+        registry = backend.registry(expire_after=30)
+        lock = kind.make(registry, "everywhere")
+        assert await lock.acquire(timeout=JOIN)
+        lock.ensure_held()
+        async with lock.until_lost() as scope:
+            lock.ensure_held()
+        assert not scope.lost
+        reached: list[str] = []
+        scope = lock.until_lost()
+
+        async def work() -> None:
+            async with scope:
+                part = _parts(lock)[0]
+                assert part._claim_loss(part._tenancy)
+                await _wait_for_loss(scope, reached)
+
+        with pytest.raises(hybridlock.LockLostError):
+            await work()
+        assert reached == ["told=True"]  # (marked by this very task: the event was set before its wait)
+        with pytest.raises(hybridlock.LockLostError):
+            lock.ensure_held()
         with pytest.raises(hybridlock.LockLostError):
             await lock.release()
