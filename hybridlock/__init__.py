@@ -20,12 +20,14 @@ from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
 from ._sync.registry import LocalLockRegistry, LockRegistry, QuorumLockRegistry
 from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
+from ._sync.scope import LossScope
 
 if _TYPE_CHECKING:
     from ._async.lock import AsyncHybridLock
     from ._async.multi import AsyncMultiLock
     from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry, AsyncQuorumLockRegistry
     from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
+    from ._async.scope import AsyncLossScope
 
 from .errors import (
     AuthenticationFailedError,
@@ -57,6 +59,7 @@ __all__ = [
     "AsyncHybridLock",
     "AsyncLocalLockRegistry",
     "AsyncLockRegistry",
+    "AsyncLossScope",
     "AsyncMultiLock",
     "AsyncQuorumLockRegistry",
     "AsyncReadLock",
@@ -81,6 +84,7 @@ __all__ = [
     "LockUpgradeError",
     "LocksHeldAtCloseWarning",
     "LongLeaseWarning",
+    "LossScope",
     "MultiLock",
     "QuorumLockRegistry",
     "ReadLock",
@@ -97,6 +101,7 @@ _ASYNC_NAMES = {
     "AsyncHybridLock": "hybridlock._async.lock",
     "AsyncLocalLockRegistry": "hybridlock._async.registry",
     "AsyncLockRegistry": "hybridlock._async.registry",
+    "AsyncLossScope": "hybridlock._async.scope",
     "AsyncMultiLock": "hybridlock._async.multi",
     "AsyncQuorumLockRegistry": "hybridlock._async.registry",
     "AsyncReadLock": "hybridlock._async.rwlock",

@@ -190,6 +190,24 @@ def test_the_quorum_pages_example_runs(quorum_urls: list[str]) -> None:
     assert "holding orders:42 with fencing token" in run.stdout
 
 
+@pytest.mark.server
+def test_the_lost_work_pages_examples_run_as_one_program(server: EmbeddedServer, redis_client: object) -> None:
+    blocks = python_blocks(DOCS / "lost-work.md")
+    assert len(blocks) == 2
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+        "PYTHONDEVMODE": "1",
+    }
+    program = "\n\n".join(blocks)
+    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "the lease of reports:nightly was lost" in run.stdout
+    assert "cancelled: the lease of reports:async was lost" in run.stdout
+
+
 # A tab of the migration guide: `=== "hybridlock"`, then its indented ```python block.
 _HYBRIDLOCK_TAB = re.compile(r'^=== "hybridlock"\n\n    ```python\n(.*?)^    ```', re.MULTILINE | re.DOTALL)
 

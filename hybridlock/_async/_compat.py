@@ -30,6 +30,7 @@ __all__ = [
     "AsyncEvent",
     "AsyncFanOut",
     "AsyncFifoMutex",
+    "AsyncLossCanceller",
     "AsyncWorker",
     "IS_ASYNC",
     "OTHER_API_REGISTRY",
@@ -233,6 +234,63 @@ class AsyncEvent:
         if timeout is not None and timeout <= 0:
             return False
         return await _wait_event(self._event, timeout)
+
+
+_ARMED, _CANCELLED, _CLOSED = 0, 1, 2
+_LOSS_MESSAGE = "hybridlock: the lease was lost"
+
+
+@final
+class AsyncLossCanceller:
+    """The asyncio half of an ``until_lost()`` scope's cancellation (``scope.py``): made in the task that enters the
+    scope, it cancels that task when ``fire()`` is called, and tells at the scope's exit whether the exception
+    leaving it is that cancellation (the scope then raises ``LockLostError`` in its place) or one from outside
+    (which must go on as ``CancelledError``).
+
+    The rules are ``asyncio.timeout``'s: the task's count of cancellation requests (``cancelling()``) is read at
+    entry, and ours is taken back (``uncancel()``) at exit; the error is ours only if it is a ``CancelledError`` and
+    no other request is left. (Python 3.10 has no such count: there, ours is told by its message, which a later
+    ``cancel()`` from outside replaces.) The thread half (``LossCanceller``) cancels nothing: a thread cannot be
+    interrupted, so its scope's body watches ``lost_event`` or calls ``ensure_held()``."""
+
+    __slots__ = ("_cancelling", "_loop", "_state", "_task")
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:  # (only a coroutine driven by something other than asyncio could get here)
+            raise RuntimeError("until_lost() must be entered in an asyncio task")
+        self._task = task
+        self._loop = asyncio.get_running_loop()
+        self._cancelling = task.cancelling() if hasattr(task, "cancelling") else 0
+        self._state = _ARMED
+
+    def fire(self) -> None:
+        """Cancel the task, soon: from any thread, and never within the call (the loss may be found by the task
+        itself, in a renewal by hand, which then raises ``LockLostError`` on its own: a cancellation left pending
+        by a direct ``cancel()`` would then hit its first ``await`` after the scope)."""
+        try:
+            self._loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:
+            pass  # the loop is closed: nothing runs in it any more, and nothing is left to cancel
+
+    def _cancel(self) -> None:
+        if self._state == _ARMED:  # (not once the scope has exited: the task is elsewhere by then)
+            self._state = _CANCELLED
+            if hasattr(self._task, "uncancel"):
+                self._task.cancel()
+            else:
+                self._task.cancel(_LOSS_MESSAGE)
+
+    def close(self, error: BaseException | None) -> bool:
+        """The scope exits with ``error`` (None: normally): stop cancelling, take back our cancellation request if
+        one was made, and return whether ``error`` is that cancellation."""
+        cancelled = self._state == _CANCELLED
+        self._state = _CLOSED
+        if not cancelled:
+            return False
+        if hasattr(self._task, "uncancel"):
+            return self._task.uncancel() <= self._cancelling and isinstance(error, asyncio.CancelledError)
+        return isinstance(error, asyncio.CancelledError) and error.args[:1] == (_LOSS_MESSAGE,)
 
 
 async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:

@@ -61,6 +61,7 @@ from .backends.base import AsyncReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site, site_text
+from .scope import LossWatching
 from .waiting import WaitHint, acquire_remote, contention_watch, release_remote, wanted_before_heard
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ class AsyncTimedHold(Generic[_L]):
         return f"<{type(self).__name__} of {self._lock!r} timeout={self._timeout!r} blocking={self._blocking!r}>"
 
 
-class AsyncHybridLock(ServerLease, AsyncJavaStyleLock):
+class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
     """A reentrant lock that excludes threads of this process and every other owner of the same key.
 
     Obtain it from a registry (``registry.obtain(key)``). It has ``threading.RLock``'s calls and semantics:

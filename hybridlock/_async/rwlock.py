@@ -51,6 +51,7 @@ from .lease import ServerLease
 from .lock import AsyncJavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site
+from .scope import LossWatching
 from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ __all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]
 logger = logging.getLogger("hybridlock.lock")
 
 
-class _Half(ServerLease, AsyncJavaStyleLock):
+class _Half(ServerLease, AsyncJavaStyleLock, LossWatching):
     """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
 
     #: Name of the half in messages, reprs and observer events; the subclasses differ in this and in the four hooks
@@ -179,6 +180,7 @@ class AsyncReadLock(_Half):
     """The shared half: any number of threads, in any number of processes, while nobody writes."""
 
     kind: LockKind = "read"
+    _loss_what = "read lock"
     _waits_in_server = False  # a blocked reader records nothing in the server: it just retries
 
     def __init__(self, parent: AsyncReadWriteLock) -> None:
@@ -358,6 +360,7 @@ class AsyncWriteLock(_Half):
     """The exclusive half: one thread in the whole system, and no reader."""
 
     kind: LockKind = "write"
+    _loss_what = "write lock"
     _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
 
     def _depth(self, owner: object) -> int:

@@ -34,6 +34,7 @@ __all__ = [
     "OWNER_KIND",
     "LateHandler",
     "LoopBinding",
+    "LossCanceller",
     "ThreadOwner",
     "Thunk",
     "Worker",
@@ -252,6 +253,22 @@ class LoopBinding:
 
     def check(self, context: Any, key: str | None) -> None:
         """Nothing to check."""
+
+
+@final
+class LossCanceller:
+    """The thread half of an ``until_lost()`` scope's cancellation (``AsyncLossCanceller`` on the asyncio side): a
+    thread cannot be interrupted from outside, so it cancels nothing; the scope's body watches ``lost_event`` or
+    calls ``ensure_held()``, and the scope raises ``LockLostError`` at its exit."""
+
+    __slots__ = ()
+
+    def fire(self) -> None:
+        """Nothing to cancel."""
+
+    def close(self, error: BaseException | None) -> bool:
+        """No exception is ever this canceller's."""
+        return False
 
 
 #: ``threading.Event``; the async side's ``AsyncEvent`` has the same interface with ``await wait(timeout)``.

@@ -25,7 +25,9 @@ shortest lease any server may hold for the tenancy:
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from .owners import Site
 
 __all__ = ["ServerLease"]
+
+logger = logging.getLogger("hybridlock.lock")
 
 
 class _ShortRenewals:
@@ -77,6 +81,9 @@ class ServerLease:
         # tenancy needs no reset on the acquire path).
         self._short: _ShortRenewals | None = None
         self._callbacks: list[LostCallback] = []
+        # Who waits for the loss of the current tenancy (``until_lost()`` scopes: see scope.py): plain calls made
+        # once, as the loss is claimed, and dropped when the tenancy ends.
+        self._loss_listeners: list[Callable[[], None]] = []
         # Every holder here of the current tenancy has ended without releasing it (see owners.py): it is no longer
         # renewed, and ends when its lease runs out. With (one of) those holders and where it took the lock.
         self._abandoned = False
@@ -186,6 +193,7 @@ class ServerLease:
         self._retained_until = None
         self._fencing_token = None
         self._valid_until = None
+        self._loss_listeners = []
         self._context.leases.untrack(self)
 
     def _forget_lease_after_fork(self) -> None:
@@ -199,6 +207,7 @@ class ServerLease:
         self._fencing_token = None
         self._valid_until = None
         self._lost = False
+        self._loss_listeners = []
 
     def _is_current(self, tenancy: int) -> bool:
         """Whether a renewal result for ``tenancy`` speaks of the lease held now (not an earlier one, and not one
@@ -255,7 +264,9 @@ class ServerLease:
 
     def _claim_loss(self, tenancy: int) -> bool:
         """Mark the lease of ``tenancy`` lost, once: True for the one caller that did (it reports the loss). The
-        renewer's worker, its deadline watch and a renewal by hand may all find the same loss at once."""
+        renewer's worker, its deadline watch and a renewal by hand may all find the same loss at once. The loss
+        listeners (``_watch_loss``) are called here, before the callbacks: they only signal, and must not wait on
+        a slow ``on_lost`` callback."""
         with self._context.leases.loss_guard:
             if self._lost or not self._is_current(tenancy):
                 return False
@@ -265,7 +276,27 @@ class ServerLease:
             now = monotonic()
             until = self._valid_until
             self._valid_until = now if until is None else min(until, now)
-            return True
+            listeners, self._loss_listeners = self._loss_listeners, []
+        for listener in listeners:
+            _tell(listener, self.key)
+        return True
+
+    def _watch_loss(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` once when the tenancy held now is found lost (from whichever thread or task finds it:
+        the renewer's, as a rule), or at once if it already is. It must be quick and must not raise. Nothing is
+        called for a tenancy that ends by its release; ``_unwatch_loss`` stops watching sooner."""
+        with self._context.leases.loss_guard:
+            if not self._lost:
+                self._loss_listeners.append(listener)
+                return
+        _tell(listener, self.key)
+
+    def _unwatch_loss(self, listener: Callable[[], None]) -> None:
+        with self._context.leases.loss_guard:
+            try:
+                self._loss_listeners.remove(listener)
+            except ValueError:
+                pass  # already called, or the tenancy has ended
 
     def _mark_lost(self, tenancy: int) -> None:
         """Record that the lease of tenancy ``tenancy`` ended while held; run the callbacks once. (A coroutine on
@@ -289,3 +320,10 @@ class ServerLease:
             key=self.key,
             server=self._context.server,
         )
+
+
+def _tell(listener: Callable[[], None], key: str) -> None:
+    try:
+        listener()
+    except Exception:  # (a bug in a listener must not keep the loss from being reported)
+        logger.exception("hybridlock: a loss listener failed for %r", key)

@@ -62,6 +62,7 @@ from .backends.base import ReleaseWatch
 from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site, site_text
+from .scope import LossWatching
 from .waiting import WaitHint, acquire_remote, contention_watch, release_remote, wanted_before_heard
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ class TimedHold(Generic[_L]):
         return f"<{type(self).__name__} of {self._lock!r} timeout={self._timeout!r} blocking={self._blocking!r}>"
 
 
-class HybridLock(ServerLease, JavaStyleLock):
+class HybridLock(ServerLease, JavaStyleLock, LossWatching):
     """A reentrant lock that excludes threads of this process and every other owner of the same key.
 
     Obtain it from a registry (``registry.obtain(key)``). It has ``threading.RLock``'s calls and semantics:

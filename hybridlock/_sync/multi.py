@@ -27,6 +27,7 @@ from ._compat import current_owner, monotonic, refuse_in_event_loop, returned_to
 from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site
+from .scope import LossWatching, WatchedLease
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["MultiLock"]
 
 
-class MultiLock(JavaStyleLock):
+class MultiLock(JavaStyleLock, LossWatching):
     """Several registry locks taken and released as one. Reentrant per thread, like its parts."""
 
     def __init__(self, context: LockContext, locks: Iterable[HybridLock]) -> None:
@@ -71,6 +72,11 @@ class MultiLock(JavaStyleLock):
     def lost(self) -> bool:
         """True when the lease of any key was found lost while held (see ``HybridLock.lost``)."""
         return any(lock.lost for lock in self._locks)
+
+    _loss_what = "multi-key lock"
+
+    def _watched_leases(self) -> list[WatchedLease]:
+        return list(self._locks)  # (until_lost() and ensure_held() watch every key's lease)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take every key or none. Returns False (holding nothing new) when ``timeout`` runs out first. (On the thread

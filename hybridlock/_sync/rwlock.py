@@ -52,6 +52,7 @@ from .lease import ServerLease
 from .lock import JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site
+from .scope import LossWatching
 from .waiting import Grant, acquire_remote, contention_watch
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 logger = logging.getLogger("hybridlock.lock")
 
 
-class _Half(ServerLease, JavaStyleLock):
+class _Half(ServerLease, JavaStyleLock, LossWatching):
     """What both halves share: the thread-facing API, and one server lease as the renewer sees it."""
 
     #: Name of the half in messages, reprs and observer events; the subclasses differ in this and in the four hooks
@@ -180,6 +181,7 @@ class ReadLock(_Half):
     """The shared half: any number of threads, in any number of processes, while nobody writes."""
 
     kind: LockKind = "read"
+    _loss_what = "read lock"
     _waits_in_server = False  # a blocked reader records nothing in the server: it just retries
 
     def __init__(self, parent: ReadWriteLock) -> None:
@@ -359,6 +361,7 @@ class WriteLock(_Half):
     """The exclusive half: one thread in the whole system, and no reader."""
 
     kind: LockKind = "write"
+    _loss_what = "write lock"
     _waits_in_server = True  # a blocked writer is recorded among the waiting writers (``_names`` is names.write)
 
     def _depth(self, owner: object) -> int:
