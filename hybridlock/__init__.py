@@ -16,12 +16,14 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from ._sync.election import LeaderElection
 from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
 from ._sync.registry import LocalLockRegistry, LockRegistry, QuorumLockRegistry
 from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
 
 if _TYPE_CHECKING:
+    from ._async.election import AsyncLeaderElection
     from ._async.lock import AsyncHybridLock
     from ._async.multi import AsyncMultiLock
     from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry, AsyncQuorumLockRegistry
@@ -55,6 +57,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
 
 __all__ = [
     "AsyncHybridLock",
+    "AsyncLeaderElection",
     "AsyncLocalLockRegistry",
     "AsyncLockRegistry",
     "AsyncMultiLock",
@@ -72,6 +75,7 @@ __all__ = [
     "HybridLockError",
     "HybridLockWarning",
     "InvalidArgumentError",
+    "LeaderElection",
     "LocalLockRegistry",
     "LockLostError",
     "LockNotOwnedError",
@@ -95,6 +99,7 @@ __all__ = [
 # The asyncio API is imported at first use, so that a program using threads only does not import asyncio.
 _ASYNC_NAMES = {
     "AsyncHybridLock": "hybridlock._async.lock",
+    "AsyncLeaderElection": "hybridlock._async.election",
     "AsyncLocalLockRegistry": "hybridlock._async.registry",
     "AsyncLockRegistry": "hybridlock._async.registry",
     "AsyncMultiLock": "hybridlock._async.multi",

@@ -77,6 +77,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncRedisClusterBackend", "RedisClusterBackend"),
     ("AsyncQuorumBackend", "QuorumBackend"),
     ("AsyncFanOut", "FanOut"),
+    ("AsyncLeaderElection", "LeaderElection"),
     # Who owns a lock: a task here, a thread there (in method names, and in messages that say "this task").
     ("is_held_by_current_task", "is_held_by_current_thread"),
     ("this task", "this thread"),
