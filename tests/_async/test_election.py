@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 import hybridlock
 from hybridlock.testing import EmbeddedServer
@@ -243,3 +244,32 @@ async def test_a_partitioned_leader_steps_down_before_another_is_elected(own_ser
         await cut_off.aclose()
         await rival.aclose()
         proxy.close()
+
+
+@pytest.mark.server
+async def test_a_leader_whose_key_is_deleted_steps_down_at_its_next_renewal(own_server: EmbeddedServer) -> None:
+    """The server loses the lease (here: the key is deleted, as a failover to a replica that never had it would):
+    the leader's next renewal is refused, and it steps down then, within a renewal period."""
+    terms = Terms()
+    registry = hybridlock.AsyncLockRegistry(own_server.url, expire_after=1.5)
+    client = redis.Redis.from_url(own_server.url)
+    try:
+        election = registry.leader_election("scheduler", **terms.callbacks("leader"))
+        await election.start()
+        await terms.wait_for_leader()
+        lock_keys = [
+            key
+            for key in client.scan_iter()
+            if client.type(key) == b"string" and client.get(key) == registry.client_id.encode()
+        ]
+        assert lock_keys, "the leader's lock key was not found"
+        deleted_at = time.monotonic()
+        client.delete(*lock_keys)
+        while terms.terms[0][3] is None:
+            assert time.monotonic() - deleted_at < 0.5 + 1.0, "the leader did not step down at its next renewal"
+            await sleep(0.005)
+        assert not election.is_leader
+        await election.stop()
+    finally:
+        client.close()
+        await registry.aclose()
