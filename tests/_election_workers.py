@@ -7,10 +7,10 @@ event to ``LOG`` (O_APPEND, one ``write`` each, so the lines of several processe
 ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for every process of the machine):
 
 * ``elected PID EPOCH T``, ``revoked PID T``: from the callbacks;
-* ``act PID EPOCH T_BEFORE T_AFTER``: every few milliseconds, the candidate reads ``election.epoch`` (None unless
-  it leads, by its lease's clock) as a leader does before each side effect; when it leads, it records the epoch
-  and the interval in which it read it. The checker asks that every act of an earlier epoch came before every act
-  of a later one.
+* ``act PID EPOCH T_BEFORE T_AFTER VALID_UNTIL``: every few milliseconds, the candidate reads ``election.epoch``
+  (None unless it leads, by its lease's clock) as a leader does before each side effect; when it leads, it records
+  the epoch, the interval in which it read it, and its lease's deadline then. The checker asks that every act of an
+  earlier epoch came before every act of a later one.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def run_sync(url: str, name: str, log: Log, expire_after: float) -> None:
             before = time.monotonic()
             epoch = election.epoch
             after = time.monotonic()
+            until = election.valid_until
             if epoch is not None:
-                log.write("act", log.pid, epoch, before, after)
+                log.write("act", log.pid, epoch, before, after, until)
             stop.wait(ACT_EVERY)
         election.stop()
         log.write("stopped", log.pid, time.monotonic())
@@ -76,8 +77,9 @@ async def run_async(url: str, name: str, log: Log, expire_after: float) -> None:
             before = time.monotonic()
             epoch = election.epoch
             after = time.monotonic()
+            until = election.valid_until
             if epoch is not None:
-                log.write("act", log.pid, epoch, before, after)
+                log.write("act", log.pid, epoch, before, after, until)
             try:
                 await asyncio.wait_for(stop.wait(), ACT_EVERY)
             except TimeoutError:

@@ -1,5 +1,6 @@
 """Leader election across processes, on a real server: one leader at a time when the leader is killed (SIGKILL),
-paused (SIGSTOP, then SIGCONT after its successor is elected) or stopped (SIGTERM: a graceful stop).
+paused (SIGSTOP, then SIGCONT after its successor is elected), stopped (SIGTERM: a graceful stop) or cut off from
+the server (a black-hole proxy between them).
 
 Three candidates run ``tests/_election_workers.py`` (thread or asyncio side). Each logs its terms and, every few
 milliseconds while it leads by its own clock, an *act* with its epoch: what a leader that checks ``epoch`` before
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ._proxy import FaultProxy
 
 pytestmark = pytest.mark.server
 
@@ -125,3 +128,55 @@ def test_one_leader_at_a_time_when_the_leader_dies_pauses_or_stops(
     events = _events(log)
     _check(events)
     assert sum(1 for e in events if e[0] == "elected") >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_partitioned_leader_steps_down_before_its_successor_is_elected(
+    server: Any, redis_client: Any, tmp_path: Path, side: str
+) -> None:
+    """The first leader talks to the server through a proxy that then black-holes it (its socket timeout is longer
+    than the lease, so no reply tells it anything): it steps down by its own clock, its ``on_revoked`` logged
+    before the successor's ``on_elected``, and it never acts beside the successor."""
+    log = tmp_path / "election.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path.cwd()), os.environ.get("PYTHONPATH")]))}
+
+    def command(url: str) -> list[str]:
+        return [sys.executable, "-m", "tests._election_workers", url, "jobs", str(log), str(EXPIRE_AFTER), side]
+
+    processes = []
+    with FaultProxy(server.port) as proxy:
+        try:
+            cut_off = subprocess.Popen(command(proxy.url + "?socket_timeout=4&socket_connect_timeout=4"), env=env)
+            processes.append(cut_off)
+            first = _wait_for(log, lambda e: e[0] == "elected", 30, "no leader")
+            assert first[1] == str(cut_off.pid)
+            for _ in range(2):
+                processes.append(subprocess.Popen(command(server.url), env=env))
+            for process in processes:
+                pid = str(process.pid)
+                _wait_for(log, lambda e, pid=pid: e[0] == "started" and e[1] == pid, 30, "a candidate did not start")
+            time.sleep(0.3)
+            cut_at = time.monotonic()
+            proxy.partition()
+            bound = EXPIRE_AFTER + RENEW_PERIOD + SLACK
+            successor = _wait_for(log, lambda e: e[0] == "elected" and e[1] != first[1], bound + 5, "no successor")
+            assert float(successor[3]) - cut_at < bound
+            revoked = _wait_for(log, lambda e: e[0] == "revoked" and e[1] == first[1], 5, "the cut-off leader")
+            assert float(revoked[2]) < float(successor[3]), "the cut-off leader stepped down after its successor"
+            # By its own clock, before its lease's deadline (the last one it saw), not when a reply or the renewer
+            # told it the lease was gone.
+            deadlines = [float(e[5]) for e in _events(log) if e[0] == "act" and e[1] == first[1]]
+            assert float(revoked[2]) <= deadlines[-1], "the cut-off leader stepped down after its valid_until"
+            proxy.heal()
+            time.sleep(0.3)
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+            for process in processes:
+                assert process.wait(15) == 0
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait(10)
+    _check(_events(log))
