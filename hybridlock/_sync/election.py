@@ -62,6 +62,14 @@ _running: weakref.WeakKeyDictionary[Any, LeaderElection] = weakref.WeakKeyDictio
 _running_guard = new_guard()
 
 
+def _wake_on_loss(lock: object) -> None:
+    """The lock's ``on_lost`` callback (one per lock, whichever election registered it first): wake the election
+    running on it now, if any, to step down."""
+    election = _running.get(lock)
+    if election is not None:
+        election._lost()
+
+
 def election_key(name: str) -> str:
     """The lock key an election named ``name`` takes (shown by ``hybridlock inspect``/``list``)."""
     return f"election:{name}"
@@ -127,7 +135,8 @@ class LeaderElection:
         self._leading = False
         self._epoch: int | None = None
         self._retry_at = 0.0  # a candidate does not try before this monotonic() time
-        self._lock.on_lost(self._lost)
+        if _wake_on_loss not in self._lock._callbacks:  # (one per lock: elections come and go, the lock stays)
+            self._lock.on_lost(_wake_on_loss)
 
     def __repr__(self) -> str:
         state = "stopped" if self._worker is None else f"leader (epoch {self._epoch})" if self._leading else "candidate"
@@ -237,8 +246,8 @@ class LeaderElection:
 
     # -- the worker --------------------------------------------------------------------------------------------------
 
-    def _lost(self, _lock: object) -> None:
-        """The renewer found the lease lost (an on_lost callback): wake the worker to step down."""
+    def _lost(self) -> None:
+        """The renewer found the lease lost: wake the worker to step down."""
         worker = self._worker
         if self._leading and worker is not None:
             worker.wake()

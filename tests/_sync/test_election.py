@@ -269,8 +269,13 @@ def test_a_leader_whose_key_is_deleted_steps_down_at_its_next_renewal(own_server
         while terms.terms[0][3] is None:
             assert time.monotonic() - deleted_at < 0.5 + 1.0, "the leader did not step down at its next renewal"
             sleep(0.005)
-        assert not election.is_leader
+        # The key is free now: it runs again at once, and its next term has a higher epoch.
+        terms.wait_for_leader()
+        epoch = election.epoch
+        assert epoch is not None
+        assert epoch > terms.terms[0][1]
         election.stop()
+        _check_terms(terms.terms)
     finally:
         client.close()
         registry.close()
