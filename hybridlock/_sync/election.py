@@ -172,8 +172,9 @@ class LeaderElection:
 
     @property
     def running(self) -> bool:
-        """Whether the candidacy is on (started and not stopped)."""
-        return self._worker is not None and not self._stopping
+        """Whether the candidate's worker runs: from ``start()`` until it has ended (it let go of the lock after a
+        ``stop()``, or its registry was closed)."""
+        return self._worker is not None and not self._ended.is_set()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ class LeaderElection:
             raise RegistryClosedError("the registry is closed", key=self.key, server=self._registry.server)
         with _running_guard:
             other = _running.get(self._lock)
-            if other is not None or self._worker is not None:
+            if other is not None or (self._worker is not None and not self._ended.is_set()):
                 raise InvalidArgumentError(
                     "an election of this name is already running in this registry: a process is one candidate "
                     "(stop it first)",
@@ -372,4 +373,7 @@ class LeaderElection:
     def _finish(self) -> None:
         if self._leading:
             self._step_down(0.0)
+        with _running_guard:
+            if _running.get(self._lock) is self:
+                del _running[self._lock]  # another election of this name may start now
         self._ended.set()

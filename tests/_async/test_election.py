@@ -278,3 +278,35 @@ async def test_a_leader_whose_key_is_deleted_steps_down_at_its_next_renewal(own_
     finally:
         client.close()
         await registry.aclose()
+
+
+async def test_a_stop_from_a_callback_ends_the_candidacy_once_it_returns(backend: Backend) -> None:
+    """``stop()`` (and ``yield_leadership()``) called on the worker itself cannot wait for the worker: it asks, and
+    the term ends once the callback returns; the election may then start again."""
+    terms = Terms()
+    recorded = terms.callbacks("self-stopping")
+    elections: list[Any] = []
+
+    async def on_elected(epoch: int | None) -> None:
+        await recorded["on_elected"](epoch)
+        await elections[0].yield_leadership()  # returns at once: the worker is busy here
+        await elections[0].stop()
+
+    async with backend:
+        registry = backend.registry()
+        election = registry.leader_election("selfish", on_elected=on_elected, on_revoked=recorded["on_revoked"])
+        elections.append(election)
+        await election.start()
+        deadline = time.monotonic() + 5
+        while election.running:
+            assert time.monotonic() < deadline, "the candidacy did not end"
+            await sleep(0.005)
+        assert terms.terms[0][3] is not None  # on_revoked ran
+        assert not election.is_leader
+        lock = registry.obtain("election:selfish")
+        assert await lock.acquire(blocking=False)  # released
+        await lock.release()
+        await election.stop()  # cleans up; idempotent
+        another = registry.leader_election("selfish")
+        await another.start()
+        await another.stop()

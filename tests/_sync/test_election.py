@@ -279,3 +279,35 @@ def test_a_leader_whose_key_is_deleted_steps_down_at_its_next_renewal(own_server
     finally:
         client.close()
         registry.close()
+
+
+def test_a_stop_from_a_callback_ends_the_candidacy_once_it_returns(backend: Backend) -> None:
+    """``stop()`` (and ``yield_leadership()``) called on the worker itself cannot wait for the worker: it asks, and
+    the term ends once the callback returns; the election may then start again."""
+    terms = Terms()
+    recorded = terms.callbacks("self-stopping")
+    elections: list[Any] = []
+
+    def on_elected(epoch: int | None) -> None:
+        recorded["on_elected"](epoch)
+        elections[0].yield_leadership()  # returns at once: the worker is busy here
+        elections[0].stop()
+
+    with backend:
+        registry = backend.registry()
+        election = registry.leader_election("selfish", on_elected=on_elected, on_revoked=recorded["on_revoked"])
+        elections.append(election)
+        election.start()
+        deadline = time.monotonic() + 5
+        while election.running:
+            assert time.monotonic() < deadline, "the candidacy did not end"
+            sleep(0.005)
+        assert terms.terms[0][3] is not None  # on_revoked ran
+        assert not election.is_leader
+        lock = registry.obtain("election:selfish")
+        assert lock.acquire(blocking=False)  # released
+        lock.release()
+        election.stop()  # cleans up; idempotent
+        another = registry.leader_election("selfish")
+        another.start()
+        another.stop()
