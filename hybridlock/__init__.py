@@ -16,6 +16,7 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from ._sync.election import LeaderElection
 from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
 from ._sync.registry import LocalLockRegistry, LockRegistry, QuorumLockRegistry
@@ -23,6 +24,7 @@ from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
 from ._sync.scope import LossScope
 
 if _TYPE_CHECKING:
+    from ._async.election import AsyncLeaderElection
     from ._async.lock import AsyncHybridLock
     from ._async.multi import AsyncMultiLock
     from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry, AsyncQuorumLockRegistry
@@ -57,6 +59,7 @@ except _PackageNotFoundError:  # running from a source tree that was never insta
 
 __all__ = [
     "AsyncHybridLock",
+    "AsyncLeaderElection",
     "AsyncLocalLockRegistry",
     "AsyncLockRegistry",
     "AsyncLossScope",
@@ -75,6 +78,7 @@ __all__ = [
     "HybridLockError",
     "HybridLockWarning",
     "InvalidArgumentError",
+    "LeaderElection",
     "LocalLockRegistry",
     "LockLostError",
     "LockNotOwnedError",
@@ -99,6 +103,7 @@ __all__ = [
 # The asyncio API is imported at first use, so that a program using threads only does not import asyncio.
 _ASYNC_NAMES = {
     "AsyncHybridLock": "hybridlock._async.lock",
+    "AsyncLeaderElection": "hybridlock._async.election",
     "AsyncLocalLockRegistry": "hybridlock._async.registry",
     "AsyncLockRegistry": "hybridlock._async.registry",
     "AsyncLossScope": "hybridlock._async.scope",

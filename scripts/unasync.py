@@ -79,6 +79,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncFanOut", "FanOut"),
     ("AsyncLossCanceller", "LossCanceller"),
     ("AsyncLossScope", "LossScope"),
+    ("AsyncLeaderElection", "LeaderElection"),
     # Who owns a lock: a task here, a thread there (in method names, and in messages that say "this task").
     ("is_held_by_current_task", "is_held_by_current_thread"),
     ("this task", "this thread"),

@@ -37,6 +37,7 @@ from .backends.base import AsyncLockBackend
 from .backends.memory import AsyncMemoryBackend
 from .context import LockContext
 from .decorator import execute_locked, synchronized
+from .election import AsyncLeaderElection
 from .leases import HeldLease, LostCallback
 from .lock import AsyncHybridLock
 from .multi import AsyncMultiLock
@@ -308,6 +309,13 @@ class AsyncLockRegistry:
         """Run ``function(*args, **kwargs)`` holding ``key``'s lock and return its result (Spring's
         ``executeLocked``); ``LockTimeoutError`` when ``timeout`` seconds pass first."""
         return await execute_locked(self, key, function, *args, timeout=timeout, **kwargs)
+
+    def leader_election(
+        self, name: str, on_elected: Callable[[int | None], Any] | None = None, on_revoked: Any = None
+    ) -> AsyncLeaderElection:
+        """A candidate for leadership of ``name`` (see [AsyncLeaderElection][hybridlock.AsyncLeaderElection]):
+        ``async with registry.leader_election("scheduler", on_elected=..., on_revoked=...) as election:``."""
+        return AsyncLeaderElection(self, name, on_elected, on_revoked)
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""

@@ -38,6 +38,7 @@ from .backends.base import LockBackend
 from .backends.memory import MemoryBackend
 from .context import LockContext
 from .decorator import execute_locked, synchronized
+from .election import LeaderElection
 from .leases import HeldLease, LostCallback
 from .lock import HybridLock
 from .multi import MultiLock
@@ -309,6 +310,13 @@ class LockRegistry:
         """Run ``function(*args, **kwargs)`` holding ``key``'s lock and return its result (Spring's
         ``executeLocked``); ``LockTimeoutError`` when ``timeout`` seconds pass first."""
         return execute_locked(self, key, function, *args, timeout=timeout, **kwargs)
+
+    def leader_election(
+        self, name: str, on_elected: Callable[[int | None], Any] | None = None, on_revoked: Any = None
+    ) -> LeaderElection:
+        """A candidate for leadership of ``name`` (see [LeaderElection][hybridlock.LeaderElection]):
+        ``with registry.leader_election("scheduler", on_elected=..., on_revoked=...) as election:``."""
+        return LeaderElection(self, name, on_elected, on_revoked)
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""
