@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from .._core.config import LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
+from .._core.runonce import RunOnceBounds, RunOnceResult
 from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
 from ._compat import at_exit, new_guard
 from .backends.base import AsyncLockBackend
@@ -41,6 +42,7 @@ from .leases import HeldLease, LostCallback
 from .lock import AsyncHybridLock
 from .multi import AsyncMultiLock
 from .observing import ObserverHook
+from .runonce import QUORUM_REFUSED, run_once, runs_once
 from .rwlock import AsyncReadWriteLock
 
 __all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry", "AsyncQuorumLockRegistry"]
@@ -272,6 +274,28 @@ class AsyncLockRegistry:
         ``executeLocked``); ``LockTimeoutError`` when ``timeout`` seconds pass first."""
         return await execute_locked(self, key, function, *args, timeout=timeout, **kwargs)
 
+    async def run_once(
+        self,
+        key: str,
+        function: Callable[..., Any],
+        *args: Any,
+        at_least_for: float,
+        at_most_for: float | None = None,
+        **kwargs: Any,
+    ) -> RunOnceResult[Any]:
+        """Run ``function(*args, **kwargs)`` unless another owner has ``key`` (running it, or ran it less than
+        ``at_least_for`` seconds ago): one replica per occurrence of a scheduled job, ShedLock's two bounds. Never
+        waits: ``RunOnceResult(ran=False)`` when skipped, ``RunOnceResult(ran=True, result=...)`` when run. The
+        key stays taken ``at_least_for`` seconds after the start however soon the function ends, and the hold ends
+        ``at_most_for`` seconds after it (None: renewed while it runs) even while the function still runs, which
+        then raises ``LockLostError`` as it ends. See docs/run-once.md."""
+        return await run_once(self, key, function, RunOnceBounds.checked(at_least_for, at_most_for), *args, **kwargs)
+
+    def runs_once(self, template: str, *, at_least_for: float, at_most_for: float | None = None) -> Callable[[F], F]:
+        """Decorator: each call runs as ``run_once`` with the key ``template`` filled from the call's arguments (as
+        ``synchronized`` fills it) and returns a ``RunOnceResult``."""
+        return runs_once(self, template, RunOnceBounds.checked(at_least_for, at_most_for))
+
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""
         if not callable(callback):
@@ -416,6 +440,14 @@ class AsyncQuorumLockRegistry(AsyncLockRegistry):
         key = validate_key(key)
         self._check_open(key)
         raise InvalidArgumentError(READ_WRITE_REFUSED, key=key, server=self.server)
+
+    async def run_once(self, key: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> RunOnceResult[Any]:
+        """Refused: run-once jobs are not available over a quorum yet (``InvalidArgumentError``)."""
+        raise InvalidArgumentError(QUORUM_REFUSED, key=validate_key(key), server=self.server)
+
+    def runs_once(self, template: str, **bounds: Any) -> Callable[[F], F]:
+        """Refused: run-once jobs are not available over a quorum yet (``InvalidArgumentError``)."""
+        raise InvalidArgumentError(QUORUM_REFUSED, server=self.server)
 
 
 def _warn_if_long(config: RegistryConfig) -> None:
