@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import pytest
+import redis
 
 import hybridlock
 from hybridlock import InvalidArgumentError, LockLostError, RunOnceResult
@@ -144,6 +145,48 @@ async def test_at_most_for_ends_the_hold_while_the_function_overruns(
             await running.join()
         assert caught.value.key == "stuck"
         assert seen == {"lost": True, "valid": False}, "the running function was not told its hold had ended"
+
+
+@pytest.mark.parametrize("backend", [param for param in RUNS if param.values[0] == "redis"], indirect=True)
+async def test_a_lease_lost_while_the_function_runs_raises_lock_lost_error_as_it_ends(backend: Backend) -> None:
+    async with backend:
+        mine = backend.registry(expire_after=LEASE)
+        assert isinstance(backend.url, str)
+        client = redis.Redis.from_url(backend.url)
+        seen: dict[str, Any] = {}
+
+        async def job() -> None:
+            lock = mine.obtain("deleted")
+            client.delete(lock._names.lock)  # an operator, or a failover to a replica that never had it
+            deadline = monotonic() + JOIN
+            while not lock.lost and monotonic() < deadline:
+                await sleep(0.02)  # the next renewal finds it gone
+            seen["lost"] = lock.lost
+
+        try:
+            with pytest.raises(LockLostError, match="lease had ended before release") as caught:
+                await mine.run_once("deleted", job, at_least_for=0.5, at_most_for=30)
+        finally:
+            client.close()
+        assert caught.value.key == "deleted"
+        assert seen == {"lost": True}
+
+
+async def test_an_unreachable_server_raises_and_the_function_does_not_run() -> None:
+    called: list[int] = []
+
+    async def job() -> None:
+        called.append(1)
+
+    url = "redis://127.0.0.1:1/0?socket_timeout=0.5&socket_connect_timeout=0.5"
+    registry = hybridlock.AsyncLockRegistry(url)
+    try:
+        with pytest.raises(hybridlock.BackendUnavailableError) as caught:
+            await registry.run_once("job", job, at_least_for=1)
+    finally:
+        await registry.aclose()
+    assert caught.value.key == "job"
+    assert called == []
 
 
 @pytest.mark.parametrize("backend", RUNS, indirect=True)
