@@ -42,7 +42,7 @@ from .leases import HeldLease, LostCallback
 from .lock import AsyncHybridLock
 from .multi import AsyncMultiLock
 from .observing import ObserverHook
-from .runonce import QUORUM_REFUSED, run_once, runs_once
+from .runonce import run_once, runs_once
 from .rwlock import AsyncReadWriteLock
 
 __all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry", "AsyncQuorumLockRegistry"]
@@ -440,14 +440,6 @@ class AsyncQuorumLockRegistry(AsyncLockRegistry):
         key = validate_key(key)
         self._check_open(key)
         raise InvalidArgumentError(READ_WRITE_REFUSED, key=key, server=self.server)
-
-    async def run_once(self, key: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> RunOnceResult[Any]:
-        """Refused: run-once jobs are not available over a quorum yet (``InvalidArgumentError``)."""
-        raise InvalidArgumentError(QUORUM_REFUSED, key=validate_key(key), server=self.server)
-
-    def runs_once(self, template: str, **bounds: Any) -> Callable[[F], F]:
-        """Refused: run-once jobs are not available over a quorum yet (``InvalidArgumentError``)."""
-        raise InvalidArgumentError(QUORUM_REFUSED, server=self.server)
 
 
 def _warn_if_long(config: RegistryConfig) -> None:

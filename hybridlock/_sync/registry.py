@@ -43,7 +43,7 @@ from .leases import HeldLease, LostCallback
 from .lock import HybridLock
 from .multi import MultiLock
 from .observing import ObserverHook
-from .runonce import QUORUM_REFUSED, run_once, runs_once
+from .runonce import run_once, runs_once
 from .rwlock import ReadWriteLock
 
 __all__ = ["LocalLockRegistry", "LockRegistry", "QuorumLockRegistry"]
@@ -441,14 +441,6 @@ class QuorumLockRegistry(LockRegistry):
         key = validate_key(key)
         self._check_open(key)
         raise InvalidArgumentError(READ_WRITE_REFUSED, key=key, server=self.server)
-
-    def run_once(self, key: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> RunOnceResult[Any]:
-        """Refused: run-once jobs are not available over a quorum yet (``InvalidArgumentError``)."""
-        raise InvalidArgumentError(QUORUM_REFUSED, key=validate_key(key), server=self.server)
-
-    def runs_once(self, template: str, **bounds: Any) -> Callable[[F], F]:
-        """Refused: run-once jobs are not available over a quorum yet (``InvalidArgumentError``)."""
-        raise InvalidArgumentError(QUORUM_REFUSED, server=self.server)
 
 
 def _warn_if_long(config: RegistryConfig) -> None:

@@ -28,6 +28,8 @@ Failure modes
   ``run_once`` raises ``LockLostError`` once ``fn`` ends (``fn``'s own exception, if any, is its ``__context__``).
 * The server is unreachable: taking the key raises ``BackendUnavailableError`` (``fn`` does not run); at the end,
   the key is not kept and ends with its lease, and ``run_once`` raises the same error.
+* Over a quorum, the key counts as kept only where a majority kept it (``QuorumBackend.keep_for``); too few
+  answers raise ``BackendUnavailableError``, as at the end of a run on one server.
 """
 
 from __future__ import annotations
@@ -45,15 +47,9 @@ from .decorator import keyed
 if TYPE_CHECKING:
     from .lock import HybridLock
 
-__all__ = ["QUORUM_REFUSED", "run_once", "runs_once"]
+__all__ = ["run_once", "runs_once"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: Why a quorum registry refuses run-once jobs.
-QUORUM_REFUSED = (
-    "run_once is not available over a quorum yet: keeping the key at_least_for after a run would have to be counted "
-    "across the servers; use a registry on one server, a Sentinel-managed master or a Cluster"
-)
 
 
 class _Registry(Protocol):
@@ -66,10 +62,9 @@ class _Registry(Protocol):
 
 
 def check_backend(registry: Any) -> None:
-    """``InvalidArgumentError`` from a registry whose backend cannot keep a key (a quorum's)."""
+    """``InvalidArgumentError`` from a registry whose backend cannot keep a key (one written elsewhere)."""
     backend = registry._context.backend
     if not backend.keeps_keys:
-        # (A quorum registry refuses before this, with QUORUM_REFUSED.)
         raise InvalidArgumentError(f"run_once is not available on {type(backend).__name__}", server=registry.server)
 
 

@@ -1,6 +1,6 @@
 """Run-once jobs (``registry.run_once``, ``@registry.runs_once``; ``hybridlock/_async/runonce.py``) over every
-backend that has them: one server, Sentinel, Cluster, the in-memory store and ``LocalLockRegistry`` (whose locks
-never expire, so ``at_most_for`` is not tried there); a quorum refuses them.
+backend: one server, Sentinel, Cluster, a quorum of 3 servers, the in-memory store and ``LocalLockRegistry`` (whose
+locks never expire, so ``at_most_for`` is not tried there).
 
 Written once for asyncio (the other owner's run is another task); ``tests/_sync/test_run_once.py`` is generated
 from it (another thread). Replicas as processes, and a replica killed mid-run: ``tests/test_run_once_processes.py``.
@@ -21,10 +21,8 @@ from hybridlock._async._compat import AsyncEvent, monotonic
 from ._compat import JOIN, sleep, spawn
 from .helpers import BACKENDS, Backend
 
-# Every backend but a quorum's (refused: see the last test); LEASED: those whose holds have a lease.
-RUNS = [param for param in BACKENDS if param.values[0] != "quorum"]
-LEASED = [param for param in RUNS if param.values[0] != "local"]
-QUORUM = [param for param in BACKENDS if param.values[0] == "quorum"]
+RUNS = BACKENDS
+LEASED = [param for param in RUNS if param.values[0] != "local"]  # those whose holds have a lease
 
 LEASE = 1.0  # seconds (expire_after)
 # How late a bound may be seen to end on a machine shared with other test runs (it ends at the bound, counted from
@@ -236,14 +234,3 @@ async def test_bad_bounds_and_functions_are_refused_naming_the_setting() -> None
             with pytest.raises(InvalidArgumentError, match="holds this key's lock already"):
                 await registry.run_once("held", noop, at_least_for=1)
             assert lock.hold_count == 1
-
-
-@pytest.mark.parametrize("backend", QUORUM, indirect=True)
-async def test_a_quorum_refuses_run_once_with_a_clear_error(backend: Backend) -> None:
-    async with backend:
-        registry = backend.registry()
-        with pytest.raises(InvalidArgumentError, match="not available over a quorum") as caught:
-            await registry.run_once("job", noop, at_least_for=1)
-        assert caught.value.key == "job"
-        with pytest.raises(InvalidArgumentError, match="not available over a quorum"):
-            registry.runs_once("job", at_least_for=1)
