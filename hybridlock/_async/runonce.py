@@ -113,6 +113,7 @@ async def _run(
             try:
                 await lock.renew(max(left, MIN_LEASE))
             except BaseException:
+                lock._hold_until = None  # (as in _end)
                 with contextlib.suppress(HybridLockError):
                     await lock.release()
                 raise
@@ -131,6 +132,9 @@ async def _end(lock: AsyncHybridLock, bounds: RunOnceBounds, start: float) -> No
         if keep_ms:
             await lock._release_kept(kept_marker(lock._context.client_id), keep_ms)
         else:
+            # Released as a lock is, perhaps passed with its lease to a task here queued for it: that holder's lease
+            # is renewed as any, not ended at this run's bound.
+            lock._hold_until = None
             await lock.release()
     except LockLostError as exc:
         most = bounds.at_most_for

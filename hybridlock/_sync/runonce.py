@@ -114,6 +114,7 @@ def _run(
             try:
                 lock.renew(max(left, MIN_LEASE))
             except BaseException:
+                lock._hold_until = None  # (as in _end)
                 with contextlib.suppress(HybridLockError):
                     lock.release()
                 raise
@@ -132,6 +133,9 @@ def _end(lock: HybridLock, bounds: RunOnceBounds, start: float) -> None:
         if keep_ms:
             lock._release_kept(kept_marker(lock._context.client_id), keep_ms)
         else:
+            # Released as a lock is, perhaps passed with its lease to a task here queued for it: that holder's lease
+            # is renewed as any, not ended at this run's bound.
+            lock._hold_until = None
             lock.release()
     except LockLostError as exc:
         most = bounds.at_most_for

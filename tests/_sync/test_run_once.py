@@ -146,6 +146,34 @@ def test_at_most_for_ends_the_hold_while_the_function_overruns(
         assert seen == {"lost": True, "valid": False}, "the running function was not told its hold had ended"
 
 
+@pytest.mark.parametrize("backend", LEASED, indirect=True)
+def test_a_task_here_handed_the_lock_as_a_run_ends_holds_it_past_the_runs_bound(backend: Backend) -> None:
+    # A run that outlasts at_least_for is released as a lock is: to a task of this process queued for the key's
+    # lock, with the lease (local hand-off). The run's at_most_for must not go with it.
+    with backend:
+        mine = backend.registry(expire_after=LEASE, handoff_window=30.0)
+        lock = mine.obtain("handed")
+        waiter: dict[str, Any] = {}
+
+        def hold_past_the_bound() -> bool:
+            assert lock.acquire(timeout=JOIN)
+            try:
+                sleep(2 * LEASE)  # past the run's at_most_for (LEASE from its start)
+                return lock.lost
+            finally:
+                lock.release()  # raises LockLostError if the lease ended meanwhile
+
+        def job() -> None:
+            waiter["task"] = spawn(hold_past_the_bound)
+            deadline = monotonic() + JOIN
+            while lock.statistics().local_waiters < 1:
+                assert monotonic() < deadline, "the other task never queued"
+                sleep(0.005)
+
+        assert mine.run_once("handed", job, at_least_for=0.001, at_most_for=LEASE)
+        assert waiter["task"].join() is False
+
+
 @pytest.mark.parametrize("backend", [param for param in RUNS if param.values[0] == "redis"], indirect=True)
 def test_a_lease_lost_while_the_function_runs_raises_lock_lost_error_as_it_ends(backend: Backend) -> None:
     with backend:
