@@ -17,6 +17,7 @@ import redis
 import hybridlock
 from hybridlock import InvalidArgumentError, LockLostError, RunOnceResult
 from hybridlock._async._compat import AsyncEvent, monotonic
+from hybridlock.testing import EmbeddedServer
 
 from ._compat import JOIN, sleep, spawn
 from .helpers import BACKENDS, Backend
@@ -262,3 +263,26 @@ async def test_bad_bounds_and_functions_are_refused_naming_the_setting() -> None
             with pytest.raises(InvalidArgumentError, match="holds this key's lock already"):
                 await registry.run_once("held", noop, at_least_for=1)
             assert lock.hold_count == 1
+
+
+@pytest.mark.server
+@pytest.mark.quorum
+async def test_over_a_quorum_a_run_keeps_its_key_on_the_majority_left_when_a_minority_dies(
+    quorum_servers: list[EmbeddedServer],
+) -> None:
+    at_least = 1.5
+    urls = [server.url + "?socket_timeout=0.3&socket_connect_timeout=0.3" for server in quorum_servers]
+    async with (
+        hybridlock.AsyncQuorumLockRegistry(urls, expire_after=LEASE) as mine,
+        hybridlock.AsyncQuorumLockRegistry(urls, expire_after=LEASE) as other,
+    ):
+
+        async def job() -> None:
+            for server in quorum_servers[: (len(quorum_servers) - 1) // 2]:  # a minority: one of 3, two of 5
+                server.kill()
+
+        start = monotonic()
+        assert await mine.run_once("q", job, at_least_for=at_least)
+        assert not await other.run_once("q", noop, at_least_for=0.1)
+        ran_after = await first_run_after(other, "q", start, at_least + SLACK)
+        assert ran_after >= at_least - EARLY, f"ran again {ran_after:.3f} s after the start, before at_least_for"
