@@ -160,7 +160,7 @@ class AsyncLockBackend(abc.ABC):
         """Delete ``names.lock`` only if its value is ``owner`` (and then, if ``notify``, wake waiters). Returns
         False when the key was gone or held by someone else: the caller's lease had ended."""
 
-    #: Whether ``keep_for`` is available (``registry.run_once``): every backend but a quorum's.
+    #: Whether ``keep_for`` is available (``registry.run_once``): in every built-in backend.
     keeps_keys: bool = False
 
     async def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
