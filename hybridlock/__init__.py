@@ -16,6 +16,7 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from ._core.runonce import RunOnceResult
 from ._sync.election import LeaderElection
 from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
@@ -95,6 +96,7 @@ __all__ = [
     "ReadWriteLock",
     "RegistryClosedError",
     "ReplicationNotConfirmedError",
+    "RunOnceResult",
     "TimeoutOverflowError",
     "WriteLock",
     "__version__",

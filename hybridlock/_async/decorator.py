@@ -33,7 +33,7 @@ class _Registry(Protocol):
     def obtain(self, key: str) -> AsyncHybridLock: ...
 
 
-__all__ = ["execute_locked", "synchronized"]
+__all__ = ["execute_locked", "keyed", "synchronized"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -152,22 +152,37 @@ def synchronized(registry: _Registry, template: str, *, timeout: float | None = 
         raise InvalidArgumentError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
     if timeout is not None:
         validate_timeout(True, timeout)  # NaN, and the upper bound: at decoration, not at the first call
+
+    async def run_locked(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        lock = await _acquire_or_raise(registry, key, timeout)
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            await lock.release()
+
+    return keyed(registry, template, "synchronized", run_locked)
+
+
+def keyed(registry: _Registry, template: str, name: str, run: Callable[..., Any]) -> Callable[[F], F]:
+    """A decorator that runs each call as ``run(key, wrapped, args, kwargs)``, ``key`` filled from ``template`` by
+    the call's arguments: what ``synchronized`` and ``runs_once`` share (``name``: the registry method, for
+    messages). The template and each decorated function are checked when decorating."""
+    if not isinstance(template, str) or not template:
+        raise InvalidArgumentError("the lock key template must be a non-empty str")
     roots = _placeholder_roots(template)
 
     def decorate(function: F) -> F:
         raw = function.__func__ if isinstance(function, (classmethod, staticmethod)) else function
         if not callable(raw):
-            raise InvalidArgumentError(f"@synchronized needs a function, not {type(function).__name__}")
+            raise InvalidArgumentError(f"@{name} needs a function, not {type(function).__name__}")
         if inspect.isasyncgenfunction(raw) or inspect.isgeneratorfunction(raw):
-            raise InvalidArgumentError(
-                f"@synchronized cannot hold a lock across a generator's yields ({raw.__qualname__})"
-            )
+            raise InvalidArgumentError(f"@{name} cannot hold a lock across a generator's yields ({raw.__qualname__})")
         if inspect.iscoroutinefunction(raw) != IS_ASYNC:
             # Worded for both sides (this runs on each): the other API is named through the shim.
             what = "an async function" if inspect.iscoroutinefunction(raw) else "not an async function"
             raise InvalidArgumentError(
-                f"{raw.__qualname__} is {what}, which {type(registry).__name__}.synchronized cannot run: decorate it "
-                f"with {OTHER_API_REGISTRY}.synchronized"
+                f"{raw.__qualname__} is {what}, which {type(registry).__name__}.{name} cannot run: decorate it "
+                f"with {OTHER_API_REGISTRY}.{name}"
             )
         signature = inspect.signature(raw)
         accepts_any_keyword = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
@@ -192,11 +207,7 @@ def synchronized(registry: _Registry, template: str, *, timeout: float | None = 
                 if parameter.kind is parameter.VAR_KEYWORD:
                     names.update(names.pop(parameter.name, {}))
             key = _fill(template, names, raw, registry.server)
-            lock = await _acquire_or_raise(registry, key, timeout)
-            try:
-                return await wrapped(*args, **kwargs)
-            finally:
-                await lock.release()
+            return await run(key, wrapped, args, kwargs)
 
         return wrapper(function)  # type: ignore[return-value]  # a FunctionWrapper stands in for F
 

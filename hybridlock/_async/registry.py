@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from .._core.config import QUORUM_FENCE_RETENTION, LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
+from .._core.runonce import RunOnceBounds, RunOnceResult
 from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
 from ._compat import at_exit, monotonic, new_guard
 from .backends.base import AsyncLockBackend
@@ -42,6 +43,7 @@ from .leases import HeldLease, LostCallback
 from .lock import AsyncHybridLock
 from .multi import AsyncMultiLock
 from .observing import ObserverHook
+from .runonce import run_once, runs_once
 from .rwlock import AsyncReadWriteLock
 
 __all__ = ["AsyncLocalLockRegistry", "AsyncLockRegistry", "AsyncQuorumLockRegistry"]
@@ -316,6 +318,28 @@ class AsyncLockRegistry:
         """A candidate for leadership of ``name`` (see [AsyncLeaderElection][hybridlock.AsyncLeaderElection]):
         ``async with registry.leader_election("scheduler", on_elected=..., on_revoked=...) as election:``."""
         return AsyncLeaderElection(self, name, on_elected, on_revoked)
+
+    async def run_once(
+        self,
+        key: str,
+        function: Callable[..., Any],
+        *args: Any,
+        at_least_for: float,
+        at_most_for: float | None = None,
+        **kwargs: Any,
+    ) -> RunOnceResult[Any]:
+        """Run ``function(*args, **kwargs)`` unless another owner has ``key`` (running it, or ran it less than
+        ``at_least_for`` seconds ago): one replica per occurrence of a scheduled job, ShedLock's two bounds. Never
+        waits: ``RunOnceResult(ran=False)`` when skipped, ``RunOnceResult(ran=True, result=...)`` when run. The
+        key stays taken ``at_least_for`` seconds after the start however soon the function ends, and the hold ends
+        ``at_most_for`` seconds after it (None: renewed while it runs) even while the function still runs, which
+        then raises ``LockLostError`` as it ends. See docs/run-once.md."""
+        return await run_once(self, key, function, RunOnceBounds.checked(at_least_for, at_most_for), *args, **kwargs)
+
+    def runs_once(self, template: str, *, at_least_for: float, at_most_for: float | None = None) -> Callable[[F], F]:
+        """Decorator: each call runs as ``run_once`` with the key ``template`` filled from the call's arguments (as
+        ``synchronized`` fills it) and returns a ``RunOnceResult``."""
+        return runs_once(self, template, RunOnceBounds.checked(at_least_for, at_most_for))
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""

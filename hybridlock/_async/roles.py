@@ -46,6 +46,7 @@ class HeldLease(Protocol):
     _acquired_at: float | None
     _valid_until: float | None
     _retained_until: float | None  # set while the lease is kept idle (retain_for)
+    _hold_until: float | None  # never renewed past this monotonic() time (run_once's at_most_for)
     _giving_back: bool  # its release in the server is under way
     _granted_wall: float | None  # when the server granted the tenancy (time.time())
     _fencing_token: int | None

@@ -966,3 +966,20 @@ end
 return 1
 """
 )
+
+KEEP_FOR = """
+-- KEEP_FOR: end our hold of a plain lock but keep its key taken for a while (run_once's at_least_for): compare-and-set
+-- on our owner id, then the key holds the marker instead of our id (so that our own next ACQUIRE, which takes over
+-- a key holding our id, is refused like anyone's) and expires in ARGV[3] ms, sooner or later than our lease would
+-- have. Nobody is granted or woken: the key ends by its expiry, which waiters are told of and KEEP_WAITING serves.
+-- KEYS[1]  lock key
+-- ARGV[1]  owner (client_id)     ARGV[2]  marker (the value kept: "<owner>:ran")     ARGV[3]  ms to keep it (> 0)
+-- returns  1                     kept: the key holds the marker and expires in ARGV[3] ms
+--          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
+-- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""

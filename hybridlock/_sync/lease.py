@@ -91,6 +91,9 @@ class ServerLease:
         # Lease retention (LockRegistry(retain_for=...), see _retention.py; plain locks only): while no thread here
         # holds the lock, the lease is kept until this time.monotonic() deadline. None when not retained.
         self._retained_until: float | None = None
+        # A bound on this tenancy (run_once's at_most_for): a monotonic() time past which the lease is never
+        # renewed, the last renewals asking only for what is left (renewer.py). None: renewed while held.
+        self._hold_until: float | None = None
         # When each holder's observed acquire returned (only with a registry observer; see observing.py). Set here,
         # not on first use: an attribute added after __init__ slows every attribute access on the object.
         self._observed_hold_starts: dict[object, float] | None = None
@@ -158,6 +161,7 @@ class ServerLease:
         self._in_server = True
         self._giving_back = False
         self._retained_until = None
+        self._hold_until = None
         self._lost = False
         self._abandoned = False
         self._abandoned_by = None
@@ -191,6 +195,7 @@ class ServerLease:
         self._abandoned = False
         self._abandoned_by = None
         self._retained_until = None
+        self._hold_until = None
         self._fencing_token = None
         self._valid_until = None
         self._loss_listeners = []
@@ -204,6 +209,7 @@ class ServerLease:
         self._abandoned = False
         self._abandoned_by = None
         self._retained_until = None
+        self._hold_until = None
         self._fencing_token = None
         self._valid_until = None
         self._lost = False

@@ -617,6 +617,31 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
         if was_lost or not released:
             raise self._lost_error() from unreachable
 
+    def _release_kept(self, marker: str, keep_ms: int) -> None:
+        """The final release of this thread's only hold, leaving the server key taken (holding ``marker``) for
+        ``keep_ms`` more milliseconds (``run_once``'s ``at_least_for``): never passed on or retained, nobody woken.
+        Raises as ``release`` does (``LockLostError`` when the lease had ended)."""
+        if self._owner != current_owner() or self._count != 1:
+            raise LockNotOwnedError(
+                "cannot end a run that is not this thread's only hold of the lock",
+                key=self.key,
+                server=self._context.server,
+            )
+        context = self._context
+        kept = False
+        was_lost = self._give_back_lease()
+        try:
+            keep = partial(context.backend.keep_for, self._names, context.client_id, marker, keep_ms)
+            kept = shielded(keep)  # (as a release is: a cancel must not leave the lease held by nobody)
+        finally:
+            self._owner = None
+            self._count = 0
+            self.last_used = monotonic()
+            self._end_tenancy()
+            self._mutex.release()
+        if was_lost or not kept:
+            raise self._lost_error()
+
     # -- retention ------------------------------------------------------------------------------------------------
 
     def _wanted_elsewhere(self) -> bool:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from .._core.config import QUORUM_FENCE_RETENTION, LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
 from .._core.names import LockNames, lock_names, read_write_names, validate_key
+from .._core.runonce import RunOnceBounds, RunOnceResult
 from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
 from ._compat import at_exit, monotonic, new_guard
 from .backends.base import LockBackend
@@ -43,6 +44,7 @@ from .leases import HeldLease, LostCallback
 from .lock import HybridLock
 from .multi import MultiLock
 from .observing import ObserverHook
+from .runonce import run_once, runs_once
 from .rwlock import ReadWriteLock
 
 __all__ = ["LocalLockRegistry", "LockRegistry", "QuorumLockRegistry"]
@@ -317,6 +319,28 @@ class LockRegistry:
         """A candidate for leadership of ``name`` (see [LeaderElection][hybridlock.LeaderElection]):
         ``with registry.leader_election("scheduler", on_elected=..., on_revoked=...) as election:``."""
         return LeaderElection(self, name, on_elected, on_revoked)
+
+    def run_once(
+        self,
+        key: str,
+        function: Callable[..., Any],
+        *args: Any,
+        at_least_for: float,
+        at_most_for: float | None = None,
+        **kwargs: Any,
+    ) -> RunOnceResult[Any]:
+        """Run ``function(*args, **kwargs)`` unless another owner has ``key`` (running it, or ran it less than
+        ``at_least_for`` seconds ago): one replica per occurrence of a scheduled job, ShedLock's two bounds. Never
+        waits: ``RunOnceResult(ran=False)`` when skipped, ``RunOnceResult(ran=True, result=...)`` when run. The
+        key stays taken ``at_least_for`` seconds after the start however soon the function ends, and the hold ends
+        ``at_most_for`` seconds after it (None: renewed while it runs) even while the function still runs, which
+        then raises ``LockLostError`` as it ends. See docs/run-once.md."""
+        return run_once(self, key, function, RunOnceBounds.checked(at_least_for, at_most_for), *args, **kwargs)
+
+    def runs_once(self, template: str, *, at_least_for: float, at_most_for: float | None = None) -> Callable[[F], F]:
+        """Decorator: each call runs as ``run_once`` with the key ``template`` filled from the call's arguments (as
+        ``synchronized`` fills it) and returns a ``RunOnceResult``."""
+        return runs_once(self, template, RunOnceBounds.checked(at_least_for, at_most_for))
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lock)`` for every lock of this registry found lost while held."""

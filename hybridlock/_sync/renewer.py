@@ -29,6 +29,9 @@ Failure modes
   keys gone or taken and reports the loss. Fencing tokens are the defence for the resource.
 * ``max_hold``: locks held longer than that (since the server granted them: ``_acquired_at``) are no longer renewed
   and end with their lease.
+* A lease with a bound of its own (``_hold_until``: ``run_once``'s ``at_most_for``) is renewed with the registry's
+  lease until less than that is left before the bound, then (each round, on its own) with only what is left, so
+  the server key ends at the bound (counted from when the renewal left) and the deadline watch reports it lost.
 * A holder ends (its thread, or task) without releasing: its hold is no longer renewed and ends with its lease,
   released by this worker then (``owners.py``). So the worker also runs in a registry that renews nothing
   (``auto_renew=False``, every ``expire_after / 3``; ``LocalLockRegistry``, every second), only to look for those.
@@ -316,6 +319,10 @@ class LeaseRenewer:
         now = monotonic()
         max_hold = context.config.max_hold
         locks = []
+        bounded: list[
+            tuple[HeldLease, int, float]
+        ] = []  # leases whose bound comes within a lease: (lease, tenancy, left)
+        lease = context.config.lease
         earliest: float | None = None
         abandoned_until: float | None = None
         for lock in context.leases.in_server():
@@ -337,11 +344,17 @@ class LeaseRenewer:
                 if valid_until is not None and valid_until <= now:
                     lock._mark_lost(tenancy)
                 continue
+            hold_until = lock._hold_until
+            if hold_until is not None and lease is not None and hold_until - now < lease:
+                bounded.append((lock, tenancy, hold_until - now))
+                continue
             locks.append((lock, tenancy))
         if earliest is not None:
             # Before the round leaves: it may not come back before some of these deadlines.
             self._watch.ring_by(earliest)
         self._abandoned_until = abandoned_until
+        for lock, tenancy, left in bounded:
+            self._renew_to_bound(lock, tenancy, left)
         lease_ms = context.config.lease_ms
         if not locks or lease_ms is None:  # (nothing to renew, or a registry whose leases never end)
             return False
@@ -386,6 +399,26 @@ class LeaseRenewer:
         if error is not None:
             raise error
         return True
+
+    def _renew_to_bound(self, lock: HeldLease, tenancy: int, left: float) -> None:
+        """Renew ``lock`` for the ``left`` seconds before its bound only (not at all under a millisecond): the key
+        then ends at the bound, and the deadline watch reports the lease lost as its ``valid_until`` passes."""
+        context = self._context
+        if left < 0.001:
+            return
+        start = monotonic()
+        try:
+            (renewed,) = context.backend.renew([lock._names], context.client_id, int(left * 1000))
+        except Exception:
+            # As for a failed round: the lease keeps running out, and is lost once it certainly has.
+            logger.debug("hybridlock: could not renew %r up to its bound", lock.key, exc_info=True)
+            renewed = None
+        if renewed:
+            lock._renewed(tenancy, start, left)
+        elif renewed is None:
+            self._mark_ended_lost([(lock, tenancy)])
+        else:
+            lock._mark_lost(tenancy)
 
     @staticmethod
     def _mark_ended_lost(locks: list[tuple[HeldLease, int]]) -> None:

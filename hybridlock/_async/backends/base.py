@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..._core.config import QUEUE_PLACE_KEEP_MS
 from ..._core.names import LockNames, ReadWriteNames
 from ..._core.results import AcquireManyResult, AcquireResult
+from ...errors import InvalidArgumentError
 
 __all__ = ["QUEUE_PLACE_KEEP_MS", "AcquireManyResult", "AcquireResult", "AsyncLockBackend", "AsyncReleaseWatch"]
 
@@ -158,6 +159,17 @@ class AsyncLockBackend(abc.ABC):
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
         """Delete ``names.lock`` only if its value is ``owner`` (and then, if ``notify``, wake waiters). Returns
         False when the key was gone or held by someone else: the caller's lease had ended."""
+
+    #: Whether ``keep_for`` is available (``registry.run_once``): in every built-in backend.
+    keeps_keys: bool = False
+
+    async def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
+        """End ``owner``'s hold of ``names.lock`` but keep the key, holding ``marker``, for ``keep_ms`` more
+        milliseconds (``run_once``'s ``at_least_for``), waking nobody. False when the key was gone or held by
+        someone else: the caller's lease had ended. Only where ``keeps_keys``."""
+        raise InvalidArgumentError(
+            f"run_once is not available on {type(self).__name__}", key=names.key, server=self.address
+        )
 
     @abc.abstractmethod
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> Sequence[bool | None]:

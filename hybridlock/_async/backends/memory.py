@@ -189,6 +189,17 @@ class AsyncMemoryBackend(AsyncLockBackend):
             self._wanted_listeners.append(callback)
         return True
 
+    keeps_keys = True
+
+    async def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
+        now = monotonic()
+        with self._cond:
+            entry = self._live_entry(names.lock, now)
+            if entry is None or entry.owner != owner:
+                return False
+            self._entries[names.lock] = _Entry(marker, now + keep_ms / 1000.0)
+            return True
+
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool]:
         now = monotonic()
         renewed = []

@@ -693,6 +693,13 @@ class AsyncRedisBackend(AsyncLockBackend):
             )
         return bool(released)
 
+    keeps_keys = True
+
+    async def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
+        async with self._translated(names, "keep of a run's key"):
+            kept = await self._scripts.run(scripts.KEEP_FOR, (names.lock,), (owner, marker, keep_ms))
+        return bool(kept)
+
     async def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         async with self._translated(names, "cancel of a wait"):
             await self._scripts.run(

@@ -294,6 +294,22 @@ class QuorumBackend(LockBackend):
             raise self._unavailable(names.key, "release", outcomes)
         return False
 
+    keeps_keys = True
+
+    def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
+        """Keep the key on every server (after any earlier call about the lock, as ``release`` does). True only when
+        a majority kept it: then no other owner can take it on a majority before it ends. (Unlike a release, silent
+        holders do not count: they keep our lease only until its deadline, not for ``keep_ms``.) False when a
+        majority said no (the lease had ended); ``BackendUnavailableError`` when too few answered to tell."""
+        self._holders.pop((names.lock, owner), None)
+        outcomes = self._on_all(names.lock, "keep_for", names, owner, marker, keep_ms, queue=True)
+        verdict = tally_flags([None if isinstance(outcome, Exception) else bool(outcome) for outcome in outcomes])
+        if verdict.held:
+            return True
+        if not verdict.decided:
+            raise self._unavailable(names.key, "keep of a run's key", outcomes)
+        return False
+
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
         """Per lease: True renewed by a majority in time; None not renewed, but still ours until its last
         holders' deadline (the renewer treats it as out of reach, and reports it lost once that has passed); False

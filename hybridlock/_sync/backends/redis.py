@@ -694,6 +694,13 @@ class RedisBackend(LockBackend):
             )
         return bool(released)
 
+    keeps_keys = True
+
+    def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
+        with self._translated(names, "keep of a run's key"):
+            kept = self._scripts.run(scripts.KEEP_FOR, (names.lock,), (owner, marker, keep_ms))
+        return bool(kept)
+
     def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
         with self._translated(names, "cancel of a wait"):
             self._scripts.run(
