@@ -20,12 +20,14 @@ from ._sync.lock import HybridLock, LockStatistics
 from ._sync.multi import MultiLock
 from ._sync.registry import LocalLockRegistry, LockRegistry, QuorumLockRegistry
 from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
+from ._sync.semaphore import Semaphore
 
 if _TYPE_CHECKING:
     from ._async.lock import AsyncHybridLock
     from ._async.multi import AsyncMultiLock
     from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry, AsyncQuorumLockRegistry
     from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
+    from ._async.semaphore import AsyncSemaphore
 
 from .errors import (
     AuthenticationFailedError,
@@ -61,6 +63,7 @@ __all__ = [
     "AsyncQuorumLockRegistry",
     "AsyncReadLock",
     "AsyncReadWriteLock",
+    "AsyncSemaphore",
     "AsyncWriteLock",
     "AuthenticationFailedError",
     "BackendUnavailableError",
@@ -87,6 +90,7 @@ __all__ = [
     "ReadWriteLock",
     "RegistryClosedError",
     "ReplicationNotConfirmedError",
+    "Semaphore",
     "TimeoutOverflowError",
     "WriteLock",
     "__version__",
@@ -101,6 +105,7 @@ _ASYNC_NAMES = {
     "AsyncQuorumLockRegistry": "hybridlock._async.registry",
     "AsyncReadLock": "hybridlock._async.rwlock",
     "AsyncReadWriteLock": "hybridlock._async.rwlock",
+    "AsyncSemaphore": "hybridlock._async.semaphore",
     "AsyncWriteLock": "hybridlock._async.rwlock",
 }
 

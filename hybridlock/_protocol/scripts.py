@@ -67,6 +67,9 @@ FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 #: range" in the module docstring).
 MAX_TOKEN = 2**53 - 1
 
+#: The most permits a semaphore may have: an acquire looks at every permit slot (see ``ACQUIRE_PERMIT``).
+MAX_PERMITS = 1024
+
 #: The first element of the reply of a script that refused a fencing counter (or a resource's highest token) outside
 #: the exact range: ``{-1, <the stored value>}`` (see "The exact range" above, and ``fencing_counter_error``).
 OUT_OF_RANGE = -1
@@ -948,5 +951,150 @@ else
   redis.call('PEXPIRE', KEYS[1], ARGV[2])  -- every counter keeps the same TTL from its last use
 end
 return 1
+"""
+)
+
+# Semaphores (``registry.obtain_semaphore``; names in ``hybridlock._core.names``). Each permit is a slot key
+# ``<prefix><i>`` holding its holder's client_id with the holder's lease as TTL, exactly as a plain lock key: the
+# renewer renews it with RENEW like any other, a holder that dies lets it expire, and an operator's DEL (or an
+# eviction) of it is found lost at the next renewal. The hash ``config`` keeps the limit and the span (the slots to
+# look at). The slot keys are the one exception, with the grant box, to "every key in KEYS": which slots exist is
+# known only to the script; they share the config's hash tag, so they live in its cluster slot. An acquire looks at
+# every slot of the span: its cost grows with the number of permits (at most ``MAX_PERMITS``).
+_SEMAPHORE_LIB = f"""
+local MAX_PERMITS = {MAX_PERMITS}
+-- The limit and span in the config hash, or the caller's ``permits`` when none is stored (a new semaphore, or a
+-- config evicted or deleted: whoever asks next sets it again). A config of another type, or a limit that is not a
+-- whole number from 1 to MAX_PERMITS, is not state we wrote: replaced.
+local function limits(config, permits, ttl)
+  local kind = redis.call('TYPE', config)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    redis.call('DEL', config)
+  end
+  local limit = tonumber(redis.call('HGET', config, 'limit'))
+  if not limit or limit < 1 or limit > MAX_PERMITS or limit ~= math.floor(limit) then
+    limit = tonumber(permits)
+    redis.call('HSET', config, 'limit', limit)
+  end
+  local span = tonumber(redis.call('HGET', config, 'span'))
+  if not span or span < limit or span > MAX_PERMITS or span ~= math.floor(span) then
+    span = limit
+    redis.call('HSET', config, 'span', span)
+  end
+  redis.call('PEXPIRE', config, ttl)
+  return limit, span
+end
+"""
+
+ACQUIRE_PERMIT = (
+    """
+-- ACQUIRE_PERMIT: take a free permit slot if fewer than the limit are held, minting a fencing token.
+-- KEYS[1]  the semaphore's config (hash: limit, span)      KEYS[2]  fencing counter key
+-- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms (the config
+--          lives as long)        ARGV[4]  the limit to store if none is    ARGV[5]  the slot keys' prefix
+-- ARGV[6..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
+--          holder has not released it yet must not be taken again under the same client_id)
+-- returns  {1, slot, token}      acquired slot ``slot``
+--          {0, wait_ms}          refused: the limit is reached (wait_ms = the soonest end of a held permit's lease;
+--                                -1 = none known)
+--          {-1, counter}         the fencing counter is at or above MAX_TOKEN: nothing taken
+-- A slot key that is not a string is not state we wrote: dropped, as if evicted. Slots at or past the limit (a
+-- limit lowered while they were held) are not given out again; they count until released or expired, and the span
+-- shrinks back to the limit once none is held.
+"""
+    + _KEYS_LIB
+    + _FENCE_LIB
+    + _SEMAPHORE_LIB
+    + """
+local t = redis.call('TIME')
+local limit, span = limits(KEYS[1], ARGV[4], ARGV[3])
+local skip = {}
+for i = 6, #ARGV do
+  skip[ARGV[i]] = true
+end
+local held, free, soonest, last = 0, nil, -1, -1
+for i = 0, span - 1 do
+  local slot = ARGV[5] .. i
+  local ttl = redis.call('PTTL', slot)
+  if ttl ~= -2 and not string_at(slot) then
+    redis.call('DEL', slot)
+    ttl = -2
+  end
+  if ttl == -2 then
+    if not free and i < limit and not skip[tostring(i)] then
+      free = i
+    end
+  else
+    held = held + 1
+    last = i
+    if ttl >= 0 and (soonest < 0 or ttl < soonest) then
+      soonest = ttl
+    end
+  end
+end
+if span > limit and last < span - 1 then
+  local shrunk = math.max(limit, last + 1)
+  redis.call('HSET', KEYS[1], 'span', shrunk)
+end
+if held >= limit or not free then
+  return {0, soonest}
+end
+local token, counter = mint(KEYS[2], ARGV[3], t)
+if not token then
+  return {-1, counter}
+end
+local slot = ARGV[5] .. free
+if ARGV[2] == '0' then
+  redis.call('SET', slot, ARGV[1])
+else
+  redis.call('SET', slot, ARGV[1], 'PX', ARGV[2])
+end
+return {1, free, string.format('%.0f', token)}
+"""
+)
+
+RELEASE_PERMIT = (
+    """
+-- RELEASE_PERMIT: give back a permit slot if it is still ours, and wake the semaphore's waiters.
+-- KEYS[1]  the permit's slot key
+-- ARGV[1]  owner (client_id)     ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
+-- returns  1 released; 0 the slot was gone or another owner's (the permit's lease had ended: lost)
+"""
+    + _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + """
+if string_at(KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+announce(ARGV[3], ARGV[2], 'released')
+return 1
+"""
+)
+
+SET_PERMITS = (
+    """
+-- SET_PERMITS: change a semaphore's limit. Raising it wakes the waiters; lowering it revokes nothing: permits held
+-- past the new limit stay valid (and renewable) until released, and no new one is given out until fewer than the
+-- new limit are held.
+-- KEYS[1]  the semaphore's config (hash: limit, span)
+-- ARGV[1]  the new limit         ARGV[2]  the config's TTL in ms           ARGV[3]  the channel
+-- ARGV[4]  "publish" | "spublish" | ""
+-- returns  the limit it replaced (0: none was stored)
+"""
+    + _ANNOUNCE_LIB
+    + _SEMAPHORE_LIB
+    + """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local old = 0
+if kind == 'hash' then
+  old = tonumber(redis.call('HGET', KEYS[1], 'limit')) or 0
+end
+local limit, span = limits(KEYS[1], ARGV[1], ARGV[2])
+local new = tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'limit', new)
+redis.call('HSET', KEYS[1], 'span', math.max(span, limit, new))
+announce(ARGV[4], ARGV[3], 'released')
+return old
 """
 )

@@ -21,8 +21,8 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 
 from ..._core.config import QUEUE_PLACE_KEEP_MS
-from ..._core.names import LockNames, ReadWriteNames
-from ..._core.results import AcquireManyResult, AcquireResult
+from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
+from ..._core.results import AcquireManyResult, AcquireResult, PermitResult
 
 __all__ = ["QUEUE_PLACE_KEEP_MS", "AcquireManyResult", "AcquireResult", "AsyncLockBackend", "AsyncReleaseWatch"]
 
@@ -194,6 +194,30 @@ class AsyncLockBackend(abc.ABC):
     @abc.abstractmethod
     async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
         """``owner`` no longer waits to write (it gave up): let readers in again."""
+
+    # -- semaphores: a permit is a slot held as a plain lock key (``names.permit(slot)``), renewed with ``renew``.
+
+    #: Whether this backend has semaphores (a quorum has not: ``obtain_semaphore`` refuses it).
+    semaphores: bool = False
+
+    async def try_acquire_permit(
+        self, names: SemaphoreNames, owner: str, lease_ms: int | None, permits: int, skip: Sequence[int]
+    ) -> PermitResult:
+        """Take a free permit slot of the semaphore ``names`` for ``owner`` for ``lease_ms`` milliseconds (None: no
+        expiry), minting a fencing token, if fewer permits than its limit are held; never a slot in ``skip`` (those
+        ``owner`` still has a holder for). ``permits``: the limit to store when none is (see
+        ``scripts.ACQUIRE_PERMIT``). One round trip; never waits."""
+        raise NotImplementedError
+
+    async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+        """Give back ``owner``'s permit slot ``slot`` and wake the semaphore's waiters; False if it had already ended
+        (lost)."""
+        raise NotImplementedError
+
+    async def set_permits(self, names: SemaphoreNames, permits: int) -> int:
+        """Set the semaphore's limit to ``permits`` (held permits past it stay valid until released) and wake its
+        waiters. Returns the limit it replaced (0: none was stored)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     async def is_locked(self, names: LockNames) -> bool:

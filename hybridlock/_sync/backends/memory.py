@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..._core.names import LockNames, ReadWriteNames
+from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
+from ..._core.results import PermitResult
 from .._compat import Condition, monotonic
 from .base import QUEUE_PLACE_KEEP_MS, AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 
@@ -55,6 +56,8 @@ class MemoryBackend(LockBackend):
         self._readers: dict[str, dict[str, float]] = {}
         self._writers_waiting: dict[str, dict[str, float]] = {}
         self._watchers: dict[str, int] = {}
+        # Semaphores: config name -> [limit, span] (permits are entries named after their slots, as locks are).
+        self._semaphores: dict[str, list[int]] = {}
         self._wanted_listeners: list[Callable[[], None]] = []
 
     def _live_entry(self, name: str, now: float) -> _Entry | None:
@@ -274,6 +277,53 @@ class MemoryBackend(LockBackend):
         with self._cond:
             if self._writers_waiting.get(names.writers_waiting, {}).pop(owner, None) is not None:
                 self._announce_release(names.channel)
+
+    semaphores = True
+
+    def try_acquire_permit(
+        self, names: SemaphoreNames, owner: str, lease_ms: int | None, permits: int, skip: Sequence[int]
+    ) -> PermitResult:
+        now = monotonic()
+        with self._cond:  # as scripts.ACQUIRE_PERMIT
+            limits = self._semaphores.setdefault(names.config, [permits, permits])
+            limit, span = limits
+            held, free, soonest, last = 0, None, None, -1
+            for index in range(span):
+                entry = self._live_entry(names.slot(index), now)
+                if entry is None:
+                    if free is None and index < limit and index not in skip:
+                        free = index
+                    continue
+                held += 1
+                last = index
+                if entry.expires_at is not None and (soonest is None or entry.expires_at - now < soonest):
+                    soonest = entry.expires_at - now
+            if span > limit and last < span - 1:
+                limits[1] = max(limit, last + 1)
+            if held >= limit or free is None:
+                return PermitResult(False, holder_ttl=soonest)
+            self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
+            token = self._fences.get(names.fence, 0) + 1
+            self._fences[names.fence] = token
+            return PermitResult(True, free, token)
+
+    def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+        with self._cond:
+            entry = self._live_entry(names.slot(slot), monotonic())
+            if entry is None or entry.owner != owner:
+                return False
+            del self._entries[names.slot(slot)]
+            self._announce_release(names.channel)
+            return True
+
+    def set_permits(self, names: SemaphoreNames, permits: int) -> int:
+        with self._cond:
+            limits = self._semaphores.get(names.config)
+            old = 0 if limits is None else limits[0]
+            span = permits if limits is None else max(limits[1], permits)
+            self._semaphores[names.config] = [permits, span]
+            self._announce_release(names.channel)
+            return old
 
     def is_locked(self, names: LockNames) -> bool:
         with self._cond:
