@@ -181,12 +181,13 @@ async def test_a_gone_holders_permit_comes_back(backend: Backend) -> None:
         registry = backend.registry(expire_after=LEASE)
         semaphore = registry.obtain_semaphore("gone", 1)
         rival = backend.other_owner(registry).obtain_semaphore("gone", 1)
-        assert await in_other(lambda: semaphore.acquire(timeout=JOIN))  # a task that ends holding its permit
         start = time.monotonic()
+        assert await in_other(lambda: semaphore.acquire(timeout=JOIN))  # a task that ends holding its permit
         assert not await rival.acquire(blocking=False)
         assert await rival.acquire(timeout=WITHIN), "a permit whose holder is gone never came back"
         if backend.name != "local":
-            assert time.monotonic() - start >= LEASE * 0.5  # it ran out: not given back at once
+            # Not given back at once: its lease ran out (counted from before the holder's acquire was sent).
+            assert time.monotonic() - start >= LEASE * 0.9
         await rival.release()
         assert semaphore.held_here == 0
 
