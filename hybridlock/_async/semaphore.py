@@ -8,9 +8,13 @@ as for a lock (``lost``, ``on_lost``, ``LockLostError`` at release), ``close()``
 ends without releasing has its permit left to run out.
 
 Each acquire is one round trip, for threads of one process too: permits are not shared between the tasks of a
-process (each takes its own; a task may take several, as with ``threading.Semaphore``). A task that cannot get a
-permit waits for a release's announcement on the semaphore's channel (or polls with the lock's backoff, bounded
-by the soonest end of a held permit's lease); waiters are not served in arrival order.
+process (each takes its own; a task may take several, as with ``threading.Semaphore``). Waiters are served in
+arrival order across processes: a blocking attempt that is refused takes a place in the semaphore's queue in the
+server, and with R permits free only the first R places may take one (an attempt without a place, a non-blocking
+one, counts as behind them all), so a stream of newcomers cannot starve a waiter. A waiter then waits for a
+release's announcement on the semaphore's channel (or polls with the lock's backoff), and attempts again at least
+every ``_PLACE_REFRESH`` seconds, which keeps its place (a place lapses ``QUEUE_PLACE_KEEP_MS`` after the attempt
+that kept it: a waiter that died holds nobody up for longer); one that gives up leaves the queue.
 
 Failure modes
 -------------
@@ -27,13 +31,14 @@ Failure modes
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .._core.config import validate_timeout
+from .._core.config import QUEUE_PLACE_KEEP_MS, validate_timeout
 from .._core.names import SemaphoreNames
 from .._core.results import AcquireResult, PermitResult
 from .._protocol.scripts import MAX_PERMITS
@@ -59,6 +64,12 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSemaphore", "validate_permits"]
 
 logger = logging.getLogger("hybridlock.lock")
+
+#: The longest a waiter goes without an attempt, each of which keeps its place in the queue (which lapses
+#: ``QUEUE_PLACE_KEEP_MS`` after the last one): a third of that, as a lease is renewed.
+_PLACE_REFRESH = QUEUE_PLACE_KEEP_MS / 3000.0
+
+_wait_ids = itertools.count(1)  # (a place is named "<client_id>|<wait id>": unique in this owner)
 
 
 def validate_permits(permits: object) -> int:
@@ -271,15 +282,23 @@ class AsyncSemaphore(AsyncJavaStyleLock):
         site = caller_site(caller)
         deadline = None if wait is None else monotonic() + wait
         won: list[PermitResult] = []
+        backend = context.backend
+        place = f"{context.client_id}|{next(_wait_ids)}" if blocking else None
 
         async def attempt() -> AcquireResult:
-            result = await context.backend.try_acquire_permit(
-                self._names, context.client_id, context.config.lease_ms, self._permits, self._slots_here()
+            result = await backend.try_acquire_permit(
+                self._names, context.client_id, context.config.lease_ms, self._permits, self._slots_here(), place
             )
             if not result.acquired:
-                return AcquireResult(False, None, result.holder_ttl)
+                # Come back before our place lapses (and never past the soonest end of a held permit's lease).
+                ttl = result.holder_ttl
+                return AcquireResult(False, None, _PLACE_REFRESH if ttl is None else min(ttl, _PLACE_REFRESH))
             won.append(result)
             return AcquireResult(True, result.fencing_token)
+
+        async def give_up() -> None:
+            if place is not None:
+                await backend.leave_permit_queue(self._names, place)
 
         grant = await acquire_remote(
             context,
@@ -287,9 +306,9 @@ class AsyncSemaphore(AsyncJavaStyleLock):
             blocking,
             deadline,
             attempt=attempt,
-            give_up=_nothing,  # (no place in any queue to leave)
+            give_up=give_up,  # (leaves our place in the queue: out of time, cancelled, or an error)
             undo=_nothing,  # (a permit granted to an attempt cut off in flight lapses: see the module docstring)
-            queues=False,
+            queues=False,  # (each attempt keeps our place: no wait keeper)
         )
         if grant is None:
             return False

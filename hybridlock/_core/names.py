@@ -25,6 +25,8 @@ and a semaphore on ``key`` (``registry.obtain_semaphore``) these, apart from the
     R:{key}:permit:<i> permit slot i (0 <= i < span): a string whose value is its holder's client_id, with the
                        holder's lease as its TTL, exactly as a plain lock key (so the renewer renews it as one)
     R:{key}:sem-wake   the channel a permit's release publishes on
+    R:{key}:sem-queue  the owners waiting for a permit, in arrival order (a sorted set)
+    R:{key}:sem-queue-until  when each waiting owner's place lapses unless its next attempt keeps it (a sorted set)
 
 Each owner (a registry in a process) may also describe itself, for operators (``hybridlock inspect``)::
 
@@ -46,8 +48,8 @@ Why this shape:
 * ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
   ``(registry_key, key)`` pairs can never produce the same lock name. No name's ending (``}``, ``}:fence``,
   ``}:wake``, ``}:queue``, ``}:queue-until``, ``}:writer``, ``}:readers``, ``}:writers``, ``}:rw-wake``,
-  ``}:permits``, ``}:permit:<i>``, ``}:sem-wake``) is an ending of another, so a name of one lock never equals a
-  name of another.
+  ``}:permits``, ``}:permit:<i>``, ``}:sem-wake``, ``}:sem-queue``, ``}:sem-queue-until``) is an ending of
+  another, so a name of one lock never equals a name of another.
 """
 
 from __future__ import annotations
@@ -98,19 +100,21 @@ class SemaphoreNames:
     fence: str
     channel: str
     slot_prefix: str
+    queue: str
+    queue_until: str
 
     def slot(self, index: int) -> str:
         return f"{self.slot_prefix}{index}"
 
     def permit(self, index: int) -> LockNames:
         """The view of permit slot ``index`` the lease table and the renewer use: a plain lock key (the slot), and
-        the semaphore's fence and channel (it has no queue: ``queue`` names the config, which nothing queues in)."""
-        return LockNames(self.key, self.slot(index), self.fence, self.channel, self.config, self.config)
+        the semaphore's fence, channel and queue."""
+        return LockNames(self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until)
 
     @property
     def waiting(self) -> LockNames:
         """The view a waiter uses: ``channel`` is what it listens to; ``lock`` names the config."""
-        return LockNames(self.key, self.config, self.fence, self.channel, self.config, self.config)
+        return LockNames(self.key, self.config, self.fence, self.channel, self.queue, self.queue_until)
 
 
 def _check_encodable(what: str, value: str) -> None:
@@ -185,4 +189,6 @@ def semaphore_names(registry_key: str, key: str) -> SemaphoreNames:
         fence=f"{base}:fence",
         channel=f"{base}:sem-wake",
         slot_prefix=f"{base}:permit:",
+        queue=f"{base}:sem-queue",
+        queue_until=f"{base}:sem-queue-until",
     )

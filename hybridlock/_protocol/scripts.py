@@ -988,16 +988,23 @@ end
 
 ACQUIRE_PERMIT = (
     """
--- ACQUIRE_PERMIT: take a free permit slot if fewer than the limit are held, minting a fencing token.
+-- ACQUIRE_PERMIT: take a free permit slot if fewer than the limit are held and no earlier waiter is owed it,
+-- minting a fencing token; else, if asked, take (or keep) a place in the semaphore's queue.
 -- KEYS[1]  the semaphore's config (hash: limit, span)      KEYS[2]  fencing counter key
+-- KEYS[3]  queue (zset: place -> arrival, server ms)       KEYS[4]  queue expiries (zset: place -> lapse)
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms (the config
 --          lives as long)        ARGV[4]  the limit to store if none is    ARGV[5]  the slot keys' prefix
--- ARGV[6..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
+-- ARGV[6]  our place in the queue ("<owner>|<wait id>"), or "" not to queue (a non-blocking attempt)
+-- ARGV[7..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
 --          holder has not released it yet must not be taken again under the same client_id)
--- returns  {1, slot, token}      acquired slot ``slot``
---          {0, wait_ms}          refused: the limit is reached (wait_ms = the soonest end of a held permit's lease;
---                                -1 = none known)
+-- returns  {1, slot, token}      acquired slot ``slot`` (our place, if any, is left)
+--          {0, wait_ms}          refused: the limit is reached, or the free permits are owed to the waiters queued
+--                                before us (wait_ms = the soonest end of a held permit's lease; -1 = none known).
+--                                With a place, we are queued (at the back if new), for PLACE_KEEP_MS from now
 --          {-1, counter}         the fencing counter is at or above MAX_TOKEN: nothing taken
+-- Fairness: with R permits free, only the first R live places of the queue may take one; an attempt without a
+-- place counts as behind them all. A place lapses PLACE_KEEP_MS after the attempt that took or kept it (a waiter
+-- attempts again well within that), so a waiter that died or gave up holds nobody up for long.
 -- A slot key that is not a string is not state we wrote: dropped, as if evicted. Slots at or past the limit (a
 -- limit lowered while they were held) are not given out again; they count until released or expired, and the span
 -- shrinks back to the limit once none is held.
@@ -1007,9 +1014,10 @@ ACQUIRE_PERMIT = (
     + _SEMAPHORE_LIB
     + """
 local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit, span = limits(KEYS[1], ARGV[4], ARGV[3])
 local skip = {}
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   skip[ARGV[i]] = true
 end
 local held, free, soonest, last = 0, nil, -1, -1
@@ -1033,15 +1041,39 @@ for i = 0, span - 1 do
   end
 end
 if span > limit and last < span - 1 then
-  local shrunk = math.max(limit, last + 1)
-  redis.call('HSET', KEYS[1], 'span', shrunk)
+  redis.call('HSET', KEYS[1], 'span', math.max(limit, last + 1))
 end
-if held >= limit or not free then
+-- The queue: lapsed places leave it. Places are written to both sets at once, so a queue whose expiries are gone
+-- (evicted, deleted) holds places nobody can tell alive: it is dropped, and its waiters queue again at their next
+-- attempt.
+local queue, expiries, place = zset_at(KEYS[3]), zset_at(KEYS[4]), ARGV[6]
+if redis.call('EXISTS', expiries) == 0 then
+  redis.call('DEL', queue)
+else
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
+    redis.call('ZREM', queue, gone)
+    redis.call('ZREM', expiries, gone)
+  end
+end
+local rank = place ~= '' and redis.call('ZRANK', queue, place) or nil
+if not rank then
+  rank = redis.call('ZCARD', queue)
+end
+if held >= limit or not free or rank >= limit - held then
+  if place ~= '' then
+    redis.call('ZADD', queue, 'NX', now, place)
+    redis.call('ZADD', expiries, now + PLACE_KEEP_MS, place)
+    keep_places(queue, expiries)
+  end
   return {0, soonest}
 end
 local token, counter = mint(KEYS[2], ARGV[3], t)
 if not token then
   return {-1, counter}
+end
+if place ~= '' then
+  redis.call('ZREM', queue, place)
+  redis.call('ZREM', expiries, place)
 end
 local slot = ARGV[5] .. free
 if ARGV[2] == '0' then
@@ -1050,6 +1082,26 @@ else
   redis.call('SET', slot, ARGV[1], 'PX', ARGV[2])
 end
 return {1, free, string.format('%.0f', token)}
+"""
+)
+
+LEAVE_PERMIT_QUEUE = (
+    """
+-- LEAVE_PERMIT_QUEUE: a waiter gives up its place in a semaphore's queue; the waiters behind it may now be owed a
+-- free permit, so they are woken.
+-- KEYS[1]  queue (zset)          KEYS[2]  queue expiries (zset)
+-- ARGV[1]  the place             ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
+-- returns  1 left; 0 the place was not there
+"""
+    + _ANNOUNCE_LIB
+    + """
+local left = redis.pcall('ZREM', KEYS[1], ARGV[1])
+redis.pcall('ZREM', KEYS[2], ARGV[1])
+if left == 1 then
+  announce(ARGV[3], ARGV[2], 'released')
+  return 1
+end
+return 0
 """
 )
 

@@ -148,6 +148,35 @@ def test_a_release_wakes_a_waiter(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("backend", HAVE_SEMAPHORES, indirect=True)
+def test_waiters_are_served_in_arrival_order(backend: Backend) -> None:
+    # One permit: the waiters get it in the order they queued, and a newcomer that does not wait (its attempt comes
+    # right after the release, before any waiter has woken) finds it owed to the queue.
+    names = ["first", "second", "third", "fourth"]
+    with backend:
+        owners = [backend.registry() for _ in range(6)] if backend.shared else [backend.registry()] * 6
+        holder, newcomer, *queued = (owner.obtain_semaphore("fair", 1) for owner in owners)
+        assert holder.acquire()
+        order: list[str] = []
+
+        def wait(semaphore: Any, name: str) -> None:
+            assert semaphore.acquire(timeout=JOIN)
+            order.append(name)
+            sleep(0.02)
+            semaphore.release()
+
+        waiters = []
+        for semaphore, name in zip(queued, names, strict=True):
+            waiters.append(spawn(lambda semaphore=semaphore, name=name: wait(semaphore, name)))
+            sleep(0.2)  # (queued before the next one arrives)
+        holder.release()
+        barged = take_and_give_back(newcomer, timeout=0)
+        for waiter in waiters:
+            waiter.join()
+        assert not barged, "a newcomer took the permit owed to the waiters"
+        assert order == names
+
+
+@pytest.mark.parametrize("backend", HAVE_SEMAPHORES, indirect=True)
 def test_a_permit_deleted_under_its_holder_is_reported_lost(backend: Backend) -> None:
     with backend:
         registry = backend.registry(expire_after=LEASE)

@@ -201,12 +201,24 @@ class AsyncLockBackend(abc.ABC):
     semaphores: bool = False
 
     async def try_acquire_permit(
-        self, names: SemaphoreNames, owner: str, lease_ms: int | None, permits: int, skip: Sequence[int]
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
     ) -> PermitResult:
         """Take a free permit slot of the semaphore ``names`` for ``owner`` for ``lease_ms`` milliseconds (None: no
-        expiry), minting a fencing token, if fewer permits than its limit are held; never a slot in ``skip`` (those
-        ``owner`` still has a holder for). ``permits``: the limit to store when none is (see
+        expiry), minting a fencing token, if fewer permits than its limit are held and none of the free ones is owed
+        to an owner queued before ``place``; never a slot in ``skip`` (those ``owner`` still has a holder for).
+        Refused, ``place`` (None: do not queue) takes or keeps its place in the queue for ``QUEUE_PLACE_KEEP_MS``
+        (a caller that gives up calls ``leave_permit_queue``). ``permits``: the limit to store when none is (see
         ``scripts.ACQUIRE_PERMIT``). One round trip; never waits."""
+        raise NotImplementedError
+
+    async def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        """``place`` no longer waits for a permit of ``names``: leave the queue, waking those behind it."""
         raise NotImplementedError
 
     async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:

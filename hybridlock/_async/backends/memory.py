@@ -280,7 +280,13 @@ class AsyncMemoryBackend(AsyncLockBackend):
     semaphores = True
 
     async def try_acquire_permit(
-        self, names: SemaphoreNames, owner: str, lease_ms: int | None, permits: int, skip: Sequence[int]
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
     ) -> PermitResult:
         now = monotonic()
         with self._cond:  # as scripts.ACQUIRE_PERMIT
@@ -299,12 +305,28 @@ class AsyncMemoryBackend(AsyncLockBackend):
                     soonest = entry.expires_at - now
             if span > limit and last < span - 1:
                 limits[1] = max(limit, last + 1)
-            if held >= limit or free is None:
+            # The queue (place -> lapse, in arrival order): with R permits free, only its first R live places may
+            # take one; an attempt without a place counts as behind them all.
+            queue = self._queues.setdefault(names.queue, {})
+            for waiter, until in list(queue.items()):
+                if until <= now:
+                    del queue[waiter]
+            rank = list(queue).index(place) if place is not None and place in queue else len(queue)
+            if held >= limit or free is None or rank >= limit - held:
+                if place is not None:
+                    queue[place] = now + _PLACE_KEEP  # (a refreshed place keeps its position)
                 return PermitResult(False, holder_ttl=soonest)
+            if place is not None:
+                queue.pop(place, None)
             self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
             token = self._fences.get(names.fence, 0) + 1
             self._fences[names.fence] = token
             return PermitResult(True, free, token)
+
+    async def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        with self._cond:
+            if self._queues.get(names.queue, {}).pop(place, None) is not None:
+                self._announce_release(names.channel)
 
     async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         with self._cond:

@@ -959,15 +959,21 @@ class AsyncRedisBackend(AsyncLockBackend):
     semaphores = True
 
     async def try_acquire_permit(
-        self, names: SemaphoreNames, owner: str, lease_ms: int | None, permits: int, skip: Sequence[int]
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
     ) -> PermitResult:
         about = names.waiting  # (errors name the semaphore's key; on a cluster, its slot)
         reply, acknowledged = await self._run_write(
             about,
             "semaphore acquire",
             scripts.ACQUIRE_PERMIT,
-            (names.config, names.fence),
-            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, permits, names.slot_prefix, *skip),
+            (names.config, names.fence, names.queue, names.queue_until),
+            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, permits, names.slot_prefix, place or "", *skip),
         )
         if reply[0] == scripts.OUT_OF_RANGE:
             raise scripts.fencing_counter_error(
@@ -981,6 +987,14 @@ class AsyncRedisBackend(AsyncLockBackend):
                 names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, owner)
             )
         return PermitResult(True, slot, int(reply[2]))
+
+    async def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        async with self._translated(names.waiting, "semaphore wait's end"):
+            await self._scripts.run(
+                scripts.LEAVE_PERMIT_QUEUE,
+                (names.queue, names.queue_until),
+                (place, names.channel, await self._announcement()),
+            )
 
     async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         async with self._translated(names.waiting, "semaphore release"):

@@ -960,15 +960,21 @@ class RedisBackend(LockBackend):
     semaphores = True
 
     def try_acquire_permit(
-        self, names: SemaphoreNames, owner: str, lease_ms: int | None, permits: int, skip: Sequence[int]
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
     ) -> PermitResult:
         about = names.waiting  # (errors name the semaphore's key; on a cluster, its slot)
         reply, acknowledged = self._run_write(
             about,
             "semaphore acquire",
             scripts.ACQUIRE_PERMIT,
-            (names.config, names.fence),
-            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, permits, names.slot_prefix, *skip),
+            (names.config, names.fence, names.queue, names.queue_until),
+            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, permits, names.slot_prefix, place or "", *skip),
         )
         if reply[0] == scripts.OUT_OF_RANGE:
             raise scripts.fencing_counter_error(
@@ -982,6 +988,14 @@ class RedisBackend(LockBackend):
                 names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, owner)
             )
         return PermitResult(True, slot, int(reply[2]))
+
+    def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        with self._translated(names.waiting, "semaphore wait's end"):
+            self._scripts.run(
+                scripts.LEAVE_PERMIT_QUEUE,
+                (names.queue, names.queue_until),
+                (place, names.channel, self._announcement()),
+            )
 
     def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         with self._translated(names.waiting, "semaphore release"):
