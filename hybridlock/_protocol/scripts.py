@@ -1107,9 +1107,15 @@ return 0
 
 RELEASE_PERMIT = (
     """
--- RELEASE_PERMIT: give back a permit slot if it is still ours, and wake the semaphore's waiters.
--- KEYS[1]  the permit's slot key
+-- RELEASE_PERMIT: give back a permit slot if it is still ours, and wake the waiters owed a free permit: with R
+-- permits free, the owners of the first R live places of the semaphore's queue ("released:<owner>", once each), or
+-- everyone ("released") when the queue has fewer live places than that, or its state cannot be read. A waiter woken
+-- in vain (it gave up meanwhile) costs those behind it at most their refresh period: each waiter attempts again at
+-- least that often.
+-- KEYS[1]  the permit's slot key KEYS[2]  queue (zset)     KEYS[3]  queue expiries (zset)
+-- KEYS[4]  the semaphore's config (hash: limit, span)
 -- ARGV[1]  owner (client_id)     ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
+-- ARGV[4]  the slot keys' prefix
 -- returns  1 released; 0 the slot was gone or another owner's (the permit's lease had ended: lost)
 """
     + _ANNOUNCE_LIB
@@ -1119,7 +1125,42 @@ if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-announce(ARGV[3], ARGV[2], 'released')
+local limit = tonumber(redis.pcall('HGET', KEYS[4], 'limit'))
+local span = tonumber(redis.pcall('HGET', KEYS[4], 'span'))
+local places = redis.pcall('ZRANGE', KEYS[2], 0, -1)
+if not limit or not span or span > 4096 or type(places) ~= 'table' or places['err'] then
+  announce(ARGV[3], ARGV[2], 'released')
+  return 1
+end
+local room = limit
+for i = 0, span - 1 do
+  if redis.call('EXISTS', ARGV[4] .. i) == 1 then
+    room = room - 1
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local woken = {}
+for _, place in ipairs(places) do
+  if room <= 0 then
+    return 1
+  end
+  local lapse = tonumber(redis.pcall('ZSCORE', KEYS[3], place))
+  if lapse and lapse > now then
+    local waiter = string.match(place, '^([^|]+)|')
+    if not waiter then
+      break
+    end
+    if not woken[waiter] then
+      woken[waiter] = true
+      announce(ARGV[3], ARGV[2], 'released:' .. waiter)
+    end
+    room = room - 1
+  end
+end
+if room > 0 then
+  announce(ARGV[3], ARGV[2], 'released')
+end
 return 1
 """
 )

@@ -999,7 +999,9 @@ class AsyncRedisBackend(AsyncLockBackend):
     async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         async with self._translated(names.waiting, "semaphore release"):
             released = await self._scripts.run(
-                scripts.RELEASE_PERMIT, (names.slot(slot),), (owner, names.channel, await self._announcement())
+                scripts.RELEASE_PERMIT,
+                (names.slot(slot), names.queue, names.queue_until, names.config),
+                (owner, names.channel, await self._announcement(), names.slot_prefix),
             )
         return bool(released)
 

@@ -335,7 +335,15 @@ class MemoryBackend(LockBackend):
             if entry is None or entry.owner != owner:
                 return False
             del self._entries[names.slot(slot)]
-            self._announce_release(names.channel)
+            # Wake the owners of the first R live places, R the permits free (as scripts.RELEASE_PERMIT).
+            now = monotonic()
+            limit, span = self._semaphores.get(names.config, [1, 1])
+            room = limit - sum(1 for index in range(span) if self._live_entry(names.slot(index), now) is not None)
+            live = [place for place, until in self._queues.get(names.queue, {}).items() if until > now]
+            for owner in dict.fromkeys(place.partition("|")[0] for place in live[: max(room, 0)]):
+                self._announce_release(names.channel, owner)
+            if room > len(live):
+                self._announce_release(names.channel)
             return True
 
     def set_permits(self, names: SemaphoreNames, permits: int) -> int:

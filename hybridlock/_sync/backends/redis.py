@@ -1000,7 +1000,9 @@ class RedisBackend(LockBackend):
     def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         with self._translated(names.waiting, "semaphore release"):
             released = self._scripts.run(
-                scripts.RELEASE_PERMIT, (names.slot(slot),), (owner, names.channel, self._announcement())
+                scripts.RELEASE_PERMIT,
+                (names.slot(slot), names.queue, names.queue_until, names.config),
+                (owner, names.channel, self._announcement(), names.slot_prefix),
             )
         return bool(released)
 
