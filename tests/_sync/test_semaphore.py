@@ -253,6 +253,31 @@ def test_set_permits_drains_and_never_revokes(backend: Backend) -> None:
         assert semaphore.held_here == 0
 
 
+@pytest.mark.parametrize("backend", [param for param in HAVE_SEMAPHORES if param.values[0] == "redis"], indirect=True)
+def test_keys_of_another_type_or_missing_are_no_script_error(backend: Backend) -> None:
+    # Every key a semaphore's scripts touch may be evicted, deleted or overwritten by something else: they read such
+    # a key as missing (the limit is stored again from the caller's permits), never fail on it.
+    with backend:
+        registry = backend.registry()
+        semaphore = registry.obtain_semaphore("odd", 2)
+        names = semaphore._names
+        client = registry.backend.client
+        client.set(names.config, "not a hash")
+        client.set(names.queue, "not a zset")
+        client.lpush(names.queue_until, "not a zset")
+        client.hset(names.slot(0), "not", "a string")
+        assert semaphore.acquire(blocking=False)
+        assert semaphore.acquire(blocking=False)
+        assert not in_other(lambda: take_and_give_back(semaphore, timeout=0.1))  # the stored limit is 2
+        client.delete(names.config, names.queue_until)
+        semaphore.release()  # (a release that finds the config and the queue gone wakes everyone)
+        client.set(names.config, "not a hash")
+        assert semaphore.set_permits(3) == 0
+        assert in_other(lambda: take_and_give_back(semaphore, timeout=0))
+        semaphore.release()
+        assert semaphore.held_here == 0
+
+
 @pytest.mark.parametrize("backend", HAVE_SEMAPHORES[:1], indirect=True)
 def test_bad_arguments(backend: Backend) -> None:
     with backend:
