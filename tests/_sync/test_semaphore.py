@@ -177,6 +177,18 @@ def test_waiters_are_served_in_arrival_order(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("backend", HAVE_SEMAPHORES, indirect=True)
+def test_a_waiter_that_gives_up_leaves_the_queue(backend: Backend) -> None:
+    # Out of time, the waiter leaves its place at once: the permit is not kept owed to it until the place lapses.
+    with backend:
+        owners = [backend.registry() for _ in range(3)] if backend.shared else [backend.registry()] * 3
+        holder, waiter, newcomer = (owner.obtain_semaphore("gave-up", 1) for owner in owners)
+        assert holder.acquire()
+        assert not in_other(lambda: waiter.acquire(timeout=0.3))
+        holder.release()
+        assert take_and_give_back(newcomer, timeout=0), "the permit stayed owed to a waiter that gave up"
+
+
+@pytest.mark.parametrize("backend", HAVE_SEMAPHORES, indirect=True)
 def test_a_permit_deleted_under_its_holder_is_reported_lost(backend: Backend) -> None:
     with backend:
         registry = backend.registry(expire_after=LEASE)
