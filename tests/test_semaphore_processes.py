@@ -4,6 +4,7 @@ permit of a SIGKILLed holder comes back within its lease."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -75,3 +76,38 @@ def test_a_sigkilled_holders_permit_comes_back_within_its_lease(server) -> None:
         assert took <= lease + 1.0, took
     finally:
         stop_process(holder)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_holds_none_of_its_parents_permits(server) -> None:
+    from tests.test_fork import Child
+
+    with hybridlock.LockRegistry(server.url) as registry:
+        semaphore = registry.obtain_semaphore("forked", 2)
+        assert semaphore.acquire()
+
+        def body(report, wait_for_parent) -> None:
+            facts = {"held_before": semaphore.held_here, "client_id": registry.client_id}
+            facts["took"] = semaphore.acquire(timeout=5)
+            facts["second"] = semaphore.acquire(blocking=False)  # the parent's and ours: both permits are held
+            semaphore.release()
+            facts["held_after"] = semaphore.held_here
+            report(facts)
+
+        parent_id = registry.client_id
+        child = Child(body)
+        try:
+            facts = child.next_report()
+            assert child.wait() == 0
+        finally:
+            child.close()
+        assert facts == {
+            "held_before": 0,
+            "client_id": facts["client_id"],
+            "took": True,
+            "second": False,
+            "held_after": 0,
+        }
+        assert facts["client_id"] != parent_id
+        assert semaphore.held_here == 1
+        semaphore.release()
