@@ -24,6 +24,9 @@ and a semaphore on ``key`` (``registry.obtain_semaphore``) these, apart from the
                        at least the limit, more while holders of a larger limit drain)
     R:{key}:permit:<i> permit slot i (0 <= i < span): a string whose value is its holder's client_id, with the
                        holder's lease as its TTL, exactly as a plain lock key (so the renewer renews it as one)
+    R:{key}:permit:<i>:tag  the tag of the acquire slot i was granted to (for the first lease only), so that an
+                       acquire cut off in flight can give it back
+    R:{key}:permit:cancelled:<tag>  an acquire given up while in flight: it takes nothing should it come later
     R:{key}:sem-wake   the channel a permit's release publishes on
     R:{key}:sem-queue  the owners waiting for a permit, in arrival order (a sorted set)
     R:{key}:sem-queue-until  when each waiting owner's place lapses unless its next attempt keeps it (a sorted set)

@@ -995,13 +995,17 @@ ACQUIRE_PERMIT = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms (the config
 --          lives as long)        ARGV[4]  the limit to store if none is    ARGV[5]  the slot keys' prefix
 -- ARGV[6]  our place in the queue ("<owner>|<wait id>"), or "" not to queue (a non-blocking attempt)
--- ARGV[7..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
+-- ARGV[7]  this acquire's tag ("<owner>|<wait id>"): written beside the slot it is granted (``<slot>:tag``, for the
+--          lease), so that an acquire cut off in flight can give back what it was granted (GIVE_BACK_ATTEMPT); an
+--          acquire whose tag was given up already (``<prefix>cancelled:<tag>`` exists) takes nothing
+-- ARGV[8..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
 --          holder has not released it yet must not be taken again under the same client_id)
 -- returns  {1, slot, token}      acquired slot ``slot`` (our place, if any, is left)
 --          {0, wait_ms}          refused: the limit is reached, or the free permits are owed to the waiters queued
 --                                before us (wait_ms = the soonest end of a held permit's lease; -1 = none known).
 --                                With a place, we are queued (at the back if new), for PLACE_KEEP_MS from now
 --          {-1, counter}         the fencing counter is at or above MAX_TOKEN: nothing taken
+--          {0, -2}               this acquire was given up (GIVE_BACK_ATTEMPT ran first): nothing taken
 -- Fairness: with R permits free, only the first R live places of the queue may take one; an attempt without a
 -- place counts as behind them all. A place lapses PLACE_KEEP_MS after the attempt that took or kept it (a waiter
 -- attempts again well within that), so a waiter that died or gave up holds nobody up for long.
@@ -1015,9 +1019,12 @@ ACQUIRE_PERMIT = (
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', ARGV[5] .. 'cancelled:' .. ARGV[7]) == 1 then
+  return {0, -2}
+end
 local limit, span = limits(KEYS[1], ARGV[4], ARGV[3])
 local skip = {}
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   skip[ARGV[i]] = true
 end
 local held, free, soonest, last = 0, nil, -1, -1
@@ -1078,8 +1085,10 @@ end
 local slot = ARGV[5] .. free
 if ARGV[2] == '0' then
   redis.call('SET', slot, ARGV[1])
+  redis.call('SET', slot .. ':tag', ARGV[7])
 else
   redis.call('SET', slot, ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', slot .. ':tag', ARGV[7], 'PX', ARGV[2])
 end
 return {1, free, string.format('%.0f', token)}
 """
@@ -1124,7 +1133,7 @@ RELEASE_PERMIT = (
 if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
 local limit = tonumber(redis.pcall('HGET', KEYS[4], 'limit'))
 local span = tonumber(redis.pcall('HGET', KEYS[4], 'span'))
 local places = redis.pcall('ZRANGE', KEYS[2], 0, -1)
@@ -1162,6 +1171,34 @@ if room > 0 then
   announce(ARGV[3], ARGV[2], 'released')
 end
 return 1
+"""
+)
+
+GIVE_BACK_ATTEMPT = (
+    """
+-- GIVE_BACK_ATTEMPT: an acquire was cut off while its attempt was in flight (cancelled; KeyboardInterrupt): give back
+-- the permit granted to its tag, if any, waking the waiters; else mark the tag given up, so that the attempt, should
+-- it reach the server later, takes nothing.
+-- KEYS[1]  the semaphore's config (hash: limit, span)
+-- ARGV[1]  owner (client_id)     ARGV[2]  the slot keys' prefix            ARGV[3]  the acquire's tag
+-- ARGV[4]  how long the mark lives, in ms (the lease: no attempt waits in flight longer than that)
+-- ARGV[5]  the semaphore's channel                                         ARGV[6]  "publish" | "spublish" | ""
+-- returns  1 a permit was given back; 0 none was granted to the tag (it is marked given up)
+"""
+    + _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + """
+local span = tonumber(redis.pcall('HGET', KEYS[1], 'span')) or 0
+for i = 0, math.min(span, 4096) - 1 do
+  local slot = ARGV[2] .. i
+  if string_at(slot .. ':tag') == ARGV[3] and string_at(slot) == ARGV[1] then
+    redis.call('DEL', slot, slot .. ':tag')
+    announce(ARGV[6], ARGV[5], 'released')
+    return 1
+  end
+end
+redis.call('SET', ARGV[2] .. 'cancelled:' .. ARGV[3], '1', 'PX', ARGV[4])
+return 0
 """
 )
 

@@ -26,8 +26,11 @@ Failure modes
   ``on_lost``); its ``release`` raises ``LockLostError``. Another owner may hold that permit meanwhile.
 * The limit is lowered (``set_permits``) below the permits held: none is revoked; they stay valid and renewed until
   released, and no permit is given out until fewer than the new limit are held.
-* An acquire interrupted (cancelled) while its attempt was in flight may have been granted a permit it never
-  learns of: nobody renews it, so it lapses within ``expire_after`` (counting against the limit until then).
+* An acquire interrupted (cancelled; ``KeyboardInterrupt`` on threads) while its attempt was in flight may have been
+  granted a permit it never learns of: each acquire is tagged, the tag is written beside the permit it is granted,
+  and the interrupted acquire gives back the permit of its tag, or marks the tag given up so that the attempt takes
+  nothing if it reaches the server later (``scripts.GIVE_BACK_ATTEMPT``). If the server cannot be reached for that,
+  the permit is not renewed and lapses within ``expire_after``.
 """
 
 from __future__ import annotations
@@ -81,10 +84,6 @@ def validate_permits(permits: object) -> int:
     if not 1 <= permits <= MAX_PERMITS:
         raise InvalidArgumentError(f"permits must be from 1 to {MAX_PERMITS}, not {permits}")
     return permits
-
-
-def _nothing() -> None:
-    return None
 
 
 class _Permit(ServerLease):
@@ -284,11 +283,12 @@ class Semaphore(JavaStyleLock):
         deadline = None if wait is None else monotonic() + wait
         won: list[PermitResult] = []
         backend = context.backend
-        place = f"{context.client_id}|{next(_wait_ids)}" if blocking else None
+        tag = f"{context.client_id}|{next(_wait_ids)}"
+        place = tag if blocking else None
 
         def attempt() -> AcquireResult:
             result = backend.try_acquire_permit(
-                self._names, context.client_id, context.config.lease_ms, self._permits, self._slots_here(), place
+                self._names, context.client_id, context.config.lease_ms, self._permits, self._slots_here(), place, tag
             )
             if not result.acquired:
                 # Come back before our place lapses (and never past the soonest end of a held permit's lease).
@@ -301,6 +301,9 @@ class Semaphore(JavaStyleLock):
             if place is not None:
                 backend.leave_permit_queue(self._names, place)
 
+        def undo() -> object:
+            return backend.give_back_attempt(self._names, context.client_id, tag, context.config.lease_ms)
+
         grant = acquire_remote(
             context,
             self._names.waiting,
@@ -308,7 +311,7 @@ class Semaphore(JavaStyleLock):
             deadline,
             attempt=attempt,
             give_up=give_up,  # (leaves our place in the queue: out of time, cancelled, or an error)
-            undo=_nothing,  # (a permit granted to an attempt cut off in flight lapses: see the module docstring)
+            undo=undo,  # (an attempt cut off in flight: what it may have been granted is given back)
             queues=False,  # (each attempt keeps our place: no wait keeper)
         )
         if grant is None:

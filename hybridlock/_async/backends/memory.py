@@ -57,6 +57,8 @@ class AsyncMemoryBackend(AsyncLockBackend):
         self._watchers: dict[str, int] = {}
         # Semaphores: config name -> [limit, span] (permits are entries named after their slots, as locks are).
         self._semaphores: dict[str, list[int]] = {}
+        self._permit_tags: dict[str, str] = {}  # permit slot -> the tag of the acquire it was granted to
+        self._given_up: set[str] = set()  # tags of acquires given up while in flight (give_back_attempt)
         self._wanted_listeners: list[Callable[[], None]] = []
 
     def _live_entry(self, name: str, now: float) -> _Entry | None:
@@ -287,9 +289,12 @@ class AsyncMemoryBackend(AsyncLockBackend):
         permits: int,
         skip: Sequence[int],
         place: str | None = None,
+        tag: str = "",
     ) -> PermitResult:
         now = monotonic()
         with self._cond:  # as scripts.ACQUIRE_PERMIT
+            if tag and tag in self._given_up:
+                return PermitResult(False)
             limits = self._semaphores.setdefault(names.config, [permits, permits])
             limit, span = limits
             held, free, soonest, last = 0, None, None, -1
@@ -319,9 +324,23 @@ class AsyncMemoryBackend(AsyncLockBackend):
             if place is not None:
                 queue.pop(place, None)
             self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
+            self._permit_tags[names.slot(free)] = tag
             token = self._fences.get(names.fence, 0) + 1
             self._fences[names.fence] = token
             return PermitResult(True, free, token)
+
+    async def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
+        with self._cond:  # as scripts.GIVE_BACK_ATTEMPT (a mark that lives as long as the backend)
+            now = monotonic()
+            for name, granted_to in list(self._permit_tags.items()):
+                entry = self._live_entry(name, now)
+                if granted_to == tag and entry is not None and entry.owner == owner:
+                    del self._entries[name]
+                    del self._permit_tags[name]
+                    self._announce_release(names.channel)
+                    return True
+            self._given_up.add(tag)
+            return False
 
     async def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
         with self._cond:
@@ -334,6 +353,7 @@ class AsyncMemoryBackend(AsyncLockBackend):
             if entry is None or entry.owner != owner:
                 return False
             del self._entries[names.slot(slot)]
+            self._permit_tags.pop(names.slot(slot), None)
             # Wake the owners of the first R live places, R the permits free (as scripts.RELEASE_PERMIT).
             now = monotonic()
             limit, span = self._semaphores.get(names.config, [1, 1])

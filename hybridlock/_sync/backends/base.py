@@ -209,13 +209,20 @@ class LockBackend(abc.ABC):
         permits: int,
         skip: Sequence[int],
         place: str | None = None,
+        tag: str = "",
     ) -> PermitResult:
         """Take a free permit slot of the semaphore ``names`` for ``owner`` for ``lease_ms`` milliseconds (None: no
         expiry), minting a fencing token, if fewer permits than its limit are held and none of the free ones is owed
         to an owner queued before ``place``; never a slot in ``skip`` (those ``owner`` still has a holder for).
         Refused, ``place`` (None: do not queue) takes or keeps its place in the queue for ``QUEUE_PLACE_KEEP_MS``
         (a caller that gives up calls ``leave_permit_queue``). ``permits``: the limit to store when none is (see
-        ``scripts.ACQUIRE_PERMIT``). One round trip; never waits."""
+        ``scripts.ACQUIRE_PERMIT``). ``tag``: names this acquire, for ``give_back_attempt``. One round trip; never
+        waits."""
+        raise NotImplementedError
+
+    def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
+        """An acquire tagged ``tag`` was cut off while an attempt was in flight: give back the permit it was granted,
+        if any (True), else make sure the attempt takes nothing should it still reach the server (for ``lease_ms``)."""
         raise NotImplementedError
 
     def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:

@@ -967,6 +967,7 @@ class RedisBackend(LockBackend):
         permits: int,
         skip: Sequence[int],
         place: str | None = None,
+        tag: str = "",
     ) -> PermitResult:
         about = names.waiting  # (errors name the semaphore's key; on a cluster, its slot)
         reply, acknowledged = self._run_write(
@@ -974,7 +975,7 @@ class RedisBackend(LockBackend):
             "semaphore acquire",
             scripts.ACQUIRE_PERMIT,
             (names.config, names.fence, names.queue, names.queue_until),
-            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, permits, names.slot_prefix, place or "", *skip),
+            (owner, lease_ms or 0, scripts.FENCE_COUNTER_TTL_MS, permits, names.slot_prefix, place or "", tag, *skip),
         )
         if reply[0] == scripts.OUT_OF_RANGE:
             raise scripts.fencing_counter_error(
@@ -988,6 +989,15 @@ class RedisBackend(LockBackend):
                 names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, owner)
             )
         return PermitResult(True, slot, int(reply[2]))
+
+    def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
+        with self._translated(names.waiting, "give-back of an interrupted semaphore acquire"):
+            given = self._scripts.run(
+                scripts.GIVE_BACK_ATTEMPT,
+                (names.config,),
+                (owner, names.slot_prefix, tag, lease_ms or 30_000, names.channel, self._announcement()),
+            )
+        return bool(given)
 
     def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
         with self._translated(names.waiting, "semaphore wait's end"):
