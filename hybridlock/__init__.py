@@ -23,6 +23,7 @@ from ._sync.multi import MultiLock
 from ._sync.registry import LocalLockRegistry, LockRegistry, QuorumLockRegistry
 from ._sync.rwlock import ReadLock, ReadWriteLock, WriteLock
 from ._sync.scope import LossScope
+from ._sync.semaphore import Semaphore
 
 if _TYPE_CHECKING:
     from ._async.election import AsyncLeaderElection
@@ -31,6 +32,7 @@ if _TYPE_CHECKING:
     from ._async.registry import AsyncLocalLockRegistry, AsyncLockRegistry, AsyncQuorumLockRegistry
     from ._async.rwlock import AsyncReadLock, AsyncReadWriteLock, AsyncWriteLock
     from ._async.scope import AsyncLossScope
+    from ._async.semaphore import AsyncSemaphore
 
 from .errors import (
     AuthenticationFailedError,
@@ -68,6 +70,7 @@ __all__ = [
     "AsyncQuorumLockRegistry",
     "AsyncReadLock",
     "AsyncReadWriteLock",
+    "AsyncSemaphore",
     "AsyncWriteLock",
     "AuthenticationFailedError",
     "BackendUnavailableError",
@@ -97,6 +100,7 @@ __all__ = [
     "RegistryClosedError",
     "ReplicationNotConfirmedError",
     "RunOnceResult",
+    "Semaphore",
     "TimeoutOverflowError",
     "WriteLock",
     "__version__",
@@ -113,6 +117,7 @@ _ASYNC_NAMES = {
     "AsyncQuorumLockRegistry": "hybridlock._async.registry",
     "AsyncReadLock": "hybridlock._async.rwlock",
     "AsyncReadWriteLock": "hybridlock._async.rwlock",
+    "AsyncSemaphore": "hybridlock._async.semaphore",
     "AsyncWriteLock": "hybridlock._async.rwlock",
 }
 

@@ -70,6 +70,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("AsyncReadLock", "ReadLock"),
     ("AsyncWriteLock", "WriteLock"),
     ("AsyncMultiLock", "MultiLock"),
+    ("AsyncSemaphore", "Semaphore"),
     ("AsyncLockBackend", "LockBackend"),
     ("AsyncReleaseWatch", "ReleaseWatch"),
     ("AsyncMemoryBackend", "MemoryBackend"),

@@ -208,6 +208,22 @@ def test_the_lost_work_pages_examples_run_as_one_program(server: EmbeddedServer,
     assert "cancelled: the lease of reports:async was lost" in run.stdout
 
 
+@pytest.mark.server
+def test_the_semaphore_pages_example_runs(server: EmbeddedServer) -> None:
+    blocks = python_blocks(DOCS / "semaphore.md")
+    assert len(blocks) == 1
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+    }
+    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "holding a permit of rate-limited-api, token" in run.stdout
+    assert "free now: True" in run.stdout
+
+
 # A tab of the migration guide: `=== "hybridlock"`, then its indented ```python block.
 _HYBRIDLOCK_TAB = re.compile(r'^=== "hybridlock"\n\n    ```python\n(.*?)^    ```', re.MULTILINE | re.DOTALL)
 
@@ -269,6 +285,7 @@ _FEATURES = {
     r"\basyncio\b|\basync\b": "hybridlock:AsyncLockRegistry",
     r"read-write|readers and writers|\brwlock": "hybridlock:ReadWriteLock",
     r"multi-key|several keys|obtain_many": "hybridlock:MultiLock",
+    r"\bsemaphore": "hybridlock:Semaphore",
     r"\bfencing": "hybridlock.fencing:fenced_set",
     r"\bprometheus": "hybridlock.metrics.prometheus:PrometheusObserver",
     r"\bopentelemetry": "hybridlock.metrics.opentelemetry:OpenTelemetryObserver",

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: Which kind of lock an event is about: a plain lock, a half of a read-write lock, or a multi-key lock.
-LockKind = Literal["lock", "read", "write", "multi"]
+LockKind = Literal["lock", "read", "write", "multi", "semaphore"]
 #: How an acquire ended: ``"timed_out"`` also covers a non-blocking attempt that found the lock busy;
 #: ``"cancelled"`` is a ``BaseException`` that is not an ``Exception`` (asyncio's cancellation, KeyboardInterrupt).
 AcquireOutcome = Literal["acquired", "timed_out", "error", "cancelled"]

@@ -18,6 +18,19 @@ and a read-write lock on ``key`` (``registry.obtain_read_write``) these, apart f
 
 The fencing counter ``R:{key}:fence`` is shared with the plain lock of the same key (it only ever increases).
 
+and a semaphore on ``key`` (``registry.obtain_semaphore``) these, apart from the shared fencing counter::
+
+    R:{key}:permits    a hash: "limit" (how many permits may be held), "span" (how many permit slots to look at:
+                       at least the limit, more while holders of a larger limit drain)
+    R:{key}:permit:<i> permit slot i (0 <= i < span): a string whose value is its holder's client_id, with the
+                       holder's lease as its TTL, exactly as a plain lock key (so the renewer renews it as one)
+    R:{key}:permit:<i>:tag  the tag of the acquire slot i was granted to (for the first lease only), so that an
+                       acquire cut off in flight can give it back
+    R:{key}:permit:cancelled:<tag>  an acquire given up while in flight: it takes nothing should it come later
+    R:{key}:sem-wake   the channel a permit's release publishes on
+    R:{key}:sem-queue  the owners waiting for a permit, in arrival order (a sorted set)
+    R:{key}:sem-queue-until  when each waiting owner's place lapses unless its next attempt keeps it (a sorted set)
+
 Each owner (a registry in a process) may also describe itself, for operators (``hybridlock inspect``)::
 
     R:owner:<client_id>  a hash: "host", "pid", "started_at" (when the registry was made, Unix seconds), and one
@@ -37,8 +50,9 @@ Why this shape:
   each name whole.
 * ``R`` may not contain ``{`` or ``}``, so the first ``{`` marks where ``R`` ends: two different
   ``(registry_key, key)`` pairs can never produce the same lock name. No name's ending (``}``, ``}:fence``,
-  ``}:wake``, ``}:queue``, ``}:queue-until``, ``}:writer``, ``}:readers``, ``}:writers``, ``}:rw-wake``) is an
-  ending of another, so a name of one lock never equals a name of another.
+  ``}:wake``, ``}:queue``, ``}:queue-until``, ``}:writer``, ``}:readers``, ``}:writers``, ``}:rw-wake``,
+  ``}:permits``, ``}:permit:<i>``, ``}:sem-wake``, ``}:sem-queue``, ``}:sem-queue-until``) is an ending of
+  another, so a name of one lock never equals a name of another.
 """
 
 from __future__ import annotations
@@ -78,6 +92,32 @@ class ReadWriteNames:
     @property
     def read(self) -> LockNames:
         return LockNames(self.key, self.readers, self.fence, self.channel, self.writers_waiting, self.writers_waiting)
+
+
+@dataclass(frozen=True)
+class SemaphoreNames:
+    """The server names of one semaphore; ``slot(i)`` is the name of its permit slot ``i``."""
+
+    key: str
+    config: str
+    fence: str
+    channel: str
+    slot_prefix: str
+    queue: str
+    queue_until: str
+
+    def slot(self, index: int) -> str:
+        return f"{self.slot_prefix}{index}"
+
+    def permit(self, index: int) -> LockNames:
+        """The view of permit slot ``index`` the lease table and the renewer use: a plain lock key (the slot), and
+        the semaphore's fence, channel and queue."""
+        return LockNames(self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until)
+
+    @property
+    def waiting(self) -> LockNames:
+        """The view a waiter uses: ``channel`` is what it listens to; ``lock`` names the config."""
+        return LockNames(self.key, self.config, self.fence, self.channel, self.queue, self.queue_until)
 
 
 def _check_encodable(what: str, value: str) -> None:
@@ -141,4 +181,17 @@ def read_write_names(registry_key: str, key: str) -> ReadWriteNames:
         writers_waiting=f"{base}:writers",
         fence=f"{base}:fence",
         channel=f"{base}:rw-wake",
+    )
+
+
+def semaphore_names(registry_key: str, key: str) -> SemaphoreNames:
+    base = f"{registry_key}:{{{key}}}"
+    return SemaphoreNames(
+        key=key,
+        config=f"{base}:permits",
+        fence=f"{base}:fence",
+        channel=f"{base}:sem-wake",
+        slot_prefix=f"{base}:permit:",
+        queue=f"{base}:sem-queue",
+        queue_until=f"{base}:sem-queue-until",
     )

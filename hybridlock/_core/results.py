@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["AcquireManyResult", "AcquireResult"]
+__all__ = ["AcquireManyResult", "AcquireResult", "PermitResult"]
 
 
 class AcquireResult(NamedTuple):
@@ -39,4 +39,14 @@ class AcquireManyResult(NamedTuple):
     acquired: bool
     parts: tuple[AcquireResult, ...] = ()
     blocked_by: int = 0
+    holder_ttl: float | None = None
+
+
+class PermitResult(NamedTuple):
+    """What one attempt at a semaphore's permit found: ``slot`` (the permit slot taken) and ``fencing_token`` when
+    ``acquired``; else ``holder_ttl``, the seconds until the soonest held permit's lease ends (None: unknown)."""
+
+    acquired: bool
+    slot: int = -1
+    fencing_token: int | None = None
     holder_ttl: float | None = None

@@ -70,6 +70,9 @@ FENCE_COUNTER_TTL_MS = 7 * 24 * 3600 * 1000
 #: range" in the module docstring).
 MAX_TOKEN = 2**53 - 1
 
+#: The most permits a semaphore may have: an acquire looks at every permit slot (see ``ACQUIRE_PERMIT``).
+MAX_PERMITS = 1024
+
 #: The first element of the reply of a script that refused a fencing counter (or a resource's highest token) outside
 #: the exact range: ``{-1, <the stored value>}`` (see "The exact range" above, and ``fencing_counter_error``).
 OUT_OF_RANGE = -1
@@ -983,3 +986,279 @@ end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """
+
+
+# Semaphores (``registry.obtain_semaphore``; names in ``hybridlock._core.names``). Each permit is a slot key
+# ``<prefix><i>`` holding its holder's client_id with the holder's lease as TTL, exactly as a plain lock key: the
+# renewer renews it with RENEW like any other, a holder that dies lets it expire, and an operator's DEL (or an
+# eviction) of it is found lost at the next renewal. The hash ``config`` keeps the limit and the span (the slots to
+# look at). The slot keys are the one exception, with the grant box, to "every key in KEYS": which slots exist is
+# known only to the script; they share the config's hash tag, so they live in its cluster slot. An acquire looks at
+# every slot of the span: its cost grows with the number of permits (at most ``MAX_PERMITS``).
+_SEMAPHORE_LIB = f"""
+local MAX_PERMITS = {MAX_PERMITS}
+-- The limit and span in the config hash, or the caller's ``permits`` when none is stored (a new semaphore, or a
+-- config evicted or deleted: whoever asks next sets it again). A config of another type, or a limit that is not a
+-- whole number from 1 to MAX_PERMITS, is not state we wrote: replaced.
+local function limits(config, permits, ttl)
+  local kind = redis.call('TYPE', config)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    redis.call('DEL', config)
+  end
+  local limit = tonumber(redis.call('HGET', config, 'limit'))
+  if not limit or limit < 1 or limit > MAX_PERMITS or limit ~= math.floor(limit) then
+    limit = tonumber(permits)
+    redis.call('HSET', config, 'limit', limit)
+  end
+  local span = tonumber(redis.call('HGET', config, 'span'))
+  if not span or span < limit or span > MAX_PERMITS or span ~= math.floor(span) then
+    span = limit
+    redis.call('HSET', config, 'span', span)
+  end
+  redis.call('PEXPIRE', config, ttl)
+  return limit, span
+end
+"""
+
+ACQUIRE_PERMIT = (
+    """
+-- ACQUIRE_PERMIT: take a free permit slot if fewer than the limit are held and no earlier waiter is owed it,
+-- minting a fencing token; else, if asked, take (or keep) a place in the semaphore's queue.
+-- KEYS[1]  the semaphore's config (hash: limit, span)      KEYS[2]  fencing counter key
+-- KEYS[3]  queue (zset: place -> arrival, server ms)       KEYS[4]  queue expiries (zset: place -> lapse)
+-- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms (the config
+--          lives as long)        ARGV[4]  the limit to store if none is    ARGV[5]  the slot keys' prefix
+-- ARGV[6]  our place in the queue ("<owner>|<wait id>"), or "" not to queue (a non-blocking attempt)
+-- ARGV[7]  this acquire's tag ("<owner>|<wait id>"): written beside the slot it is granted (``<slot>:tag``, for the
+--          lease), so that an acquire cut off in flight can give back what it was granted (GIVE_BACK_ATTEMPT); an
+--          acquire whose tag was given up already (``<prefix>cancelled:<tag>`` exists) takes nothing
+-- ARGV[8..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
+--          holder has not released it yet must not be taken again under the same client_id)
+-- returns  {1, slot, token}      acquired slot ``slot`` (our place, if any, is left)
+--          {0, wait_ms}          refused: the limit is reached, or the free permits are owed to the waiters queued
+--                                before us (wait_ms = the soonest end of a held permit's lease; -1 = none known).
+--                                With a place, we are queued (at the back if new), for PLACE_KEEP_MS from now
+--          {-1, counter}         the fencing counter is at or above MAX_TOKEN: nothing taken
+--          {0, -2}               this acquire was given up (GIVE_BACK_ATTEMPT ran first): nothing taken
+-- Fairness: with R permits free, only the first R live places of the queue may take one; an attempt without a
+-- place counts as behind them all. A place lapses PLACE_KEEP_MS after the attempt that took or kept it (a waiter
+-- attempts again well within that), so a waiter that died or gave up holds nobody up for long.
+-- A slot key that is not a string is not state we wrote: dropped, as if evicted. Slots at or past the limit (a
+-- limit lowered while they were held) are not given out again; they count until released or expired, and the span
+-- shrinks back to the limit once none is held.
+"""
+    + _KEYS_LIB
+    + _FENCE_LIB
+    + _SEMAPHORE_LIB
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', ARGV[5] .. 'cancelled:' .. ARGV[7]) == 1 then
+  return {0, -2}
+end
+local limit, span = limits(KEYS[1], ARGV[4], ARGV[3])
+local skip = {}
+for i = 8, #ARGV do
+  skip[ARGV[i]] = true
+end
+local held, free, soonest, last = 0, nil, -1, -1
+for i = 0, span - 1 do
+  local slot = ARGV[5] .. i
+  local ttl = redis.call('PTTL', slot)
+  if ttl ~= -2 and not string_at(slot) then
+    redis.call('DEL', slot)
+    ttl = -2
+  end
+  if ttl == -2 then
+    if not free and i < limit and not skip[tostring(i)] then
+      free = i
+    end
+  else
+    held = held + 1
+    last = i
+    if ttl >= 0 and (soonest < 0 or ttl < soonest) then
+      soonest = ttl
+    end
+  end
+end
+if span > limit and last < span - 1 then
+  redis.call('HSET', KEYS[1], 'span', math.max(limit, last + 1))
+end
+-- The queue: lapsed places leave it. Places are written to both sets at once, so a queue whose expiries are gone
+-- (evicted, deleted) holds places nobody can tell alive: it is dropped, and its waiters queue again at their next
+-- attempt.
+local queue, expiries, place = zset_at(KEYS[3]), zset_at(KEYS[4]), ARGV[6]
+if redis.call('EXISTS', expiries) == 0 then
+  redis.call('DEL', queue)
+else
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
+    redis.call('ZREM', queue, gone)
+    redis.call('ZREM', expiries, gone)
+  end
+end
+local rank = place ~= '' and redis.call('ZRANK', queue, place) or nil
+if not rank then
+  rank = redis.call('ZCARD', queue)
+end
+if held >= limit or not free or rank >= limit - held then
+  if place ~= '' then
+    redis.call('ZADD', queue, 'NX', now, place)
+    redis.call('ZADD', expiries, now + PLACE_KEEP_MS, place)
+    keep_places(queue, expiries)
+  end
+  return {0, soonest}
+end
+local token, counter = mint(KEYS[2], ARGV[3], t)
+if not token then
+  return {-1, counter}
+end
+if place ~= '' then
+  redis.call('ZREM', queue, place)
+  redis.call('ZREM', expiries, place)
+end
+local slot = ARGV[5] .. free
+if ARGV[2] == '0' then
+  redis.call('SET', slot, ARGV[1])
+  redis.call('SET', slot .. ':tag', ARGV[7])
+else
+  redis.call('SET', slot, ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', slot .. ':tag', ARGV[7], 'PX', ARGV[2])
+end
+return {1, free, string.format('%.0f', token)}
+"""
+)
+
+LEAVE_PERMIT_QUEUE = (
+    """
+-- LEAVE_PERMIT_QUEUE: a waiter gives up its place in a semaphore's queue; the waiters behind it may now be owed a
+-- free permit, so they are woken.
+-- KEYS[1]  queue (zset)          KEYS[2]  queue expiries (zset)
+-- ARGV[1]  the place             ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
+-- returns  1 left; 0 the place was not there
+"""
+    + _ANNOUNCE_LIB
+    + """
+local left = redis.pcall('ZREM', KEYS[1], ARGV[1])
+redis.pcall('ZREM', KEYS[2], ARGV[1])
+if left == 1 then
+  announce(ARGV[3], ARGV[2], 'released')
+  return 1
+end
+return 0
+"""
+)
+
+RELEASE_PERMIT = (
+    """
+-- RELEASE_PERMIT: give back a permit slot if it is still ours, and wake the waiters owed a free permit: with R
+-- permits free, the owners of the first R live places of the semaphore's queue ("released:<owner>", once each), or
+-- everyone ("released") when the queue has fewer live places than that, or its state cannot be read. A waiter woken
+-- in vain (it gave up meanwhile) costs those behind it at most their refresh period: each waiter attempts again at
+-- least that often.
+-- KEYS[1]  the permit's slot key KEYS[2]  queue (zset)     KEYS[3]  queue expiries (zset)
+-- KEYS[4]  the semaphore's config (hash: limit, span)
+-- ARGV[1]  owner (client_id)     ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
+-- ARGV[4]  the slot keys' prefix
+-- returns  1 released; 0 the slot was gone or another owner's (the permit's lease had ended: lost)
+"""
+    + _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + """
+if string_at(KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
+local limit = tonumber(redis.pcall('HGET', KEYS[4], 'limit'))
+local span = tonumber(redis.pcall('HGET', KEYS[4], 'span'))
+local places = redis.pcall('ZRANGE', KEYS[2], 0, -1)
+if not limit or not span or span > 4096 or type(places) ~= 'table' or places['err'] then
+  announce(ARGV[3], ARGV[2], 'released')
+  return 1
+end
+local room = limit
+for i = 0, span - 1 do
+  if redis.call('EXISTS', ARGV[4] .. i) == 1 then
+    room = room - 1
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local woken = {}
+for _, place in ipairs(places) do
+  if room <= 0 then
+    return 1
+  end
+  local lapse = tonumber(redis.pcall('ZSCORE', KEYS[3], place))
+  if lapse and lapse > now then
+    local waiter = string.match(place, '^([^|]+)|')
+    if not waiter then
+      break
+    end
+    if not woken[waiter] then
+      woken[waiter] = true
+      announce(ARGV[3], ARGV[2], 'released:' .. waiter)
+    end
+    room = room - 1
+  end
+end
+if room > 0 then
+  announce(ARGV[3], ARGV[2], 'released')
+end
+return 1
+"""
+)
+
+GIVE_BACK_ATTEMPT = (
+    """
+-- GIVE_BACK_ATTEMPT: an acquire was cut off while its attempt was in flight (cancelled; KeyboardInterrupt): give back
+-- the permit granted to its tag, if any, waking the waiters; else mark the tag given up, so that the attempt, should
+-- it reach the server later, takes nothing.
+-- KEYS[1]  the semaphore's config (hash: limit, span)
+-- ARGV[1]  owner (client_id)     ARGV[2]  the slot keys' prefix            ARGV[3]  the acquire's tag
+-- ARGV[4]  how long the mark lives, in ms (the lease: no attempt waits in flight longer than that)
+-- ARGV[5]  the semaphore's channel                                         ARGV[6]  "publish" | "spublish" | ""
+-- returns  1 a permit was given back; 0 none was granted to the tag (it is marked given up)
+"""
+    + _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + """
+local span = tonumber(redis.pcall('HGET', KEYS[1], 'span')) or 0
+for i = 0, math.min(span, 4096) - 1 do
+  local slot = ARGV[2] .. i
+  if string_at(slot .. ':tag') == ARGV[3] and string_at(slot) == ARGV[1] then
+    redis.call('DEL', slot, slot .. ':tag')
+    announce(ARGV[6], ARGV[5], 'released')
+    return 1
+  end
+end
+redis.call('SET', ARGV[2] .. 'cancelled:' .. ARGV[3], '1', 'PX', ARGV[4])
+return 0
+"""
+)
+
+SET_PERMITS = (
+    """
+-- SET_PERMITS: change a semaphore's limit. Raising it wakes the waiters; lowering it revokes nothing: permits held
+-- past the new limit stay valid (and renewable) until released, and no new one is given out until fewer than the
+-- new limit are held.
+-- KEYS[1]  the semaphore's config (hash: limit, span)
+-- ARGV[1]  the new limit         ARGV[2]  the config's TTL in ms           ARGV[3]  the channel
+-- ARGV[4]  "publish" | "spublish" | ""
+-- returns  the limit it replaced (0: none was stored)
+"""
+    + _ANNOUNCE_LIB
+    + _SEMAPHORE_LIB
+    + """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local old = 0
+if kind == 'hash' then
+  old = tonumber(redis.call('HGET', KEYS[1], 'limit')) or 0
+end
+local limit, span = limits(KEYS[1], ARGV[1], ARGV[2])
+local new = tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'limit', new)
+redis.call('HSET', KEYS[1], 'span', math.max(span, limit, new))
+announce(ARGV[4], ARGV[3], 'released')
+return old
+"""
+)

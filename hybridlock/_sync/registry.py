@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from .._core.config import QUORUM_FENCE_RETENTION, LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
-from .._core.names import LockNames, lock_names, read_write_names, validate_key
+from .._core.names import LockNames, lock_names, read_write_names, semaphore_names, validate_key
 from .._core.runonce import RunOnceBounds, RunOnceResult
 from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
 from ._compat import at_exit, monotonic, new_guard
@@ -46,6 +46,7 @@ from .multi import MultiLock
 from .observing import ObserverHook
 from .runonce import run_once, runs_once
 from .rwlock import ReadWriteLock
+from .semaphore import Semaphore, validate_permits
 
 __all__ = ["LocalLockRegistry", "LockRegistry", "QuorumLockRegistry"]
 
@@ -173,6 +174,7 @@ class LockRegistry:
         self._mutex = new_guard()
         self._locks: weakref.WeakValueDictionary[str, HybridLock] = weakref.WeakValueDictionary()
         self._rw_locks: weakref.WeakValueDictionary[str, ReadWriteLock] = weakref.WeakValueDictionary()
+        self._semaphores: weakref.WeakValueDictionary[str, Semaphore] = weakref.WeakValueDictionary()
         if config.retain_for and config.lock_type == "pubsub":
             # Through the registry, so the child of a fork pokes its own context's reaper.
             self._context.backend.on_wanted(lambda: self._context.retention.poke())
@@ -262,6 +264,29 @@ class LockRegistry:
             if rw is None:
                 rw = self._rw_locks[key] = ReadWriteLock(self._context, read_write_names(self.registry_key, key))
             return rw
+
+    def obtain_semaphore(self, key: str, permits: int) -> Semaphore:
+        """The semaphore for ``key`` (apart from ``obtain(key)``): at most ``permits`` holders at once across every
+        owner, each permit a lease of its own (see ``Semaphore``); the same object while referenced. Asking
+        again with another ``permits`` raises ``InvalidArgumentError`` (change it with ``set_permits``)."""
+        key = validate_key(key)
+        permits = validate_permits(permits)
+        self._check_open(key)
+        if not self._context.backend.semaphores:
+            raise InvalidArgumentError("semaphores are not available on this backend", key=key, server=self.server)
+        with self._mutex:
+            semaphore = self._semaphores.get(key)
+            if semaphore is None:
+                semaphore = Semaphore(self._context, semaphore_names(self.registry_key, key), permits)
+                self._semaphores[key] = semaphore
+            elif semaphore.permits != permits:
+                raise InvalidArgumentError(
+                    f"the semaphore was obtained with permits={semaphore.permits}, not {permits}: change the limit "
+                    "with set_permits()",
+                    key=key,
+                    server=self.server,
+                )
+            return semaphore
 
     def obtain_many(self, keys: Iterable[str]) -> MultiLock:
         """A lock over several keys, taken all or nothing in one global order (no deadlock between callers
@@ -415,6 +440,8 @@ class LockRegistry:
             lock._reset_after_fork(context)
         for rw in list(self._rw_locks.values()):
             rw._reset_after_fork(context)
+        for semaphore in list(self._semaphores.values()):
+            semaphore._reset_after_fork(context)
         after_fork = getattr(context.backend, "after_fork_in_child", None)
         if after_fork is not None:
             after_fork()
@@ -496,6 +523,17 @@ class QuorumLockRegistry(LockRegistry):
         key = validate_key(key)
         self._check_open(key)
         raise InvalidArgumentError(READ_WRITE_REFUSED, key=key, server=self.server)
+
+    def obtain_semaphore(self, key: str, permits: int) -> Semaphore:
+        """Refused: semaphores are not available over a quorum (``InvalidArgumentError``)."""
+        key = validate_key(key)
+        self._check_open(key)
+        raise InvalidArgumentError(
+            "semaphores are not available over a quorum (a permit would need a majority's count of holders); use a "
+            "LockRegistry on one server, Sentinel or Cluster",
+            key=key,
+            server=self.server,
+        )
 
 
 def _warn_if_long(config: RegistryConfig) -> None:

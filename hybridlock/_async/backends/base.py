@@ -21,8 +21,8 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 
 from ..._core.config import QUEUE_PLACE_KEEP_MS
-from ..._core.names import LockNames, ReadWriteNames
-from ..._core.results import AcquireManyResult, AcquireResult
+from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
+from ..._core.results import AcquireManyResult, AcquireResult, PermitResult
 from ...errors import InvalidArgumentError
 
 __all__ = ["QUEUE_PLACE_KEEP_MS", "AcquireManyResult", "AcquireResult", "AsyncLockBackend", "AsyncReleaseWatch"]
@@ -206,6 +206,49 @@ class AsyncLockBackend(abc.ABC):
     @abc.abstractmethod
     async def cancel_write_wait(self, names: ReadWriteNames, owner: str) -> None:
         """``owner`` no longer waits to write (it gave up): let readers in again."""
+
+    # -- semaphores: a permit is a slot held as a plain lock key (``names.permit(slot)``), renewed with ``renew``.
+
+    #: Whether this backend has semaphores (a quorum has not: ``obtain_semaphore`` refuses it).
+    semaphores: bool = False
+
+    async def try_acquire_permit(
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
+        tag: str = "",
+    ) -> PermitResult:
+        """Take a free permit slot of the semaphore ``names`` for ``owner`` for ``lease_ms`` milliseconds (None: no
+        expiry), minting a fencing token, if fewer permits than its limit are held and none of the free ones is owed
+        to an owner queued before ``place``; never a slot in ``skip`` (those ``owner`` still has a holder for).
+        Refused, ``place`` (None: do not queue) takes or keeps its place in the queue for ``QUEUE_PLACE_KEEP_MS``
+        (a caller that gives up calls ``leave_permit_queue``). ``permits``: the limit to store when none is (see
+        ``scripts.ACQUIRE_PERMIT``). ``tag``: names this acquire, for ``give_back_attempt``. One round trip; never
+        waits."""
+        raise NotImplementedError
+
+    async def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
+        """An acquire tagged ``tag`` was cut off while an attempt was in flight: give back the permit it was granted,
+        if any (True), else make sure the attempt takes nothing should it still reach the server (for ``lease_ms``)."""
+        raise NotImplementedError
+
+    async def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        """``place`` no longer waits for a permit of ``names``: leave the queue, waking those behind it."""
+        raise NotImplementedError
+
+    async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+        """Give back ``owner``'s permit slot ``slot`` and wake the semaphore's waiters; False if it had already ended
+        (lost)."""
+        raise NotImplementedError
+
+    async def set_permits(self, names: SemaphoreNames, permits: int) -> int:
+        """Set the semaphore's limit to ``permits`` (held permits past it stay valid until released) and wake its
+        waiters. Returns the limit it replaced (0: none was stored)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     async def is_locked(self, names: LockNames) -> bool:

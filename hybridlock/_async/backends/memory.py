@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from ..._core.names import LockNames, ReadWriteNames
+from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
+from ..._core.results import PermitResult
 from .._compat import AsyncCondition, monotonic
 from .base import QUEUE_PLACE_KEEP_MS, AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 
@@ -57,6 +58,10 @@ class AsyncMemoryBackend(AsyncLockBackend):
         self._readers: dict[str, dict[str, float]] = {}
         self._writers_waiting: dict[str, dict[str, float]] = {}
         self._watchers: dict[str, int] = {}
+        # Semaphores: config name -> [limit, span] (permits are entries named after their slots, as locks are).
+        self._semaphores: dict[str, list[int]] = {}
+        self._permit_tags: dict[str, str] = {}  # permit slot -> the tag of the acquire it was granted to
+        self._given_up: set[str] = set()  # tags of acquires given up while in flight (give_back_attempt)
         self._wanted_listeners: list[Callable[[], None]] = []
 
     def _live_entry(self, name: str, now: float) -> _Entry | None:
@@ -287,6 +292,101 @@ class AsyncMemoryBackend(AsyncLockBackend):
         with self._cond:
             if self._writers_waiting.get(names.writers_waiting, {}).pop(owner, None) is not None:
                 self._announce_release(names.channel)
+
+    semaphores = True
+
+    async def try_acquire_permit(
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
+        tag: str = "",
+    ) -> PermitResult:
+        now = monotonic()
+        with self._cond:  # as scripts.ACQUIRE_PERMIT
+            if tag and tag in self._given_up:
+                return PermitResult(False)
+            limits = self._semaphores.setdefault(names.config, [permits, permits])
+            limit, span = limits
+            held, free, soonest, last = 0, None, None, -1
+            for index in range(span):
+                entry = self._live_entry(names.slot(index), now)
+                if entry is None:
+                    if free is None and index < limit and index not in skip:
+                        free = index
+                    continue
+                held += 1
+                last = index
+                if entry.expires_at is not None and (soonest is None or entry.expires_at - now < soonest):
+                    soonest = entry.expires_at - now
+            if span > limit and last < span - 1:
+                limits[1] = max(limit, last + 1)
+            # The queue (place -> lapse, in arrival order): with R permits free, only its first R live places may
+            # take one; an attempt without a place counts as behind them all.
+            queue = self._queues.setdefault(names.queue, {})
+            for waiter, until in list(queue.items()):
+                if until <= now:
+                    del queue[waiter]
+            rank = list(queue).index(place) if place is not None and place in queue else len(queue)
+            if held >= limit or free is None or rank >= limit - held:
+                if place is not None:
+                    queue[place] = now + _PLACE_KEEP  # (a refreshed place keeps its position)
+                return PermitResult(False, holder_ttl=soonest)
+            if place is not None:
+                queue.pop(place, None)
+            self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
+            self._permit_tags[names.slot(free)] = tag
+            token = self._fences.get(names.fence, 0) + 1
+            self._fences[names.fence] = token
+            return PermitResult(True, free, token)
+
+    async def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
+        with self._cond:  # as scripts.GIVE_BACK_ATTEMPT (a mark that lives as long as the backend)
+            now = monotonic()
+            for name, granted_to in list(self._permit_tags.items()):
+                entry = self._live_entry(name, now)
+                if granted_to == tag and entry is not None and entry.owner == owner:
+                    del self._entries[name]
+                    del self._permit_tags[name]
+                    self._announce_release(names.channel)
+                    return True
+            self._given_up.add(tag)
+            return False
+
+    async def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        with self._cond:
+            if self._queues.get(names.queue, {}).pop(place, None) is not None:
+                self._announce_release(names.channel)
+
+    async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+        with self._cond:
+            entry = self._live_entry(names.slot(slot), monotonic())
+            if entry is None or entry.owner != owner:
+                return False
+            del self._entries[names.slot(slot)]
+            self._permit_tags.pop(names.slot(slot), None)
+            # Wake the owners of the first R live places, R the permits free (as scripts.RELEASE_PERMIT).
+            now = monotonic()
+            limit, span = self._semaphores.get(names.config, [1, 1])
+            room = limit - sum(1 for index in range(span) if self._live_entry(names.slot(index), now) is not None)
+            live = [place for place, until in self._queues.get(names.queue, {}).items() if until > now]
+            for owner in dict.fromkeys(place.partition("|")[0] for place in live[: max(room, 0)]):
+                self._announce_release(names.channel, owner)
+            if room > len(live):
+                self._announce_release(names.channel)
+            return True
+
+    async def set_permits(self, names: SemaphoreNames, permits: int) -> int:
+        with self._cond:
+            limits = self._semaphores.get(names.config)
+            old = 0 if limits is None else limits[0]
+            span = permits if limits is None else max(limits[1], permits)
+            self._semaphores[names.config] = [permits, span]
+            self._announce_release(names.channel)
+            return old
 
     async def is_locked(self, names: LockNames) -> bool:
         with self._cond:

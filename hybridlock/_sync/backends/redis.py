@@ -41,7 +41,8 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from ..._core.config import FENCE_RETENTION, ReplicaConfirmation, checked_fence_retention, fence_retention_ms
-from ..._core.names import LockNames, ReadWriteNames
+from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
+from ..._core.results import PermitResult
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
 from ..._protocol.grants import box_of, read_grant, wait_id_of
@@ -979,6 +980,74 @@ class RedisBackend(LockBackend):
             self._scripts.run(
                 scripts.CANCEL_WRITE_WAIT, (names.writers_waiting,), (owner, names.channel, self._announcement())
             )
+
+    semaphores = True
+
+    def try_acquire_permit(
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None = None,
+        tag: str = "",
+    ) -> PermitResult:
+        about = names.waiting  # (errors name the semaphore's key; on a cluster, its slot)
+        reply, acknowledged = self._run_write(
+            about,
+            "semaphore acquire",
+            scripts.ACQUIRE_PERMIT,
+            (names.config, names.fence, names.queue, names.queue_until),
+            (owner, lease_ms or 0, self._fence_retention_ms, permits, names.slot_prefix, place or "", tag, *skip),
+        )
+        if reply[0] == scripts.OUT_OF_RANGE:
+            raise scripts.fencing_counter_error(
+                reply[1], key=names.key, counter=names.fence, server=self.address, operation="semaphore acquire"
+            )
+        if not reply[0]:
+            return PermitResult(False, holder_ttl=None if reply[1] < 0 else reply[1] / 1000.0)
+        slot = int(reply[1])
+        if not self._confirmed(acknowledged):
+            raise self._given_back(
+                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, owner)
+            )
+        return PermitResult(True, slot, int(reply[2]))
+
+    def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
+        with self._translated(names.waiting, "give-back of an interrupted semaphore acquire"):
+            given = self._scripts.run(
+                scripts.GIVE_BACK_ATTEMPT,
+                (names.config,),
+                (owner, names.slot_prefix, tag, lease_ms or 30_000, names.channel, self._announcement()),
+            )
+        return bool(given)
+
+    def leave_permit_queue(self, names: SemaphoreNames, place: str) -> None:
+        with self._translated(names.waiting, "semaphore wait's end"):
+            self._scripts.run(
+                scripts.LEAVE_PERMIT_QUEUE,
+                (names.queue, names.queue_until),
+                (place, names.channel, self._announcement()),
+            )
+
+    def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+        with self._translated(names.waiting, "semaphore release"):
+            released = self._scripts.run(
+                scripts.RELEASE_PERMIT,
+                (names.slot(slot), names.queue, names.queue_until, names.config),
+                (owner, names.channel, self._announcement(), names.slot_prefix),
+            )
+        return bool(released)
+
+    def set_permits(self, names: SemaphoreNames, permits: int) -> int:
+        with self._translated(names.waiting, "change of a semaphore's permits"):
+            old = self._scripts.run(
+                scripts.SET_PERMITS,
+                (names.config,),
+                (permits, self._fence_retention_ms, names.channel, self._announcement()),
+            )
+        return int(old)
 
     def is_locked(self, names: LockNames) -> bool:
         with self._translated(names, "lock query"):

@@ -1,0 +1,415 @@
+"""AsyncSemaphore: at most N holders at once across every process, each permit a lease of its own.
+
+Obtain it from a registry (``registry.obtain_semaphore(key, permits=N)``). Each ``acquire`` takes one permit in the
+server for the calling task: a permit slot key holding this registry's ``client_id`` with the registry's lease as
+its TTL (see ``hybridlock._core.names`` and ``scripts.ACQUIRE_PERMIT``), with a fencing token minted from the key's
+counter. To the registry a permit is one more held lease (``_Permit``): the one renewer renews it, loss is reported
+as for a lock (``lost``, ``on_lost``, ``LockLostError`` at release), ``close()`` warns about it, and a holder that
+ends without releasing has its permit left to run out.
+
+Each acquire is one round trip, for threads of one process too: permits are not shared between the tasks of a
+process (each takes its own; a task may take several, as with ``threading.Semaphore``). Waiters are served in
+arrival order across processes: a blocking attempt that is refused takes a place in the semaphore's queue in the
+server, and with R permits free only the first R places may take one (an attempt without a place, a non-blocking
+one, counts as behind them all), so a stream of newcomers cannot starve a waiter. A waiter then waits for a
+release's announcement on the semaphore's channel (or polls with the lock's backoff), and attempts again at least
+every ``_PLACE_REFRESH`` seconds, which keeps its place (a place lapses ``QUEUE_PLACE_KEEP_MS`` after the attempt
+that kept it: a waiter that died holds nobody up for longer); one that gives up leaves the queue.
+
+Failure modes
+-------------
+* A holder's process dies (SIGKILL) or is paused longer than the lease: its permit is not renewed and its slot key
+  expires within ``expire_after``; the next acquire finds the slot free. A paused holder learns at its next renewal
+  or release that the permit is lost.
+* A permit's slot key is deleted or evicted while held: the renewer finds it gone and reports the loss (``lost``,
+  ``on_lost``); its ``release`` raises ``LockLostError``. Another owner may hold that permit meanwhile.
+* The limit is lowered (``set_permits``) below the permits held: none is revoked; they stay valid and renewed until
+  released, and no permit is given out until fewer than the new limit are held.
+* An acquire interrupted (cancelled; ``KeyboardInterrupt`` on threads) while its attempt was in flight may have been
+  granted a permit it never learns of: each acquire is tagged, the tag is written beside the permit it is granted,
+  and the interrupted acquire gives back the permit of its tag, or marks the tag given up so that the attempt takes
+  nothing if it reaches the server later (``scripts.GIVE_BACK_ATTEMPT``). If the server cannot be reached for that,
+  the permit is not renewed and lapses within ``expire_after``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from functools import partial
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from .._core.config import QUEUE_PLACE_KEEP_MS, validate_timeout
+from .._core.names import SemaphoreNames
+from .._core.results import AcquireResult, PermitResult
+from .._protocol.scripts import MAX_PERMITS
+from ..errors import HybridLockError, InvalidArgumentError, LockNotOwnedError, LockTimeoutError
+from ._compat import (
+    current_owner,
+    monotonic,
+    new_guard,
+    owner_alive,
+    refuse_in_event_loop,
+    returned_to_with,
+    shielded,
+)
+from .lease import ServerLease
+from .leases import LostCallback
+from .lock import AsyncJavaStyleLock, AsyncTimedHold
+from .owners import Site, caller_frame, caller_site
+from .waiting import acquire_remote
+
+if TYPE_CHECKING:
+    from .context import LockContext
+
+__all__ = ["AsyncSemaphore", "validate_permits"]
+
+logger = logging.getLogger("hybridlock.lock")
+
+#: The longest a waiter goes without an attempt, each of which keeps its place in the queue (which lapses
+#: ``QUEUE_PLACE_KEEP_MS`` after the last one): a third of that, as a lease is renewed.
+_PLACE_REFRESH = QUEUE_PLACE_KEEP_MS / 3000.0
+
+_wait_ids = itertools.count(1)  # (a place is named "<client_id>|<wait id>": unique in this owner)
+
+
+def validate_permits(permits: object) -> int:
+    """``permits`` as a semaphore's limit: a whole number from 1 to ``MAX_PERMITS`` (an acquire looks at every
+    permit slot, so its cost grows with it)."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise InvalidArgumentError(f"permits must be an int, not {type(permits).__name__}")
+    if not 1 <= permits <= MAX_PERMITS:
+        raise InvalidArgumentError(f"permits must be from 1 to {MAX_PERMITS}, not {permits}")
+    return permits
+
+
+class _Permit(ServerLease):
+    """One permit held by one task: a lease in the server, as the lease table and the renewer see it."""
+
+    kind = "semaphore"
+
+    def __init__(self, semaphore: AsyncSemaphore, slot: int, owner: object, site: Site) -> None:
+        super().__init__(semaphore._context, semaphore._names.permit(slot))
+        self._semaphore = semaphore
+        self.slot = slot
+        self._owner: object | None = owner
+        self._site = site
+        self._callbacks = semaphore._callbacks  # (the same list: sem.on_lost covers every permit)
+
+    def __repr__(self) -> str:
+        state = " lost" if self._lost else ""
+        return f"<hybridlock permit {self.slot} of semaphore {self.key!r}{state} at {id(self):#x}>"
+
+    def _holder(self) -> object | None:
+        return self._owner
+
+    def _holder_site(self) -> Site:
+        return self._site
+
+    def _find_abandoned(self) -> list[tuple[object, Site]]:
+        owner = self._owner
+        if owner is None or owner_alive(owner) or not self._in_server:
+            return []
+        self._abandoned = True
+        self._abandoned_by = (owner, self._site)
+        return [self._abandoned_by]
+
+    async def _end_abandoned(self) -> None:
+        """Give back a permit whose holder ended without releasing it (its lease has run out by now)."""
+        if not self._abandoned or self._owner is None:
+            return
+        self._semaphore._forget(self)
+        self._owner = None
+        self._give_back_lease()
+        context = self._context
+        try:
+            # (Its slot has expired by now, unless the server clock runs slow: this gives back what may be left.)
+            await shielded(
+                partial(context.backend.release_permit, self._semaphore._names, self.slot, context.client_id)
+            )
+        except HybridLockError as exc:
+            logger.warning("hybridlock: could not give back the abandoned permit of %r: %s", self.key, exc)
+        finally:
+            self._end_lease()
+
+    async def _mark_lost(self, tenancy: int) -> None:
+        if self._claim_loss(tenancy):
+            self._context.leases.report_lost(self._semaphore, list(self._callbacks))
+
+    async def _give_back(self) -> None:
+        """Release the permit in the server (shielded from a cancel) and end its tenancy. Raises ``LockLostError``
+        when its lease had ended (the permit is given up all the same), ``BackendUnavailableError`` when the server
+        could not be told (the slot ends with its lease)."""
+        context = self._context
+        was_lost = self._give_back_lease()
+        released = False
+        unreachable: HybridLockError | None = None
+        try:
+            released = await shielded(
+                partial(context.backend.release_permit, self._semaphore._names, self.slot, context.client_id)
+            )
+        except HybridLockError as exc:
+            if not was_lost:
+                raise
+            unreachable = exc  # known lost: the loss is what the caller must hear
+        finally:
+            self._end_lease()
+        if was_lost or not released:
+            raise self._lost_error("semaphore permit") from unreachable
+
+
+class AsyncSemaphore(AsyncJavaStyleLock):
+    """At most ``permits`` holders at once across every process sharing the server; each permit a lease renewed by
+    the registry and given back within ``expire_after`` when its holder dies.
+
+    ``threading.BoundedSemaphore``'s calls: ``acquire(blocking=True, timeout=None) -> bool``, ``release()`` and the
+    context manager (``async with sem:`` here, coroutines); Java's ``try_acquire(timeout)`` (alias
+    ``tryAcquire``); ``async with sem(timeout=5):``, which raises ``LockTimeoutError`` when no permit came in time.
+
+    A permit belongs to the task that took it (unlike ``threading.Semaphore``'s, which any thread may give back):
+    ``release()`` gives back the calling task's latest permit, and raises ``LockNotOwnedError`` (a
+    ``RuntimeError``) when it holds none. A task may hold several."""
+
+    kind = "semaphore"
+
+    def __init__(self, context: LockContext, names: SemaphoreNames, permits: int) -> None:
+        self._context = context
+        self._names = names
+        self._permits = permits
+        self._guard = new_guard()
+        self._held: dict[object, list[_Permit]] = {}  # the permits each task here holds, oldest first
+        self._callbacks: list[LostCallback] = []
+
+    # -- what the semaphore is ------------------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return self._names.key
+
+    @property
+    def permits(self) -> int:
+        """The limit this process asks for: stored in the server by the first acquire (or ``set_permits``) and used
+        by every owner from then on (while the server keeps it: an acquire that finds none stores its own)."""
+        return self._permits
+
+    @property
+    def registry(self) -> Any:
+        """The registry this semaphore came from."""
+        return self._context.registry
+
+    @property
+    def hold_count(self) -> int:
+        """How many permits the current task holds (no round trip)."""
+        return len(self._held.get(current_owner(), ()))
+
+    @property
+    def held_here(self) -> int:
+        """How many permits the tasks of this process hold (no round trip)."""
+        with self._guard:
+            return sum(len(permits) for permits in self._held.values())
+
+    def _latest(self) -> _Permit | None:
+        permits = self._held.get(current_owner())
+        return permits[-1] if permits else None
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current task's latest permit (None when it holds none). Tokens of one key strictly
+        increase across every grant (shared with the plain lock of the same key)."""
+        permit = self._latest()
+        return None if permit is None else permit._fencing_token
+
+    @property
+    def valid_until(self) -> float | None:
+        """A ``time.monotonic()`` deadline before which the current task's latest permit is certainly still its own
+        (see ``HybridLock.valid_until``); None when it holds none."""
+        permit = self._latest()
+        return None if permit is None else permit._valid_until
+
+    @property
+    def lost(self) -> bool:
+        """Whether a permit the current task holds was found lost (its lease ended while held)."""
+        return any(permit.lost for permit in self._held.get(current_owner(), ()))
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(semaphore)`` once per permit found lost, from the registry's renewer."""
+        if not callable(callback):
+            raise InvalidArgumentError("on_lost needs a callable", key=self.key)
+        self._callbacks.append(callback)
+
+    def __repr__(self) -> str:
+        return (
+            f"<hybridlock.AsyncSemaphore key={self.key!r} permits={self._permits} held_here={self.held_here} "
+            f"at {id(self):#x}>"
+        )
+
+    # -- acquiring --------------------------------------------------------------------------------------------------
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take a permit, as ``threading.BoundedSemaphore.acquire`` does: True once held, False when ``blocking`` is
+        False and none is free, or when ``timeout`` seconds (None: no limit) passed without one.
+
+        Raises ``BackendUnavailableError``, ``RegistryClosedError``, ``InvalidArgumentError`` for bad arguments
+        (a timeout with ``blocking=False``, a negative one), ``FencingCounterError``."""
+        caller = caller_frame()
+        return returned_to_with(
+            self, await self._acquire_from(caller, blocking, -1 if timeout is None else timeout), caller
+        )
+
+    async def try_acquire(self, timeout: float | None = None) -> bool:
+        """Java's ``tryAcquire``: with ``timeout`` None, 0 or below take a permit only if one is free now, else wait
+        up to ``timeout`` seconds. Returns whether a permit is now held."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
+            raise InvalidArgumentError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+        if timeout is not None and math.isnan(timeout):
+            raise InvalidArgumentError("timeout must not be NaN")
+        caller = caller_frame()
+        if timeout is None or timeout <= 0:
+            return await self._acquire_from(caller, False, -1)
+        return await self._acquire_from(caller, True, timeout)
+
+    tryAcquire = try_acquire  # noqa: N815 - documented Java-style alias
+
+    async def _acquire_from(self, caller: FrameType | None, blocking: bool, timeout: float) -> bool:
+        wait = validate_timeout(blocking, timeout)
+        context = self._context
+        refuse_in_event_loop(self.key, context.server)
+        context.check_open(self.key)
+        me = current_owner()
+        site = caller_site(caller)
+        deadline = None if wait is None else monotonic() + wait
+        won: list[PermitResult] = []
+        backend = context.backend
+        tag = f"{context.client_id}|{next(_wait_ids)}"
+        place = tag if blocking else None
+
+        async def attempt() -> AcquireResult:
+            result = await backend.try_acquire_permit(
+                self._names, context.client_id, context.config.lease_ms, self._permits, self._slots_here(), place, tag
+            )
+            if not result.acquired:
+                # Come back before our place lapses (and never past the soonest end of a held permit's lease).
+                ttl = result.holder_ttl
+                return AcquireResult(False, None, _PLACE_REFRESH if ttl is None else min(ttl, _PLACE_REFRESH))
+            won.append(result)
+            return AcquireResult(True, result.fencing_token)
+
+        async def give_up() -> None:
+            if place is not None:
+                await backend.leave_permit_queue(self._names, place)
+
+        async def undo() -> object:
+            return await backend.give_back_attempt(self._names, context.client_id, tag, context.config.lease_ms)
+
+        grant = await acquire_remote(
+            context,
+            self._names.waiting,
+            blocking,
+            deadline,
+            attempt=attempt,
+            give_up=give_up,  # (leaves our place in the queue: out of time, cancelled, or an error)
+            undo=undo,  # (an attempt cut off in flight: what it may have been granted is given back)
+            queues=False,  # (each attempt keeps our place: no wait keeper)
+        )
+        if grant is None:
+            return False
+        taken = won[-1]
+        permit = _Permit(self, taken.slot, me, site)
+        with self._guard:
+            self._held.setdefault(me, []).append(permit)
+        permit._begin_lease(taken.fencing_token, grant.sent_at)
+        return True
+
+    def _slots_here(self) -> list[int]:
+        """The slots some task here holds a permit in, lost ones included: not to be taken again under our id."""
+        with self._guard:
+            return [permit.slot for permits in self._held.values() for permit in permits]
+
+    def __call__(self, timeout: float | None = None, *, blocking: bool = True) -> _TimedPermit:
+        """``async with sem(timeout=5):`` runs the block holding a permit taken within ``timeout`` seconds (None: no
+        limit; ``blocking=False``: only if one is free now) and gives it back at the block's end; when none came in
+        time the block does not run and ``LockTimeoutError`` (a ``TimeoutError``) names the key, the server and the
+        time waited."""
+        wait = -1 if timeout is None else timeout
+        validate_timeout(blocking, wait)
+        return _TimedPermit(self, blocking, wait)
+
+    # -- releasing --------------------------------------------------------------------------------------------------
+
+    async def release(self) -> None:
+        """Give back the current task's latest permit, and wake the owners waiting for one.
+
+        Raises ``LockNotOwnedError`` (a ``RuntimeError``; ``threading.BoundedSemaphore`` raises ``ValueError``)
+        when this task holds no permit of this semaphore, ``LockLostError`` when the permit's lease had ended (it
+        is given up all the same), ``BackendUnavailableError`` when the server could not be told (given up here;
+        the slot ends with its lease)."""
+        me = current_owner()
+        with self._guard:
+            permits = self._held.get(me)
+            if not permits:
+                permit = None
+            else:
+                permit = permits.pop()
+                if not permits:
+                    del self._held[me]
+        if permit is None:
+            raise LockNotOwnedError(
+                "cannot release a permit of this semaphore: this task holds none (released more often than acquired)",
+                key=self.key,
+                server=self._context.server,
+            )
+        permit._owner = None
+        await permit._give_back()
+
+    def _forget(self, permit: _Permit) -> None:
+        """Drop ``permit`` from its holder's permits (its holder is gone)."""
+        with self._guard:
+            for owner, permits in list(self._held.items()):
+                if permit in permits:
+                    permits.remove(permit)
+                    if not permits:
+                        del self._held[owner]
+
+    # -- the limit ----------------------------------------------------------------------------------------------------
+
+    async def set_permits(self, permits: int) -> int:
+        """Change the limit for every owner, in one round trip; returns the limit it replaced (0: none was stored).
+
+        Raising it lets waiters in at once. Lowering it revokes nothing: permits held past the new limit stay valid
+        (renewed, releasable) until released, and no permit is given out until fewer than the new limit are held.
+        Other processes keep the ``permits`` they were obtained with only as the value to store should the server
+        lose the limit."""
+        permits = validate_permits(permits)
+        self._context.check_open(self.key)
+        old = await self._context.backend.set_permits(self._names, permits)
+        self._permits = permits
+        return old
+
+    # -- fork ---------------------------------------------------------------------------------------------------------
+
+    def _reset_after_fork(self, context: LockContext) -> None:
+        # The child holds none of its parent's permits.
+        self._context = context
+        self._guard = new_guard()
+        self._held = {}
+
+
+class _TimedPermit(AsyncTimedHold[AsyncSemaphore]):
+    """What ``sem(timeout=...)`` returns: takes a permit within the timeout or raises ``LockTimeoutError``."""
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> AsyncSemaphore:
+        semaphore = self._lock
+        start = monotonic()
+        if await semaphore._acquire_from(caller_frame(), self._blocking, self._timeout):
+            return semaphore
+        waited = monotonic() - start
+        if not self._blocking:
+            message = f"semaphore {semaphore.key!r}: no permit free (blocking=False)"
+        else:
+            message = f"semaphore {semaphore.key!r}: no permit within {self._timeout:g} s (waited {waited:.3f} s)"
+        message += "; the with-block did not run"
+        raise LockTimeoutError(message, key=semaphore.key, server=semaphore._context.server)
