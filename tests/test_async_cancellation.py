@@ -278,6 +278,51 @@ async def test_a_holder_cancelled_inside_async_with_releases(store: Store, kind:
         await rival.release()
 
 
+async def test_a_holder_cancelled_while_its_release_subscribes_still_releases(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    # With a task of this registry queued, the final release first subscribes to the lock's announcements (the first
+    # local hand-off of a tenancy), an await the holder's task can be cancelled in. Made deterministic by a
+    # subscription that never comes. Before the fix, the cancelled task ended still owning the lock: the lease stayed
+    # in the server and the queued task timed out.
+    async with hybridlock.AsyncLockRegistry(server.url) as registry:
+        lock = registry.obtain("k")
+        backend = registry._context.backend
+        subscribing = asyncio.Event()
+
+        async def never_subscribed(names: Any, owner: str) -> Any:
+            subscribing.set()
+            await asyncio.sleep(30)
+
+        async def hold() -> None:
+            async with lock:
+                waiter_task = asyncio.create_task(waiter())
+                for _ in range(20):
+                    await asyncio.sleep(0)  # the waiter queues on the local mutex
+                assert lock._mutex.waiting
+                backends_watch = backend.watch
+                backend.watch = never_subscribed  # type: ignore[method-assign]
+                holder_state.append((waiter_task, backends_watch))
+
+        async def waiter() -> bool:
+            got = await lock.acquire(timeout=5)
+            if got:
+                await lock.release()
+            return got
+
+        holder_state: list[Any] = []
+        task = asyncio.create_task(hold())
+        await asyncio.wait_for(subscribing.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        waiter_task, backends_watch = holder_state[0]
+        backend.watch = backends_watch  # type: ignore[method-assign]
+        assert await asyncio.wait_for(waiter_task, 10), "the lock stayed with the cancelled holder"
+        assert not await lock.locked()
+        assert server_state(redis_client) == {}
+
+
 async def test_a_forgotten_lease_ends_and_its_holder_is_told(server: EmbeddedServer, redis_client: redis.Redis) -> None:
     # Without auto_renew nothing watches the lease: the holder learns of its end at its next renew() or release().
     async with hybridlock.AsyncLockRegistry(server.url, expire_after=0.3, auto_renew=False) as mine, \

@@ -561,10 +561,9 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
         if not self._within_budget(now):
             return False
         if watch is None:
-            # First pass of this tenancy: start listening for other owners' "wanted" announcements. If that finds
-            # an owner waiting since before we listened, the contended budget applies from now.
-            self._watch_for_contention()
-            return not self._contended or self._within_budget(now)
+            # First pass of this tenancy: start listening for other owners' "wanted" announcements. (No look at the
+            # queue for owners refused before: one that goes unheard waits at most handoff_window, not a retention.)
+            self._contention_watch = contention_watch(self._context, self._names)
         return True
 
     def _within_budget(self, now: float) -> bool:
@@ -585,7 +584,18 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
         self.last_used = now = monotonic()
         context = self._context
         retain_for = context.config.retain_for
-        if (self._mutex.waiting or retain_for) and self._may_keep_lease(now):
+        try:
+            keep = bool(self._mutex.waiting or retain_for) and self._may_keep_lease(now)
+        except BaseException:
+            # Cut off while looking (a cancel, a KeyboardInterrupt, during the subscription made at the first
+            # pass): the lock is still ours, and the caller will not come back to release it. Release it in full
+            # (shielded), then let the interruption through.
+            try:
+                self._release_in_server()
+            except HybridLockError as exc:
+                logger.warning("hybridlock: releasing %r after an interrupted release: %s", self.key, exc)
+            raise
+        if keep:
             # Keep the server lease (its renewal and fencing token carry on) and hand the local lock over.
             self._owner = None
             self._count = 0
@@ -598,6 +608,11 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
                 return
             # The queued thread gave up (timed out) in the meantime: release in the server after all.
             self._passes -= 1
+        self._release_in_server()
+
+    def _release_in_server(self) -> None:
+        """The end of a final release that keeps nothing: the server lease, then the local lock."""
+        context = self._context
         released = False
         unreachable: HybridLockError | None = None
         was_lost = self._give_back_lease()
