@@ -54,7 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # its throw-away server; run leaves the queue): status 128 + the signal's number, as a shell reports a death by
     # that signal. `run` handles them itself while it waits and while CMD runs (it passes them on to CMD).
     main_thread = threading.current_thread() is threading.main_thread()  # (only there can handlers be set)
-    previous = {signum: signal.signal(signum, _ended) for signum in _ENDING} if main_thread else {}
+    # A signal ignored when we started (`nohup` ignores SIGHUP) stays ignored.
+    previous = {
+        signum: signal.signal(signum, _ended)
+        for signum in (_ENDING if main_thread else ())
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     try:
         status: int = func(args)
     except KeyboardInterrupt:
@@ -71,7 +76,8 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argp
     """One grammar for every subcommand: ``hybridlock SUBCOMMAND``, then its options and arguments in any order
     (``inspect KEY --server URL`` as ``inspect --server URL KEY``). A first ``--`` ends them: what follows is
     ``run``'s CMD (its options, however they look, are CMD's), or for the other subcommands arguments that look like
-    options (a key starting with ``-``). ``run`` takes CMD only after ``--`` (see ``run.py``)."""
+    options (a key starting with ``-``). ``run`` takes CMD only after ``--`` (see ``run.py``), and a key starting
+    with ``-`` between two: ``run [options] -- KEY -- CMD``."""
     subcommands: dict[str, argparse.ArgumentParser] = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -80,10 +86,23 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argp
         return parser.parse_args(argv)  # --help, --version, no or an unknown subcommand: argparse's own answers
     name, rest = argv[0], argv[1:]
     if name != "run":
+        if "--" in rest:
+            # (argparse's intermixed parsing loses what `--` means on Python 3.11: keys after it would be taken
+            # for options. Its plain parsing keeps it, and still takes options before and after a key.)
+            return subcommands[name].parse_args(rest)
         return subcommands[name].parse_intermixed_args(rest)
     run = subcommands[name]
     ends = rest.index("--") if "--" in rest else len(rest)
+    key = None
+    if ends < len(rest) and not _positionals(run, rest[:ends]) and "--" in rest[ends + 1 :]:
+        # `run [options] -- KEY -- CMD`: the way to give a key that starts with `-`.
+        second = rest.index("--", ends + 1)
+        if second != ends + 2:
+            run.error("between the two --, exactly one KEY: hybridlock run [options] -- KEY -- CMD ...")
+        key, rest, ends = rest[ends + 1], [*rest[:ends], "KEY", *rest[second:]], ends + 1
     args, unknown = run.parse_known_intermixed_args(rest[:ends])
+    if key is not None:
+        args.key = key
     if args.before_dashes:
         # A word after KEY without `--` was CMD until options could follow KEY: refused, not guessed at (in
         # `run KEY cmd --timeout 5`, whose is --timeout?), with the way to say it.
@@ -94,6 +113,20 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argp
         run.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.command = rest[ends + 1 :]
     return args
+
+
+def _positionals(parser: argparse.ArgumentParser, words: list[str]) -> int:
+    """How many of ``words`` are positional arguments for ``parser`` (not options, nor an option's value)."""
+    count, value_next = 0, False
+    for word in words:
+        if value_next:
+            value_next = False
+        elif word.startswith("-") and len(word) > 1:
+            action = parser._option_string_actions.get(word.split("=", 1)[0])
+            value_next = action is not None and action.nargs != 0 and "=" not in word
+        else:
+            count += 1
+    return count
 
 
 class _Ended(BaseException):

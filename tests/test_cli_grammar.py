@@ -322,3 +322,60 @@ def test_no_wait_refused_over_a_quorum_says_each_servers_holder(server, own_serv
     assert f"{server.url}: held by {holder['owner']}, on {holder['host']} pid {holder['pid']}" in done.stderr
     assert f"{own_server.url}: free" in done.stderr
     assert f"{_CLOSED}: who holds it could not be read (Error 111" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "key", "command", "server"),
+    [
+        (["inspect", "--server", "redis://h/0", "--", "-k"], ["-k"], None, "redis://h/0"),
+        (["inspect", "--", "-k", "--server"], ["-k", "--server"], None, None),
+        (["release", "--force", "--server", "redis://h/0", "--", "-k"], "-k", None, "redis://h/0"),
+        (["list", "--server", "redis://h/0", "--", "-*"], "-*", None, "redis://h/0"),
+        (["run", "--server", "redis://h/0", "--", "-k", "--", "cmd", "--x"], "-k", ["cmd", "--x"], "redis://h/0"),
+        (["run", "--", "-k", "--", "cmd"], "-k", ["cmd"], None),
+        (["run", "k", "--server", "redis://h/0", "--", "cmd", "--", "x"], "k", ["cmd", "--", "x"], "redis://h/0"),
+    ],
+    ids=["inspect", "inspect-option-like-keys", "release", "list", "run", "run-bare", "run-plain-key"],
+)
+def test_a_key_that_starts_with_a_dash_goes_after_the_dashes(argv, key, command, server):
+    """Found by review: with options anywhere, `inspect -- -k` said "KEY required" (argparse's intermixed parsing
+    forgets what `--` means on Python 3.11), and `run` had no way to take such a key."""
+    from hybridlock.__main__ import build_parser, parse_command_line
+
+    args = parse_command_line(build_parser(), argv)
+    assert key in (getattr(args, "keys", None), getattr(args, "key", None), getattr(args, "pattern", None))
+    if command is not None:
+        assert args.command == command
+    assert args.server == ([server] if server else None)  # (a list: --server again for each quorum server)
+
+
+def test_two_words_between_the_dashes_of_run_are_refused():
+    done = _cli("run", "--", "-k", "extra", "--", "true")
+    assert done.returncode == EXIT_USAGE, done
+    assert "exactly one KEY" in done.stderr
+
+
+def test_a_hang_up_ignored_as_nohup_ignores_it_stays_ignored(black_hole, started):
+    """Found by review: SIGHUP ended every subcommand even under `nohup`, which starts it with SIGHUP ignored."""
+    listener, hole = black_hole
+    process = subprocess.Popen(
+        ["nohup", _PY, "-m", "hybridlock", "inspect", "k", "--server", hole],
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(process)
+    listener.settimeout(30)
+    accepted, _ = listener.accept()  # connected, and waiting for an answer that never comes
+    try:
+        time.sleep(0.2)
+        process.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert process.poll() is None, "SIGHUP ended the command under nohup"
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == EXIT_SIGNALLED + signal.SIGTERM, (out, err)
+    finally:
+        accepted.close()

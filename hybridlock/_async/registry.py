@@ -29,7 +29,14 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from .._core.config import QUORUM_FENCE_RETENTION, LockType, RegistryConfig, ReplicaConfirmation, long_lease_note
+from .._core.config import (
+    QUORUM_FENCE_RETENTION,
+    LockType,
+    RegistryConfig,
+    ReplicaConfirmation,
+    fence_retention_ms,
+    long_lease_note,
+)
 from .._core.names import LockNames, lock_names, read_write_names, semaphore_names, validate_key
 from .._core.runonce import RunOnceBounds, RunOnceResult
 from ..errors import InvalidArgumentError, LockNotOwnedError, LocksHeldAtCloseWarning, LongLeaseWarning
@@ -574,7 +581,10 @@ def _refuse_confirmation_on_a_cluster(confirmation: ReplicaConfirmation | None, 
 def _refuse_retention_for_a_backend(config: RegistryConfig, backend: AsyncLockBackend) -> None:
     # A backend object keeps its counters as it was built to (a registry may share it with others).
     own = getattr(backend, "fence_retention", None)
-    if config.fence_retention_given and own != config.fence_retention:
+    # (Compared as the server takes them, in whole milliseconds: the backend keeps no finer.)
+    if config.fence_retention_given and (
+        own is None or fence_retention_ms(own) != fence_retention_ms(config.fence_retention)
+    ):
         raise InvalidArgumentError(
             f"fence_retention={config.fence_retention:g} differs from the backend object's own ({own} s): give it to "
             "the backend (AsyncRedisBackend(client, fence_retention=...)), or a client or a URL to the registry",

@@ -190,7 +190,8 @@ class TimedHold(Generic[_L]):
             return lock
         waited = monotonic() - start
         keys: list[str] = getattr(lock, "keys", None) or [lock.key]  # type: ignore[attr-defined]
-        what = f"lock {keys[0]!r}" if len(keys) == 1 else f"locks {keys!r} (all or none)"
+        noun = {"read": "read lock", "write": "write lock"}.get(getattr(lock, "kind", ""), "lock")
+        what = f"{noun} {keys[0]!r}" if len(keys) == 1 else f"locks {keys!r} (all or none)"
         if not self._blocking:
             message = f"{what} busy: not acquired (blocking=False)"
         else:

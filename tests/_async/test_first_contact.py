@@ -217,6 +217,19 @@ async def test_fence_retention_reaches_the_server(server: EmbeddedServer, redis_
     assert 60_000 < fence_ttl(server.url, "client") <= 90_000
 
 
+async def test_a_backend_object_and_its_registry_given_the_same_retention_agree(server: EmbeddedServer) -> None:
+    # Found by review: the backend keeps whole milliseconds, and a float compare refused the very value it was given.
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        backend = AsyncRedisBackend(client, fence_retention=100.0004)
+        async with hybridlock.AsyncLockRegistry(backend, fence_retention=100.0004) as registry:
+            await take(registry, "same")
+        with pytest.raises(hybridlock.InvalidArgumentError, match="fence_retention"):
+            hybridlock.AsyncLockRegistry(AsyncRedisBackend(client, fence_retention=100), fence_retention=101)
+    finally:
+        await client.aclose()
+
+
 async def test_a_lease_longer_than_the_default_retention_keeps_its_counter_as_long(server: EmbeddedServer) -> None:
     lease = FENCE_RETENTION * 2
     with pytest.warns(hybridlock.LongLeaseWarning):

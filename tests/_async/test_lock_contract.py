@@ -150,6 +150,7 @@ async def test_with_lock_timeout_holds_the_lock_or_raises_lock_timeout_error(bac
                 assert caught.value.key in keys
                 assert caught.value.server == registry.server
                 assert "within 0.2 s (waited 0." in str(caught.value)
+                assert str(caught.value).startswith({"read": "read lock", "write": "write lock"}.get(kind.name, "lock"))
                 assert all(repr(key) in str(caught.value) for key in keys)
                 with pytest.raises(hybridlock.LockTimeoutError, match=r"blocking=False"):
                     await enter(blocking=False)

@@ -218,6 +218,19 @@ def test_fence_retention_reaches_the_server(server: EmbeddedServer, redis_client
     assert 60_000 < fence_ttl(server.url, "client") <= 90_000
 
 
+def test_a_backend_object_and_its_registry_given_the_same_retention_agree(server: EmbeddedServer) -> None:
+    # Found by review: the backend keeps whole milliseconds, and a float compare refused the very value it was given.
+    client = redis.Redis.from_url(server.url)
+    try:
+        backend = RedisBackend(client, fence_retention=100.0004)
+        with hybridlock.LockRegistry(backend, fence_retention=100.0004) as registry:
+            take(registry, "same")
+        with pytest.raises(hybridlock.InvalidArgumentError, match="fence_retention"):
+            hybridlock.LockRegistry(RedisBackend(client, fence_retention=100), fence_retention=101)
+    finally:
+        client.close()
+
+
 def test_a_lease_longer_than_the_default_retention_keeps_its_counter_as_long(server: EmbeddedServer) -> None:
     lease = FENCE_RETENTION * 2
     with pytest.warns(hybridlock.LongLeaseWarning):
