@@ -66,6 +66,8 @@ class FakeLease:
         self._acquired_at: float | None = monotonic()
         self._valid_until: float | None = self._acquired_at + valid_for
         self._retained_until: float | None = None
+        self._giving_back = False
+        self._hold_until: float | None = None  # (run_once's at_most_for: none here)
         self.lost = False
         self.renewed = 0
         self._abandoned = False
