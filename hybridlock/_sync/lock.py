@@ -483,16 +483,11 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
     def _listen_for_contention(self) -> None:
         if self._context.config.retain_for and self._contention_watch is None:
             # Listen for other owners' announcements from the start, so that one made while we hold the lock ends
-            # a retention at once instead of at its deadline.
-            self._watch_for_contention()
-
-    def _watch_for_contention(self) -> None:
-        """Start listening for other owners' announcements in this tenancy. One refused between our acquire (or
-        the tenancy's start) and the watch's confirmation announced itself to nobody: its place in the queue tells
-        (see ``waiting.wanted_before_heard``)."""
-        watch = self._contention_watch = contention_watch(self._context, self._names)
-        if not self._contended and wanted_before_heard(self._context, self._names, watch):
-            self._contended = True
+            # a retention at once instead of at its deadline. One refused between our acquire and the watch's
+            # confirmation announced itself to nobody: its place in the queue tells (waiting.wanted_before_heard).
+            watch = self._contention_watch = contention_watch(self._context, self._names)
+            if not self._contended and wanted_before_heard(self._context, self._names, watch):
+                self._contended = True
 
     def _abandon(self) -> None:
         """Give up a tenancy whose ``acquire`` was interrupted after the server granted it, before it returned:
@@ -559,17 +554,8 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
         watch = self._contention_watch
         if watch is not None and not self._contended and watch.contended():
             self._contended = True
-        if not self._within_budget(now):
-            return False
-        if watch is None:
-            # First pass of this tenancy: start listening for other owners' "wanted" announcements. (No look at the
-            # queue for owners refused before: one that goes unheard waits at most handoff_window, not a retention.)
-            self._contention_watch = contention_watch(self._context, self._names)
-        return True
-
-    def _within_budget(self, now: float) -> bool:
         config = self._context.config
-        return may_keep_lease(
+        if not may_keep_lease(
             lost=self._lost,
             in_server=self._in_server,
             contended=self._contended,
@@ -579,7 +565,13 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
             handoff_limit=config.handoff_limit,
             handoff_window=config.handoff_window,
             contended_window=config.handoff_contended_window,
-        )
+        ):
+            return False
+        if watch is None:
+            # First pass of this tenancy: start listening for other owners' "wanted" announcements. (No look at the
+            # queue for owners refused before: one that goes unheard waits at most handoff_window, not a retention.)
+            self._contention_watch = contention_watch(self._context, self._names)
+        return True
 
     def _release_fully(self) -> None:
         self.last_used = now = monotonic()
