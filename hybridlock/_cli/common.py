@@ -70,7 +70,7 @@ DEFAULT_REGISTRY_KEY = "hybridlock"
 EXIT_OK = 0  # done (`run`: the command's own status instead)
 EXIT_NOT_DONE = 1  # a plain "no": release found the lock not held; the demo's count came out wrong
 EXIT_USAGE = 2  # the command line is wrong: bad option or value, no server given, servers that make no quorum, ...
-EXIT_HELD = 75  # --no-wait, and another owner holds the lock (sysexits' EX_TEMPFAIL: try again later)
+EXIT_HELD = 75  # --no-wait (or --at-least-for: skipped), another owner has the lock (sysexits' EX_TEMPFAIL)
 EXIT_LOST = 122  # the lease was lost while the command ran
 EXIT_TIMEOUT = 124  # --timeout passed before the lock was acquired (as timeout(1))
 EXIT_FAILED = 125  # the server could not be reached or refused; or hybridlock failed otherwise (as timeout(1))
@@ -97,8 +97,17 @@ EXIT_STATUSES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "(one given twice, a cluster among them), run without -- before CMD or without CMD, release not confirmed",
         ("run", "inspect", "list", "release", "demo"),
     ),
-    (str(EXIT_HELD), "--no-wait, and another owner holds the lock (said who: host, pid, since when)", ("run",)),
-    (str(EXIT_LOST), "the lease was lost while CMD ran (CMD was sent --lost-signal)", ("run",)),
+    (
+        str(EXIT_HELD),
+        "--no-wait, and another owner holds the lock (said who: host, pid, since when); --at-least-for: skipped, "
+        "another owner has the key or ran CMD less than --at-least-for ago",
+        ("run",),
+    ),
+    (
+        str(EXIT_LOST),
+        "the lease was lost while CMD ran, or --at-most-for ended the hold (CMD was sent --lost-signal)",
+        ("run",),
+    ),
     (str(EXIT_TIMEOUT), "--timeout passed before the lock was acquired (said who holds it)", ("run",)),
     (
         str(EXIT_FAILED),

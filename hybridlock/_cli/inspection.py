@@ -29,6 +29,7 @@ import redis
 
 from .._core.config import QUEUE_PLACE_KEEP_MS
 from .._core.names import lock_names, owner_key, read_write_names
+from .._core.runonce import ran_by
 from .._protocol.grants import owner_of_place
 from .._protocol.scripts import MAX_TOKEN
 
@@ -181,7 +182,7 @@ def inspect_locks(
     owners: set[str] = set()
     for value, _pttl, _fence, first, second in per_key:
         if isinstance(value, str):
-            owners.add(value)
+            owners.add(ran_by(value) or value)
         # (a place in a plain lock's queue is named after its owner and its wait: described under the owner)
         owners.update(owner_of_place(member) for member, _score in first or ())
         owners.update(owner_of_place(member) for member, _score in second or ())
@@ -245,6 +246,19 @@ def _owner(
     return shown
 
 
+def _holder(value: str, descriptions: dict[str, dict[str, str]], lease_name: str, token: int | None) -> dict[str, Any]:
+    """A plain lock's holder as shown; a key kept after a run-once job's run (``at_least_for``) is shown as its
+    owner's, with ``kept`` true (nobody holds it: it is kept until its lease ends so that late replicas skip)."""
+    owner = ran_by(value)
+    if owner is None:
+        shown = _owner(value, descriptions, lease_name, token)
+        shown["kept"] = False
+        return shown
+    shown = _owner(owner, descriptions)
+    shown.update(thread=None, site=None, acquired_at=None, abandoned=False, kept=True)
+    return shown
+
+
 def _plain(
     registry_key: str,
     key: str,
@@ -275,7 +289,7 @@ def _plain(
         "kind": "lock",
         "name": n.lock,
         "held": held,
-        "holder": _owner(holder, descriptions, n.lock, token) if held else None,
+        "holder": _holder(holder, descriptions, n.lock, token) if held else None,
         "lease_remaining_ms": _int(pttl) if held else None,
         "fencing_counter": token,
         "waiting": waiting,

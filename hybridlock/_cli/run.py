@@ -20,6 +20,12 @@ sent ``--lost-signal`` (SIGTERM by default), and SIGKILL ``--kill-after`` second
 command then does, ``hybridlock run`` exits with ``EXIT_LOST``; the SIGKILL goes to everything the command started
 as well.
 
+Run once (``--at-least-for S``, with ``--at-most-for M`` if wanted): for cron on many hosts, each firing the same
+occurrence; the first to take KEY runs CMD, every other skips at once (``EXIT_HELD``, saying who ran it) without
+waiting, as ``registry.run_once`` does (docs/run-once.md): the key stays taken S seconds after the start however soon
+CMD ends, so a host whose clock or schedule is a little late skips too, and the hold ends M seconds after the start
+even while CMD runs, which is then sent ``--lost-signal`` as for any lost lease (``EXIT_LOST``).
+
 If ``hybridlock run`` itself dies (SIGKILL, the OOM killer, a crash) nobody renews the lease, and another runner
 gets the lock once it ends: so the command must not outlive its runner. It runs under a small keeper process
 (``keeper.py``), which kills it, and on Linux everything it started (a pipeline, background jobs, daemons), with
@@ -40,9 +46,10 @@ from types import FrameType
 from typing import Any
 
 from .._core.config import long_lease_note
+from .._core.runonce import RunOnceBounds
 from .._sync.lock import HybridLock
 from .._sync.registry import LockRegistry, QuorumLockRegistry
-from ..errors import HybridLockError, LockLostError, LongLeaseWarning
+from ..errors import HybridLockError, InvalidArgumentError, LockLostError, LongLeaseWarning
 from . import keeper
 from .common import (
     EXIT_CANNOT_RUN,
@@ -129,6 +136,20 @@ def add_parser(subparsers: Any) -> None:
     wait = parser.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=_seconds, metavar="S", help="wait at most S seconds for the lock")
     wait.add_argument("--no-wait", "-n", action="store_true", help=f"fail at once (status {EXIT_HELD}) when held")
+    wait.add_argument(
+        "--at-least-for",
+        type=_seconds,
+        metavar="S",
+        help=f"run once (cron on many hosts): skip at once (status {EXIT_HELD}) when another owner has KEY or ran "
+        "CMD less than S seconds ago; keep KEY S seconds after the start however soon CMD ends",
+    )
+    parser.add_argument(
+        "--at-most-for",
+        type=_seconds,
+        metavar="S",
+        help="with --at-least-for: the hold ends S seconds after the start even while CMD runs (CMD is then sent "
+        "--lost-signal)",
+    )
     parser.add_argument(
         "--expire-after",
         type=_seconds,
@@ -169,6 +190,23 @@ def _command(args: argparse.Namespace) -> int:
     if not command:
         print(f"{_PROG}: no command given (hybridlock run [options] KEY -- CMD [ARGS...])", file=sys.stderr)
         return EXIT_USAGE
+    if args.at_most_for is not None and args.at_least_for is None:
+        print(
+            f"{_PROG}: --at-most-for goes with --at-least-for (run once); a run that waits for the lock holds it "
+            "while CMD runs",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        if args.at_least_for is not None:
+            # Told before any server is asked, in the command's words.
+            RunOnceBounds.checked(args.at_least_for, args.at_most_for)
+    except InvalidArgumentError as exc:
+        print(
+            f"{_PROG}: {exc}".replace("at_least_for", "--at-least-for").replace("at_most_for", "--at-most-for"),
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         urls = server_urls_of(args, EXIT_USAGE)
         registry_key = registry_key_of(args, EXIT_USAGE)
@@ -191,9 +229,57 @@ def _command(args: argparse.Namespace) -> int:
     except CommandError as exc:
         return report(_PROG, exc)
     try:
+        if args.at_least_for is not None:
+            return _run_once(registry, args, command, urls)
         return _hold_and_run(registry, args, command, urls)
     finally:
         registry.close()
+
+
+def _run_once(registry: LockRegistry, args: argparse.Namespace, command: list[str], urls: list[str]) -> int:
+    """``--at-least-for``: CMD as ``registry.run_once``'s function; skipped (``EXIT_HELD``) when another owner has
+    the key."""
+    lock = registry.obtain(args.key)
+    lost = threading.Event()
+    late: list[int] = []
+
+    def note_late(signum: int, frame: FrameType | None) -> None:
+        late.append(signum)
+
+    def job() -> int:
+        # From here the signals are CMD's (passed on while it runs, in _run_child); once it has ended, one arriving
+        # while the key is kept or released is noted, not allowed to cut that short: the run is over.
+        for signum in _ENDING_THE_WAIT:
+            signal.signal(signum, note_late)
+        return _run_child(lock, registry, args, command, lost)
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupted) for signum in _ENDING_THE_WAIT}
+    previous.update({signum: signal.signal(signum, signal.SIG_IGN) for signum in _IGNORED_WHILE_WAITING})
+    try:
+        result = registry.run_once(args.key, job, at_least_for=args.at_least_for, at_most_for=args.at_most_for)
+    except _Interrupted as exc:
+        return 128 + exc.signum
+    except LockLostError as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_LOST
+    except HybridLockError as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if not result.ran:
+        print(f"{_PROG}: skipped {args.key!r}: {who_holds(urls, registry.registry_key, args.key)}", file=sys.stderr)
+        return EXIT_HELD
+    if lost.is_set():
+        print(f"{_PROG}: the lease of {args.key!r} was lost while the command ran", file=sys.stderr)
+        return EXIT_LOST
+    status = result.result
+    assert isinstance(status, int)  # (job's)
+    return status
 
 
 def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: list[str], urls: list[str]) -> int:

@@ -289,6 +289,8 @@ def _who(owner: dict[str, Any] | None, now: float) -> str:
         parts.append(f"taken at {owner['site']}")
     if owner.get("acquired_at"):
         parts.append(f"since {_when(owner['acquired_at'], now)}")
+    if owner.get("kept"):
+        parts.append("KEPT: its run-once job has run; kept --at-least-for after the start, so that late hosts skip")
     if owner.get("abandoned"):
         parts.append("ABANDONED: that thread (or task) ended holding it; no longer renewed, it ends with its lease")
     return ", ".join(parts)

@@ -15,13 +15,15 @@ from typing import Generic, TypeVar
 from ..errors import InvalidArgumentError
 from .config import MIN_LEASE, validate_seconds
 
-__all__ = ["RunOnceBounds", "RunOnceResult", "kept_marker"]
+__all__ = ["RunOnceBounds", "RunOnceResult", "kept_marker", "ran_by"]
 
 T = TypeVar("T")
 
 #: Below this many milliseconds of ``at_least_for`` left when the function ends, the key is released at once
 #: rather than kept (the server counts expiry in whole milliseconds).
 _KEEP_AT_LEAST_MS = 1
+
+_KEPT_SUFFIX = ":ran"  # (a client id is a UUID's hex: it never ends so)
 
 
 @dataclass(frozen=True)
@@ -75,4 +77,9 @@ def kept_marker(client_id: str) -> str:
     """The value a kept key holds once its run is over: not ``client_id`` itself, which the owner's next acquire
     would take over as its own (see ``scripts.ACQUIRE``), so that a later occurrence in the same process skips too.
     It names the owner that ran, for people reading the server."""
-    return f"{client_id}:ran"
+    return f"{client_id}{_KEPT_SUFFIX}"
+
+
+def ran_by(value: str) -> str | None:
+    """The owner id in a kept key's value (``kept_marker``), or None for any other value (a holder's own id)."""
+    return value[: -len(_KEPT_SUFFIX)] if value.endswith(_KEPT_SUFFIX) else None
