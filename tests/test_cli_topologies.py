@@ -164,6 +164,26 @@ def test_cluster_list_scans_every_master_and_inspect_reads_each_keys_node(
 
 
 @pytest.mark.cluster
+def test_cluster_list_and_inspect_find_semaphores_on_every_master(cluster: EmbeddedCluster, cluster_url: str) -> None:
+    keys = sorted(keys[0] for keys in _keys_on_every_master(cluster, 1).values())
+    with hybridlock.LockRegistry(cluster_url, expire_after=20) as registry:
+        semaphores = [registry.obtain_semaphore(key, permits=3) for key in keys]
+        for semaphore in semaphores:
+            assert semaphore.acquire(timeout=5)
+        try:
+            listed = _json(_cli("list", "--json", "--server", cluster_url))
+            assert [(entry["key"], entry["kind"]) for entry in listed["locks"]] == [(k, "semaphore") for k in keys]
+            inspected = _json(_cli("inspect", "--semaphore", "--json", *keys, "--server", cluster_url))
+            for entry in inspected["locks"]:
+                assert entry["permits"] == 3
+                assert entry["held"] == 1
+                assert [holder["owner"] for holder in entry["holders"]] == [registry.client_id]
+        finally:
+            for semaphore in semaphores:
+                semaphore.release()
+
+
+@pytest.mark.cluster
 def test_cluster_force_release_goes_to_the_keys_node_and_the_waiter_takes_it(
     cluster: EmbeddedCluster, cluster_url: str
 ) -> None:

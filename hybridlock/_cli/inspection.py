@@ -28,10 +28,10 @@ from typing import Any
 import redis
 
 from .._core.config import QUEUE_PLACE_KEEP_MS
-from .._core.names import lock_names, owner_key, read_write_names
+from .._core.names import lock_names, owner_key, read_write_names, semaphore_names
 from .._core.runonce import ran_by
 from .._protocol.grants import owner_of_place
-from .._protocol.scripts import MAX_TOKEN
+from .._protocol.scripts import MAX_PERMITS, MAX_TOKEN
 
 __all__ = ["glob_matcher", "inspect_locks", "read_locks", "scan_keys"]
 
@@ -44,6 +44,9 @@ _ENDINGS = {
     "}:writer": "read-write",
     "}:readers": "read-write",
     "}:writers": "read-write",
+    "}:permits": "semaphore",
+    "}:sem-queue": "semaphore",
+    "}:sem-queue-until": "semaphore",
 }
 _SCAN_COUNT = 1000
 _BATCH = 200  # keys read per pair of round trips
@@ -135,7 +138,7 @@ def read_locks(client: Any, registry_key: str, keys: Iterable[tuple[str, str]]) 
     by_node: dict[str, list[int]] = {}
     nodes: dict[str, Any] = {}
     for index, (key, kind) in enumerate(keys):
-        name = lock_names(registry_key, key).lock if kind == "lock" else read_write_names(registry_key, key).writer
+        name = _main_name(registry_key, key, kind)
         node = client.get_node_from_key(name)
         nodes[node.name] = node
         by_node.setdefault(node.name, []).append(index)
@@ -149,6 +152,15 @@ def read_locks(client: Any, registry_key: str, keys: Iterable[tuple[str, str]]) 
     return [state for state in states if state is not None]
 
 
+def _main_name(registry_key: str, key: str, kind: str) -> str:
+    """The server name a lock of ``kind`` is routed by (every name of one lock shares its cluster slot)."""
+    if kind == "lock":
+        return lock_names(registry_key, key).lock
+    if kind == "semaphore":
+        return semaphore_names(registry_key, key).config
+    return read_write_names(registry_key, key).writer
+
+
 def inspect_locks(
     client: redis.Redis, registry_key: str, keys: Iterable[tuple[str, str]], describer: Any = None
 ) -> list[dict[str, Any]]:
@@ -156,6 +168,17 @@ def inspect_locks(
     ``client`` (one server, or the cluster node serving every key's slot); the owners' descriptions from
     ``describer`` (default: ``client``; on a cluster, the cluster client, which routes each by its slot)."""
     keys = list(keys)
+    if any(kind == "semaphore" for _key, kind in keys):
+        # Read apart (their slots are known only from their config), then put back in the order given.
+        states: dict[int, dict[str, Any]] = {}
+        others = [(i, k) for i, k in enumerate(keys) if k[1] != "semaphore"]
+        semaphores = [(i, k) for i, k in enumerate(keys) if k[1] == "semaphore"]
+        if others:
+            read = inspect_locks(client, registry_key, [k for _i, k in others], describer)
+            states.update(zip([i for i, _k in others], read, strict=True))
+        read = _semaphores(client, registry_key, [key for _i, (key, _kind) in semaphores], describer)
+        states.update(zip([i for i, _k in semaphores], read, strict=True))
+        return [states[i] for i in range(len(keys))]
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for key, kind in keys:
@@ -273,17 +296,6 @@ def _plain(
     n = lock_names(registry_key, key)
     token = _counter(fence)
     held = isinstance(holder, str)
-    lapse_of = dict(lapses or ())
-    waiting = []
-    for member, arrived in queue or ():
-        # A place lives PLACE_KEEP_MS past its arrival or its last refresh, whichever is later (see scripts.py).
-        lapse = max(arrived + QUEUE_PLACE_KEEP_MS, lapse_of.get(member, 0))
-        if lapse <= now_ms:
-            continue  # lapsed: the scripts drop it at their next look
-        entry = _owner(owner_of_place(member), descriptions)  # (a single lock's wait names its place after itself)
-        entry["queued_at"] = arrived / 1000.0
-        entry["place_lapses_in_ms"] = int(lapse - now_ms)
-        waiting.append(entry)
     return {
         "key": key,
         "kind": "lock",
@@ -292,8 +304,93 @@ def _plain(
         "holder": _holder(holder, descriptions, n.lock, token) if held else None,
         "lease_remaining_ms": _int(pttl) if held else None,
         "fencing_counter": token,
-        "waiting": waiting,
+        "waiting": _waiting(queue, lapses, now_ms, descriptions),
     }
+
+
+def _waiting(queue: Any, lapses: Any, now_ms: int, descriptions: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """The live places of a queue (a plain lock's or a semaphore's), in order, each as its owner."""
+    lapse_of = dict(lapses or ())
+    waiting = []
+    for member, arrived in queue or ():
+        # A place lives PLACE_KEEP_MS past its arrival or its last refresh, whichever is later (see scripts.py).
+        lapse = max(arrived + QUEUE_PLACE_KEEP_MS, lapse_of.get(member, 0))
+        if lapse <= now_ms:
+            continue  # lapsed: the scripts drop it at their next look
+        entry = _owner(owner_of_place(member), descriptions)  # (a place is named after its owner and its wait)
+        entry["queued_at"] = arrived / 1000.0
+        entry["place_lapses_in_ms"] = int(lapse - now_ms)
+        waiting.append(entry)
+    return waiting
+
+
+def _semaphores(client: Any, registry_key: str, keys: list[str], describer: Any = None) -> list[dict[str, Any]]:
+    """The state of each semaphore: its limit, each permit held (slot, holder, lease left), the fencing counter and
+    the queue. Two pipelined round trips (the config, counter and queue; then the slots its config spans) and the
+    owners' descriptions."""
+    names = [semaphore_names(registry_key, key) for key in keys]
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for n in names:
+        pipe.hgetall(n.config)
+        pipe.get(n.fence)
+        pipe.zrange(n.queue, 0, -1, withscores=True)
+        pipe.zrange(n.queue_until, 0, -1, withscores=True)
+    replies = pipe.execute(raise_on_error=False)
+    seconds, micros = replies[0]
+    now_ms = seconds * 1000 + micros // 1000
+    raw = [_clean(reply) for reply in replies[1:]]
+    per_key = [raw[i : i + 4] for i in range(0, len(raw), 4)]
+    limits, spans = [], []
+    for config, *_rest in per_key:
+        config = config if isinstance(config, dict) else {}
+        limit = _int(config.get("limit"))
+        limits.append(limit)
+        # Slots at or past a lowered limit may still be held (they drain): the span says how far to look.
+        spans.append(min(max(_int(config.get("span")) or 0, limit or 0), MAX_PERMITS))
+    pipe = client.pipeline(transaction=False)
+    for n, span in zip(names, spans, strict=True):
+        for index in range(span):
+            pipe.get(n.slot(index))
+            pipe.pttl(n.slot(index))
+    slots = [_clean(reply) for reply in pipe.execute(raise_on_error=False)] if any(spans) else []
+
+    held_by: list[list[tuple[int, str, Any]]] = []
+    owners: set[str] = set()
+    at = 0
+    for span, (_config, _fence, queue, _lapses) in zip(spans, per_key, strict=True):
+        held = []
+        for index in range(span):
+            value, pttl = slots[at], slots[at + 1]
+            at += 2
+            if isinstance(value, str):
+                held.append((index, value, pttl))
+                owners.add(value)
+        held_by.append(held)
+        owners.update(owner_of_place(member) for member, _score in queue or ())
+    descriptions = _descriptions(describer if describer is not None else client, registry_key, sorted(owners))
+
+    result = []
+    for n, limit, held, (_config, fence, queue, lapses) in zip(names, limits, held_by, per_key, strict=True):
+        holders = []
+        for index, owner, pttl in held:
+            shown = _owner(owner, descriptions, n.slot(index))
+            shown["permit"] = index
+            shown["lease_remaining_ms"] = _int(pttl)
+            holders.append(shown)
+        result.append(
+            {
+                "key": n.key,
+                "kind": "semaphore",
+                "name": n.config,
+                "permits": limit,
+                "held": len(holders),
+                "holders": holders,
+                "fencing_counter": _counter(fence),
+                "waiting": _waiting(queue, lapses, now_ms, descriptions),
+            }
+        )
+    return result
 
 
 def _read_write(

@@ -57,7 +57,11 @@ def add_parsers(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument("keys", nargs="+", metavar="KEY", help="lock key, as given to registry.obtain()")
-    inspect.add_argument("--read-write", action="store_true", help="the keys are read-write locks (obtain_read_write)")
+    kinds = inspect.add_mutually_exclusive_group()
+    kinds.add_argument("--read-write", action="store_true", help="the keys are read-write locks (obtain_read_write)")
+    kinds.add_argument(
+        "--semaphore", action="store_true", help="the keys are semaphores (obtain_semaphore): each permit's holder"
+    )
     inspect.add_argument("--json", action="store_true", help="print JSON (one object with a list of locks)")
     add_server_arguments(inspect)
     inspect.set_defaults(func=_inspect)
@@ -79,7 +83,7 @@ def add_parsers(subparsers: Any) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    kind = "read-write" if args.read_write else "lock"
+    kind = "read-write" if args.read_write else "semaphore" if args.semaphore else "lock"
     return _run(args, "hybridlock inspect", lambda client, registry_key: [(key, kind) for key in args.keys], True)
 
 
@@ -89,12 +93,20 @@ def _list(args: argparse.Namespace) -> int:
     )
 
 
+def _in_use(lock: dict[str, Any]) -> bool:
+    """For ``list``: a semaphore is found by its config, which outlives its permits; listed only while a permit is
+    held or someone waits, as a lock is."""
+    return lock["kind"] != "semaphore" or bool(lock["held"] or lock["waiting"])
+
+
 def _run(args: argparse.Namespace, prog: str, keys_of: Any, detailed: bool) -> int:
     try:
         urls = server_urls_of(args, USAGE)
         registry_key = registry_key_of(args, USAGE)
         if len(urls) > 1 and getattr(args, "read_write", False):
             raise CommandError(READ_WRITE_REFUSED, USAGE)
+        if len(urls) > 1 and getattr(args, "semaphore", False):
+            raise CommandError("a quorum of servers has no semaphores (QuorumLockRegistry refuses them)", USAGE)
         servers = open_servers(urls, USAGE, SERVER_FAILED)
         try:
             if len(servers) > 1:
@@ -103,6 +115,8 @@ def _run(args: argparse.Namespace, prog: str, keys_of: Any, detailed: bool) -> i
             try:
                 keys = keys_of(server.client, registry_key)
                 locks = read_locks(server.client, registry_key, keys)
+                if not detailed:
+                    locks = [lock for lock in locks if _in_use(lock)]
             except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
                 raise server.error(exc, SERVER_FAILED) from None
         finally:
@@ -141,7 +155,10 @@ def _run_quorum(
         keys = keys_of(None, registry_key)
     else:
         found = on_each(servers, lambda server: keys_of(server.client, registry_key), SERVER_FAILED)
-        keys = sorted({key for result in found if not isinstance(result, CommandError) for key in result})
+        # (a quorum has no semaphores: a config found there is another registry's, on one of these servers alone)
+        keys = sorted(
+            {key for result in found if not isinstance(result, CommandError) for key in result if key[1] != "semaphore"}
+        )
         answering = [s for s, result in zip(servers, found, strict=True) if not isinstance(result, CommandError)]
     read = on_each(answering, lambda server: read_locks(server.client, registry_key, keys), SERVER_FAILED)
     read_by_name = {server.name: result for server, result in zip(answering, read, strict=True)}
@@ -311,7 +328,12 @@ def _lease(ms: int | None) -> str:
 
 def _describe(lock: dict[str, Any], now: float) -> str:
     lines = [f"{lock['key']}  ({lock['kind']}, {lock['name']})"]
-    if lock["kind"] == "lock":
+    if lock["kind"] == "semaphore":
+        lines.append(f"  permits: {_permits(lock)}")
+        for holder in lock["holders"]:
+            lines.append(f"  permit {holder['permit']}: {_who(holder, now)}; {_lease(holder['lease_remaining_ms'])}")
+        waiting = lock["waiting"]
+    elif lock["kind"] == "lock":
         lines.append(f"  holder:  {_who(lock['holder'], now)}")
         lines.append(f"  lease:   {_lease(lock['lease_remaining_ms'])}")
         waiting = lock["waiting"]
@@ -329,7 +351,15 @@ def _describe(lock: dict[str, Any], now: float) -> str:
     return "\n".join(lines)
 
 
+def _permits(semaphore: dict[str, Any]) -> str:
+    if semaphore["permits"] is None:
+        return f"{semaphore['held']} held, no limit stored (unused for a while: the next acquire stores its own)"
+    return f"{semaphore['held']} of {semaphore['permits']} held"
+
+
 def _one_line(lock: dict[str, Any], now: float) -> str:
+    if lock["kind"] == "semaphore":
+        return f"{lock['key']} [semaphore]: {_permits(lock)}; {len(lock['waiting'])} waiting"
     if lock["kind"] == "lock":
         holder, lease, waiting = lock["holder"], lock["lease_remaining_ms"], lock["waiting"]
     else:
