@@ -361,3 +361,46 @@ async def test_a_wait_cancelled_as_its_event_is_set_is_still_cancelled() -> None
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert await event.wait(0)
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["taken", "refused"])
+async def test_a_cancel_swallowed_inside_a_server_call_still_cancels_the_acquire(
+    server: EmbeddedServer, redis_client: redis.Redis, held: bool
+) -> None:
+    """Python 3.11's ``asyncio.wait_for``, which redis-py waits in, loses a cancellation that lands as the call it
+    wraps completes (fixed in 3.12): the task's ``cancelling()`` counts the request, but no ``CancelledError``
+    comes. An acquire cancelled so must still end cancelled (not wait out its timeout, nor return holding the lock)
+    and leave nothing behind. Simulated here: the attempt's call swallows a cancel of its task as it returns."""
+    async with hybridlock.AsyncLockRegistry(server.url) as theirs, hybridlock.AsyncLockRegistry(server.url) as mine:
+        holder = theirs.obtain("k")
+        if held:
+            assert await holder.acquire()
+        before = server_state(redis_client)
+        backend = mine._context.backend
+        real = backend.try_acquire
+
+        async def swallowing(*args: Any, **kwargs: Any) -> Any:
+            result = await real(*args, **kwargs)
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                pass  # as wait_for does when the inner call completed first
+            return result
+
+        backend.try_acquire = swallowing  # type: ignore[method-assign]
+        lock = mine.obtain("k")
+        start = time.monotonic()
+        acquiring = asyncio.ensure_future(lock.acquire(timeout=10))
+        with pytest.raises(asyncio.CancelledError):
+            await acquiring
+        assert time.monotonic() - start < 5, "the acquire waited out its timeout instead of ending cancelled"
+        assert not lock.is_held_by_current_task()
+        assert server_state(redis_client) == before, "the cancelled acquire left a lease or a queue place behind"
+        backend.try_acquire = real  # type: ignore[method-assign]
+        if held:
+            await holder.release()
+        assert await lock.acquire(timeout=5), "the local lock was left taken"
+        await lock.release()

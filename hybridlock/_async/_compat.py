@@ -40,6 +40,7 @@ __all__ = [
     "LoopBinding",
     "Thunk",
     "at_exit",
+    "cancel_requests",
     "current_owner",
     "cut_connection",
     "describe_owner",
@@ -48,6 +49,7 @@ __all__ = [
     "owner_alive",
     "owner_ident",
     "owner_name",
+    "raise_swallowed_cancel",
     "refuse_in_event_loop",
     "returned_to_with",
     "shielded",
@@ -119,6 +121,23 @@ def returned_to_with(lock: Any, acquired: bool, caller: FrameType | None) -> boo
     before anything is taken, so there is nothing to look for here (the sync twin lets ``with lock.acquire(...):``
     work)."""
     return acquired
+
+
+def cancel_requests() -> int:
+    """How many cancellation requests the current task has pending (``Task.cancelling()``), for
+    ``raise_swallowed_cancel``."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def raise_swallowed_cancel(before: int) -> None:
+    """Raise ``CancelledError`` if the current task was asked to cancel since ``cancel_requests()`` gave ``before``
+    without the error reaching us. Python 3.11's ``asyncio.wait_for``, which redis-py waits in, loses a cancellation
+    that lands as the call it wraps completes (fixed in 3.12): the request is counted, the error never comes, and
+    the task would go on waiting for, or into, a lock its canceller gave up on. Called after each server call of a
+    wait; a request that was delivered and handled (``uncancel()``, as ``asyncio.timeout`` does) is not counted."""
+    if cancel_requests() > before:
+        raise asyncio.CancelledError
 
 
 def refuse_in_event_loop(key: str, server: str) -> None:

@@ -33,7 +33,7 @@ from .._core.names import LockNames
 from .._core.results import AcquireResult
 from .._protocol.grants import place_name as place_name_of
 from ..errors import BackendUnavailableError, HybridLockError
-from ._compat import Thunk, monotonic, shielded
+from ._compat import Thunk, cancel_requests, monotonic, raise_swallowed_cancel, shielded
 from .backends.base import AsyncReleaseWatch
 from .observing import AcquireProbe
 from .wait_keeper import WaitingPlace
@@ -150,6 +150,7 @@ async def acquire_remote(
         async def undo() -> object:
             return await release_remote(context, names)
 
+    cancels = cancel_requests()  # (see raise_swallowed_cancel)
     queued = False  # a refused blocking attempt put us in the server's queue
     in_flight = False  # an attempt was sent and its reply not yet read
     place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
@@ -169,6 +170,7 @@ async def acquire_remote(
             result = await grant_wait.attempt_and_wait(deadline)
         else:
             result = await attempt()
+        raise_swallowed_cancel(cancels)  # (still in flight: what it took is given back)
         in_flight = False
         if grant_wait is not None and result.queued_at is not None:
             grant_wait.arrival = result.queued_at
@@ -188,6 +190,10 @@ async def acquire_remote(
 
     try:
         result = await _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait)
+        if result is not None:
+            in_flight = True  # (taken, by an attempt or a grant: given back below if we were cancelled meanwhile)
+            raise_swallowed_cancel(cancels)
+            in_flight = False
     except BackendUnavailableError:
         raise  # the server is out of reach: what we may hold or hold a place in lapses by itself
     except BaseException:

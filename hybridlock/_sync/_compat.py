@@ -39,6 +39,7 @@ __all__ = [
     "Thunk",
     "Worker",
     "at_exit",
+    "cancel_requests",
     "current_owner",
     "cut_connection",
     "monotonic",
@@ -47,6 +48,7 @@ __all__ = [
     "owner_alive",
     "owner_ident",
     "owner_name",
+    "raise_swallowed_cancel",
     "refuse_in_event_loop",
     "returned_to_with",
     "shielded",
@@ -236,6 +238,16 @@ def refuse_in_event_loop(key: str, server: str) -> None:
             key=key,
             server=server,
         )
+
+
+def cancel_requests() -> int:
+    """0: a thread cannot be cancelled (the async twin counts the task's cancellation requests)."""
+    return 0
+
+
+def raise_swallowed_cancel(before: int) -> None:
+    """Nothing to raise: a thread cannot be cancelled (the async twin restores a cancellation Python 3.11's
+    ``asyncio.wait_for`` lost)."""
 
 
 def shielded(call: Thunk[T]) -> T:

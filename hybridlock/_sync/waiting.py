@@ -34,7 +34,7 @@ from .._core.names import LockNames
 from .._core.results import AcquireResult
 from .._protocol.grants import place_name as place_name_of
 from ..errors import BackendUnavailableError, HybridLockError
-from ._compat import Thunk, monotonic, shielded
+from ._compat import Thunk, cancel_requests, monotonic, raise_swallowed_cancel, shielded
 from .backends.base import ReleaseWatch
 from .observing import AcquireProbe
 from .wait_keeper import WaitingPlace
@@ -151,6 +151,7 @@ def acquire_remote(
         def undo() -> object:
             return release_remote(context, names)
 
+    cancels = cancel_requests()  # (see raise_swallowed_cancel)
     queued = False  # a refused blocking attempt put us in the server's queue
     in_flight = False  # an attempt was sent and its reply not yet read
     place: WaitingPlace | None = None  # kept alive by the wait keeper while we wait
@@ -170,6 +171,7 @@ def acquire_remote(
             result = grant_wait.attempt_and_wait(deadline)
         else:
             result = attempt()
+        raise_swallowed_cancel(cancels)  # (still in flight: what it took is given back)
         in_flight = False
         if grant_wait is not None and result.queued_at is not None:
             grant_wait.arrival = result.queued_at
@@ -189,6 +191,10 @@ def acquire_remote(
 
     try:
         result = _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait)
+        if result is not None:
+            in_flight = True  # (taken, by an attempt or a grant: given back below if we were cancelled meanwhile)
+            raise_swallowed_cancel(cancels)
+            in_flight = False
     except BackendUnavailableError:
         raise  # the server is out of reach: what we may hold or hold a place in lapses by itself
     except BaseException:
