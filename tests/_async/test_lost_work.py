@@ -439,6 +439,43 @@ async def test_a_leader_that_yields_stops_the_work_of_its_term_before_on_revoked
 
 
 @pytest.mark.server
+async def test_a_partitioned_leader_stops_the_work_of_its_term_before_its_valid_until(
+    own_server: EmbeddedServer,
+) -> None:
+    """Cut off from its server (its renewals unanswered), the leader steps down by its own clock: the work of its
+    term stops then, before the lease's ``valid_until``, so before any successor can be elected."""
+    proxy = FaultProxy(own_server.port)
+    try:
+        async with hybridlock.AsyncLockRegistry(proxy.url + SLOW, expire_after=1.2) as registry:
+            election = registry.leader_election("cut-term")
+            try:
+                await _leading(election)
+                last_valid: list[float] = []
+                reached: list[str] = []
+
+                async def work() -> None:
+                    async with election.until_lost() as scope:
+                        await sleep(0.45)  # a renewal round or so
+                        proxy.partition()
+                        until = election.valid_until
+                        assert until is not None
+                        last_valid.append(until)
+                        await _wait_for_loss(scope, reached)
+
+                with pytest.raises(hybridlock.LockLostError, match="not renewed in time"):
+                    await work()
+                stopped_at = time.monotonic()
+                assert reached == ([] if IS_ASYNC else ["told=True"])
+                # Renewals only move valid_until later: the work stopped before the lease could have ended.
+                assert stopped_at < last_valid[0], f"stopped {stopped_at - last_valid[0]:.3f} s past valid_until"
+            finally:
+                proxy.heal()
+                await election.stop()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.server
 async def test_a_candidate_that_does_not_lead_is_refused_and_a_leader_passes(
     server: EmbeddedServer, redis_client: redis.Redis
 ) -> None:
