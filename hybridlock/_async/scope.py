@@ -27,8 +27,10 @@ Failure modes
 * Cancelling stops the work at its next ``await``; code between two awaits runs to the next one. What a cancelled
   task does in its ``finally`` blocks is its own.
 
-Anything that holds leases like a lock (a permit, a leader's term) joins by listing them in ``_watched_leases()``:
-each must have ``key``, ``lost``, ``_valid_until``, ``_watch_loss`` and ``_unwatch_loss`` (``ServerLease`` has them).
+Anything that holds leases like a lock joins by listing them in ``_watched_leases()``: each must have ``key``,
+``lost``, ``_valid_until``, ``_watch_loss`` and ``_unwatch_loss`` (``ServerLease`` has them). A semaphore lists the
+permits the calling task holds (``semaphore.py``); a leader election lists its current term (``election.py``), an
+object of its own that ends (and tells its watchers) when the term ends for any reason, a loss or a step-down.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class _Server(Protocol):
 class WatchedLease(Protocol):
     """What a scope needs of each lease it watches (``ServerLease`` has it: a lock, a read or write half)."""
 
-    _valid_until: float | None
+    @property
+    def _valid_until(self) -> float | None: ...
 
     @property
     def _context(self) -> _Server: ...
@@ -91,6 +94,26 @@ class LossWatching:
         """The leases whose loss ends the work: the kind's own, by default."""
         return (cast("WatchedLease", self),)
 
+    def _not_held_error(self, call: str) -> LockNotOwnedError:
+        """What ``call`` raises when the caller does not hold what it watches."""
+        first = self._watched_leases()[0]
+        return LockNotOwnedError(
+            f"{call} needs the {self._loss_what} held by this task, and it is not",
+            key=first.key,
+            server=first._context.server,
+        )
+
+    def _lost_in_scope_error(self, lease: WatchedLease) -> LockLostError:
+        """What an ``until_lost()`` scope raises at its exit when ``lease`` was lost while it ran."""
+        what = self._loss_what
+        return LockLostError(
+            f"the {what}'s lease was lost while the work in its until_lost() scope ran (its key gone or "
+            "another owner's at a renewal, or its valid_until passed without one): another owner may hold "
+            f"the key now. The {what} is still held here: release it (which raises LockLostError too)",
+            key=lease.key,
+            server=lease._context.server,
+        )
+
     def until_lost(self) -> AsyncLossScope:
         """A scope for work that must stop when this task's hold is lost: ``async with lock.until_lost():``.
 
@@ -102,22 +125,20 @@ class LossWatching:
         ``CancelledError``); threads cannot be cancelled, so their work waits on or polls ``scope.lost_event``, or
         calls ``ensure_held()``. Either way the lock is still held after the scope: release it (which raises
         ``LockLostError`` too)."""
-        return AsyncLossScope(self, self._watched_leases(), self._loss_what)
+        return AsyncLossScope(self, self._loss_what)
 
     def ensure_held(self) -> None:
         """Raise ``LockLostError`` if the lease is known lost or its ``valid_until`` has passed (another owner may
         hold the key now), ``LockNotOwnedError`` if this task does not hold the lock; else return. For a loop to
         call before each side effect: no round trip, only the lock's state and the clock."""
-        check_held(self, self._watched_leases(), self._loss_what, "ensure_held()")
+        check_held(self, self._loss_what, "ensure_held()")
 
 
-def check_held(holder: LossWatching, leases: Sequence[WatchedLease], what: str, call: str) -> None:
-    """``ensure_held()``'s check of ``leases``, held by ``holder``."""
-    if not holder._held_here():
-        first = leases[0]
-        raise LockNotOwnedError(
-            f"{call} needs the {what} held by this task, and it is not", key=first.key, server=first._context.server
-        )
+def check_held(holder: LossWatching, what: str, call: str) -> tuple[WatchedLease, ...]:
+    """``ensure_held()``'s check of the leases ``holder`` watches now; returns them."""
+    leases = tuple(holder._watched_leases())
+    if not leases or not holder._held_here():
+        raise holder._not_held_error(call)
     now = monotonic()
     for lease in leases:
         until = lease._valid_until
@@ -125,6 +146,7 @@ def check_held(holder: LossWatching, leases: Sequence[WatchedLease], what: str, 
             raise _lost(lease, what, "was found lost")
         if until is None or not now < until:
             raise _lost(lease, what, "passed its valid_until without a renewal")
+    return leases
 
 
 def _lost(lease: WatchedLease, what: str, how: str) -> LockLostError:
@@ -144,9 +166,9 @@ class AsyncLossScope:
 
     __slots__ = ("_canceller", "_holder", "_leases", "_what", "lost_event")
 
-    def __init__(self, holder: LossWatching, leases: Sequence[WatchedLease], what: str) -> None:
+    def __init__(self, holder: LossWatching, what: str) -> None:
         self._holder = holder
-        self._leases = tuple(leases)
+        self._leases: tuple[WatchedLease, ...] = ()  # (read at entry: what the caller holds then)
         self._what = what
         self._canceller: AsyncLossCanceller | None = None
         self.lost_event = AsyncEvent()
@@ -157,14 +179,14 @@ class AsyncLossScope:
         return self.lost_event.is_set()
 
     async def __aenter__(self) -> AsyncLossScope:
-        first = self._leases[0]
         if self._canceller is not None:
+            first = self._leases[0]
             raise LockNotOwnedError(
                 "an until_lost() scope is entered once: call until_lost() again for another",
                 key=first.key,
                 server=first._context.server,
             )
-        check_held(self._holder, self._leases, self._what, "until_lost()")
+        self._leases = check_held(self._holder, self._what, "until_lost()")
         self._canceller = AsyncLossCanceller()
         for lease in self._leases:
             lease._watch_loss(self._on_lost)
@@ -186,15 +208,9 @@ class AsyncLossScope:
         ours = canceller is not None and canceller.close(error)
         if ours or (error is None and self.lost_event.is_set()):
             lost = next((lease for lease in self._leases if lease.lost), self._leases[0])
-            raise LockLostError(
-                f"the {self._what}'s lease was lost while the work in its until_lost() scope ran (its key gone or "
-                "another owner's at a renewal, or its valid_until passed without one): another owner may hold "
-                f"the key now. The {self._what} is still held here: release it (which raises LockLostError too)",
-                key=lost.key,
-                server=lost._context.server,
-            ) from error
+            raise self._holder._lost_in_scope_error(lost) from error
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "watching" if self._canceller is not None else "not entered"
-        keys = ", ".join(repr(lease.key) for lease in self._leases)
+        keys = ", ".join(repr(lease.key) for lease in self._leases) or "nothing yet"
         return f"<hybridlock.{type(self).__name__} {state} over {keys}>"

@@ -59,10 +59,14 @@ from .lease import ServerLease
 from .leases import LostCallback
 from .lock import AsyncJavaStyleLock, AsyncTimedHold
 from .owners import Site, caller_frame, caller_site
+from .scope import LossWatching
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .context import LockContext
+    from .scope import WatchedLease
 
 __all__ = ["AsyncSemaphore", "validate_permits"]
 
@@ -160,7 +164,7 @@ class _Permit(ServerLease):
             raise self._lost_error("semaphore permit") from unreachable
 
 
-class AsyncSemaphore(AsyncJavaStyleLock):
+class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
     """At most ``permits`` holders at once across every process sharing the server; each permit a lease renewed by
     the registry and given back within ``expire_after`` when its holder dies.
 
@@ -170,7 +174,10 @@ class AsyncSemaphore(AsyncJavaStyleLock):
 
     A permit belongs to the task that took it (unlike ``threading.Semaphore``'s, which any thread may give back):
     ``release()`` gives back the calling task's latest permit, and raises ``LockNotOwnedError`` (a
-    ``RuntimeError``) when it holds none. A task may hold several."""
+    ``RuntimeError``) when it holds none. A task may hold several.
+
+    Work that must stop when a permit is lost: ``async with sem.until_lost():`` and ``sem.ensure_held()`` watch the
+    permits the calling task holds (as ``lock.until_lost()`` does a lock's lease: see ``hybridlock._async.scope``)."""
 
     kind = "semaphore"
 
@@ -232,6 +239,25 @@ class AsyncSemaphore(AsyncJavaStyleLock):
     def lost(self) -> bool:
         """Whether a permit the current task holds was found lost (its lease ended while held)."""
         return any(permit.lost for permit in self._held.get(current_owner(), ()))
+
+    # -- work that stops when a permit is lost (scope.py) ------------------------------------------------------------
+
+    _loss_what = "semaphore permit"
+
+    def is_held_by_current_task(self) -> bool:
+        """Whether the current task holds a permit of this semaphore (no round trip)."""
+        return bool(self._held.get(current_owner()))
+
+    def _watched_leases(self) -> Sequence[WatchedLease]:
+        with self._guard:
+            return tuple(self._held.get(current_owner(), ()))  # (every permit this task holds)
+
+    def _not_held_error(self, call: str) -> LockNotOwnedError:
+        return LockNotOwnedError(
+            f"{call} needs a permit of this semaphore held by this task, and it holds none",
+            key=self.key,
+            server=self._context.server,
+        )
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(semaphore)`` once per permit found lost, from the registry's renewer."""

@@ -26,7 +26,13 @@ Failure modes
   lease's deadline on, so a leader that checks ``is_leader`` (or compares ``epoch``-fenced writes) before each side
   effect never acts beside its successor; ``on_revoked`` runs when the process resumes.
 * A callback is user code and runs on the worker: while it runs, the worker cannot notice a loss. Keep them
-  short; put long work in a task (thread) of your own that ``on_revoked`` stops.
+  short; put long work in a task (thread) of your own that ``on_revoked`` stops, or in an
+  ``election.until_lost()`` scope.
+
+Work that must stop with the term: ``election.until_lost()`` and ``election.ensure_held()`` watch the current term
+(a ``_Term``), as ``lock.until_lost()`` watches a lease (``scope.py``). The term ends, and tells the scopes watching
+it, when its lease is found lost (from the renewer, before the worker hears of it) or as the worker begins to step
+down for any reason (stop, yield, a lease not renewed in time, a failed ``on_elected``): before ``on_revoked`` runs.
 """
 
 from __future__ import annotations
@@ -36,13 +42,16 @@ import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from ..errors import HybridLockError, InvalidArgumentError, LockLostError, RegistryClosedError
+from ..errors import HybridLockError, InvalidArgumentError, LockLostError, LockNotOwnedError, RegistryClosedError
 from ._compat import Event, Thunk, Worker, current_owner, monotonic, new_guard, sleep
+from .scope import LossWatching
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
+    from .context import LockContext
     from .lock import HybridLock
+    from .scope import WatchedLease
 
 __all__ = ["LeaderElection", "election_key"]
 
@@ -70,12 +79,74 @@ def _wake_on_loss(lock: object) -> None:
         election._lost()
 
 
+class _Term:
+    """One term of a leader, as ``until_lost()`` scopes watch it (the ``WatchedLease`` calls of ``scope.py``): it
+    ends once, when its lease is found lost or as the leader steps down, and then tells its watchers."""
+
+    __slots__ = ("_ended", "_guard", "_listeners", "_lock", "why")
+
+    def __init__(self, lock: HybridLock) -> None:
+        self._lock = lock
+        self._guard = new_guard()
+        self._listeners: list[Callable[[], None]] = []
+        self._ended = False
+        self.why = ""
+
+    @property
+    def key(self) -> str:
+        return self._lock.key
+
+    @property
+    def _context(self) -> LockContext:
+        return self._lock._context
+
+    @property
+    def lost(self) -> bool:
+        """Whether the term has ended (lost or stepped down): its work must stop."""
+        return self._ended
+
+    @property
+    def _valid_until(self) -> float | None:
+        return self._lock._valid_until
+
+    def end(self, why: str) -> None:
+        """End the term (once) and tell its watchers. From any thread; quick; never raises."""
+        with self._guard:
+            if self._ended:
+                return
+            self._ended = True
+            self.why = why
+            listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:  # (a scope's listener only signals; a broken one must not stop the others)
+                logger.exception("hybridlock: a listener of the leader's term of %r failed", self.key)
+
+    def _lease_lost(self) -> None:
+        self.end("its lease was found lost: its key gone or another owner's at a renewal, or its valid_until passed")
+
+    def _watch_loss(self, listener: Callable[[], None]) -> None:
+        with self._guard:
+            if not self._ended:
+                self._listeners.append(listener)
+                return
+        listener()
+
+    def _unwatch_loss(self, listener: Callable[[], None]) -> None:
+        with self._guard:
+            try:
+                self._listeners.remove(listener)
+            except ValueError:
+                pass  # already called, or never watched
+
+
 def election_key(name: str) -> str:
     """The lock key an election named ``name`` takes (shown by ``hybridlock inspect``/``list``)."""
     return f"election:{name}"
 
 
-class LeaderElection:
+class LeaderElection(LossWatching):
     """A candidate for leadership of ``name`` among every registry (process) that runs one for the same name
     against the same server: ``registry.leader_election(name, on_elected=..., on_revoked=...)``.
 
@@ -92,6 +163,13 @@ class LeaderElection:
     the term at once (``on_revoked`` runs, to undo what ``on_elected`` began, and the candidate sits out a renewal
     period before it tries again, as after ``yield_leadership``); one from ``on_revoked`` is logged and ignored (the
     term is over all the same).
+
+    Work that must stop with the term: ``with election.until_lost():``, entered while leading, cancels the work
+    inside it as the term ends (its lease found lost, or the leader stepping down for any reason: stop, yield, a
+    lease not renewed in time) and raises ``LockLostError`` out of it; ``election.ensure_held()`` raises
+    ``LockLostError`` once the term's lease is lost or past its ``valid_until``. Both raise ``LockNotOwnedError``
+    when this candidate does not lead (never elected, or its term already over). Any task (thread) of the process
+    may use them: the term is the process's.
 
     Raises ``InvalidArgumentError`` for a registry that does not renew (``auto_renew=False``) and, at ``start``,
     for a second candidate of the same name in the same registry (a process is one candidate).
@@ -133,6 +211,7 @@ class LeaderElection:
         self._yield_for: float | None = None  # asked to yield, and then to sit out this long
         self._terms_ended = 0  # counts the terms over (their lock released), for yield_leadership to wait on
         self._leading = False
+        self._term: _Term | None = None  # the current term, while leading
         self._epoch: int | None = None
         self._retry_at = 0.0  # a candidate does not try before this monotonic() time
         if _wake_on_loss not in self._lock._callbacks:  # (one per lock: elections come and go, the lock stays)
@@ -175,6 +254,39 @@ class LeaderElection:
         """Whether the candidate's worker runs: from ``start()`` until it has ended (it let go of the lock after a
         ``stop()``, or its registry was closed)."""
         return self._worker is not None and not self._ended.is_set()
+
+    # -- work that stops with the term (scope.py) ----------------------------------------------------------------
+
+    _loss_what = "leadership"
+
+    def is_held_by_current_thread(self) -> bool:
+        """Whether this candidate leads now (``is_leader``): the term is the process's, so any task (thread) may
+        watch it."""
+        return self.is_leader
+
+    def _held_here(self) -> bool:
+        return self._term is not None
+
+    def _watched_leases(self) -> Sequence[WatchedLease]:
+        term = self._term
+        return () if term is None else (term,)
+
+    def _not_held_error(self, call: str) -> LockNotOwnedError:
+        return LockNotOwnedError(
+            f"{call} needs this candidate to lead election {self.name!r}, and it does not (never elected, or its term "
+            "is over)",
+            key=self.key,
+            server=self._registry.server,
+        )
+
+    def _lost_in_scope_error(self, lease: WatchedLease) -> LockLostError:
+        why = lease.why if isinstance(lease, _Term) else ""
+        return LockLostError(
+            f"the leader's term of election {self.name!r} ended while the work in its until_lost() scope ran "
+            f"({why or 'its lease was lost'}): another candidate may lead now",
+            key=self.key,
+            server=self._registry.server,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -294,6 +406,8 @@ class LeaderElection:
             self._let_go()
             return 0.0
         self._epoch = self._lock.fencing_token
+        term = self._term = _Term(self._lock)
+        self._lock._watch_loss(term._lease_lost)  # (told by whoever finds the loss, before the worker wakes)
         self._leading = True
         logger.info("hybridlock: elected leader of %r (epoch %s)", self.name, self._epoch)
         if self._on_elected is not None:
@@ -301,7 +415,7 @@ class LeaderElection:
                 self._on_elected(self._epoch)
             except Exception:
                 logger.exception("hybridlock: on_elected of election %r failed; the term ends", self.name)
-                self._step_down(self._pause)
+                self._step_down(self._pause, "its on_elected failed")
                 return 0.0
         return 0.0
 
@@ -309,19 +423,19 @@ class LeaderElection:
         """One look, as the leader: step down if asked to or if the lease is in doubt, else sleep until the
         moment it would be (an on_lost callback, ``stop`` and ``yield_leadership`` wake us sooner)."""
         if self._stopping:
-            self._step_down(0.0)
+            self._step_down(0.0, "the candidate stopped")
             self._finish()
             return None
         yield_for = self._yield_for
         if yield_for is not None:
             self._yield_for = None
-            self._step_down(yield_for)
+            self._step_down(yield_for, "the leader yielded")
             return 0.0
         lock = self._lock
         until = lock.valid_until
         if until is None or lock.lost:
             logger.warning("hybridlock: the leader of %r lost its lease; it steps down", self.name)
-            self._step_down(0.0)
+            self._step_down(0.0, "its lease was found lost")
             return 0.0
         if math.isinf(until):
             return _LONGEST_NAP
@@ -332,13 +446,18 @@ class LeaderElection:
                 self.name,
                 until - monotonic(),
             )
-            self._step_down(0.0)
+            self._step_down(0.0, "its lease was not renewed in time: the leader stepped down")
             return 0.0
         return min(left, _LONGEST_NAP)
 
-    def _step_down(self, pause: float) -> None:
-        """End the term: ``on_revoked``, then let the lock go; try again no sooner than ``pause`` seconds."""
+    def _step_down(self, pause: float, why: str) -> None:
+        """End the term: tell its scopes, ``on_revoked``, then let the lock go; try again no sooner than ``pause``
+        seconds."""
         self._leading = False
+        term, self._term = self._term, None
+        if term is not None:
+            self._lock._unwatch_loss(term._lease_lost)
+            term.end(why)  # (the work in its scopes is cancelled as on_revoked begins)
         self._yield_for = None  # (a yield asked for now is served: this is the term it meant)
         epoch, self._epoch = self._epoch, None
         logger.info("hybridlock: leadership of %r (epoch %s) revoked", self.name, epoch)
@@ -372,7 +491,7 @@ class LeaderElection:
 
     def _finish(self) -> None:
         if self._leading:
-            self._step_down(0.0)
+            self._step_down(0.0, "the candidacy ended")
         with _running_guard:
             if _running.get(self._lock) is self:
                 del _running[self._lock]  # another election of this name may start now

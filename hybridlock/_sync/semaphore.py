@@ -60,10 +60,14 @@ from .lease import ServerLease
 from .leases import LostCallback
 from .lock import JavaStyleLock, TimedHold
 from .owners import Site, caller_frame, caller_site
+from .scope import LossWatching
 from .waiting import acquire_remote
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .context import LockContext
+    from .scope import WatchedLease
 
 __all__ = ["Semaphore", "validate_permits"]
 
@@ -161,7 +165,7 @@ class _Permit(ServerLease):
             raise self._lost_error("semaphore permit") from unreachable
 
 
-class Semaphore(JavaStyleLock):
+class Semaphore(JavaStyleLock, LossWatching):
     """At most ``permits`` holders at once across every process sharing the server; each permit a lease renewed by
     the registry and given back within ``expire_after`` when its holder dies.
 
@@ -171,7 +175,10 @@ class Semaphore(JavaStyleLock):
 
     A permit belongs to the task that took it (unlike ``threading.Semaphore``'s, which any thread may give back):
     ``release()`` gives back the calling task's latest permit, and raises ``LockNotOwnedError`` (a
-    ``RuntimeError``) when it holds none. A task may hold several."""
+    ``RuntimeError``) when it holds none. A task may hold several.
+
+    Work that must stop when a permit is lost: ``with sem.until_lost():`` and ``sem.ensure_held()`` watch the
+    permits the calling task holds (as ``lock.until_lost()`` does a lock's lease: see ``hybridlock._sync.scope``)."""
 
     kind = "semaphore"
 
@@ -233,6 +240,25 @@ class Semaphore(JavaStyleLock):
     def lost(self) -> bool:
         """Whether a permit the current task holds was found lost (its lease ended while held)."""
         return any(permit.lost for permit in self._held.get(current_owner(), ()))
+
+    # -- work that stops when a permit is lost (scope.py) ------------------------------------------------------------
+
+    _loss_what = "semaphore permit"
+
+    def is_held_by_current_thread(self) -> bool:
+        """Whether the current task holds a permit of this semaphore (no round trip)."""
+        return bool(self._held.get(current_owner()))
+
+    def _watched_leases(self) -> Sequence[WatchedLease]:
+        with self._guard:
+            return tuple(self._held.get(current_owner(), ()))  # (every permit this thread holds)
+
+    def _not_held_error(self, call: str) -> LockNotOwnedError:
+        return LockNotOwnedError(
+            f"{call} needs a permit of this semaphore held by this thread, and it holds none",
+            key=self.key,
+            server=self._context.server,
+        )
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(semaphore)`` once per permit found lost, from the registry's renewer."""

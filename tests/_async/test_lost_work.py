@@ -283,3 +283,225 @@ async def test_on_every_backend_a_loss_the_renewer_reports_ends_the_scope(backen
             lock.ensure_held()
         with pytest.raises(hybridlock.LockLostError):
             await lock.release()
+
+
+# -- semaphore permits --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.server
+async def test_a_permit_deleted_under_its_holder_stops_the_work(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    """``semaphore.until_lost()`` watches every permit the task holds: one deleted under it ends the work."""
+    async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
+        semaphore = registry.obtain_semaphore("permits", 3)
+        assert await semaphore.acquire(timeout=JOIN)
+        assert await semaphore.acquire(timeout=JOIN)  # two permits: the scope watches both
+        semaphore.ensure_held()
+        victim = semaphore._watched_leases()[0]  # the older permit (oldest first)
+        reached: list[str] = []
+        deleted_at: list[float] = []
+        scope = semaphore.until_lost()
+
+        async def work() -> None:
+            async with scope:
+                redis_client.delete(victim._names.lock)
+                deleted_at.append(time.monotonic())
+                await _wait_for_loss(scope, reached)
+
+        with pytest.raises(hybridlock.LockLostError, match="semaphore permit") as caught:
+            await work()
+        stopped_after = time.monotonic() - deleted_at[0]
+        assert stopped_after < LEASE / 3 + SLACK, f"the work stopped {stopped_after:.2f} s after the permit was deleted"
+        assert reached == ([] if IS_ASYNC else ["told=True"])
+        assert caught.value.key == victim.key
+        assert semaphore.lost
+        with pytest.raises(hybridlock.LockLostError, match="semaphore permit"):
+            semaphore.ensure_held()
+        await semaphore.release()  # the newer permit: still good
+        with pytest.raises(hybridlock.LockLostError):
+            await semaphore.release()  # the lost one
+        with pytest.raises(hybridlock.LockNotOwnedError, match="holds none"):
+            semaphore.ensure_held()
+
+
+@pytest.mark.server
+async def test_a_permit_scope_refuses_a_task_without_a_permit_and_passes_while_held(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
+        semaphore = registry.obtain_semaphore("scoped", 2)
+        with pytest.raises(hybridlock.LockNotOwnedError, match=r"until_lost\(\) needs a permit") as caught:
+            await _enter(semaphore)
+        assert caught.value.key == semaphore.key
+        with pytest.raises(hybridlock.LockNotOwnedError, match=r"ensure_held\(\) needs a permit"):
+            semaphore.ensure_held()
+        assert await semaphore.acquire(timeout=JOIN)
+        try:
+
+            async def elsewhere() -> type[BaseException] | None:
+                try:
+                    semaphore.ensure_held()
+                except hybridlock.LockNotOwnedError as exc:
+                    return type(exc)
+                return None
+
+            # This task's permit, not another's.
+            assert await in_other(elsewhere) is hybridlock.LockNotOwnedError
+            async with semaphore.until_lost() as scope:
+                for _ in range(4):
+                    await sleep(0.2)  # across renewals
+                    semaphore.ensure_held()
+            assert not scope.lost
+        finally:
+            await semaphore.release()
+
+
+# -- leadership ---------------------------------------------------------------------------------------------------
+
+
+async def _leading(election: Any) -> None:
+    await election.start()
+    deadline = time.monotonic() + JOIN
+    while not election.is_leader:
+        assert time.monotonic() < deadline, "never elected"
+        await sleep(0.005)
+
+
+@pytest.mark.server
+async def test_a_leaders_key_deleted_stops_the_work_of_its_term(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
+        election = registry.leader_election("lost-term")
+        try:
+            await _leading(election)
+            election.ensure_held()
+            reached: list[str] = []
+            deleted_at: list[float] = []
+            scope = election.until_lost()
+
+            async def work() -> None:
+                async with scope:
+                    redis_client.delete(election._lock._names.lock)
+                    deleted_at.append(time.monotonic())
+                    await _wait_for_loss(scope, reached)
+
+            with pytest.raises(hybridlock.LockLostError, match="found lost") as caught:
+                await work()
+            stopped_after = time.monotonic() - deleted_at[0]
+            assert stopped_after < LEASE / 3 + SLACK, (
+                f"the work stopped {stopped_after:.2f} s after the key was deleted"
+            )
+            assert reached == ([] if IS_ASYNC else ["told=True"])
+            assert caught.value.key == election.key
+            # The term is over: lost (the worker may not have stepped down yet) or not leading any more.
+            with pytest.raises((hybridlock.LockLostError, hybridlock.LockNotOwnedError)):
+                election.ensure_held()
+        finally:
+            await election.stop()
+
+
+@pytest.mark.server
+async def test_a_leader_that_yields_stops_the_work_of_its_term_before_on_revoked(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    scopes: list[Any] = []
+    told_before_revoked: list[bool] = []
+
+    async def on_revoked() -> None:
+        told_before_revoked.append(scopes[0].lost)
+
+    async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
+        election = registry.leader_election("yielding", on_revoked=on_revoked)
+        try:
+            await _leading(election)
+            scope = election.until_lost()
+            scopes.append(scope)
+            reached: list[str] = []
+
+            async def work() -> None:
+                async with scope:
+                    # From a task (thread) other than the worker: returns once the lock is released.
+                    await election.yield_leadership(pause=JOIN)
+                    reached.append("yielded")
+
+            with pytest.raises(hybridlock.LockLostError, match="the leader yielded") as caught:
+                await work()
+            assert reached == ([] if IS_ASYNC else ["yielded"])  # asyncio: cancelled in the wait
+            assert told_before_revoked == [True]
+            assert caught.value.key == election.key
+            assert scope.lost
+            with pytest.raises(hybridlock.LockNotOwnedError, match="does not"):
+                election.ensure_held()
+        finally:
+            await election.stop()
+
+
+@pytest.mark.server
+async def test_a_partitioned_leader_stops_the_work_of_its_term_before_its_valid_until(
+    own_server: EmbeddedServer,
+) -> None:
+    """Cut off from its server (its renewals unanswered), the leader steps down by its own clock: the work of its
+    term stops then, before the lease's ``valid_until``, so before any successor can be elected."""
+    proxy = FaultProxy(own_server.port)
+    try:
+        async with hybridlock.AsyncLockRegistry(proxy.url + SLOW, expire_after=1.2) as registry:
+            election = registry.leader_election("cut-term")
+            try:
+                await _leading(election)
+                last_valid: list[float] = []
+                reached: list[str] = []
+
+                async def work() -> None:
+                    async with election.until_lost() as scope:
+                        await sleep(0.45)  # a renewal round or so
+                        proxy.partition()
+                        until = election.valid_until
+                        assert until is not None
+                        last_valid.append(until)
+                        await _wait_for_loss(scope, reached)
+
+                with pytest.raises(hybridlock.LockLostError, match="not renewed in time"):
+                    await work()
+                stopped_at = time.monotonic()
+                assert reached == ([] if IS_ASYNC else ["told=True"])
+                # Renewals only move valid_until later: the work stopped before the lease could have ended.
+                assert stopped_at < last_valid[0], f"stopped {stopped_at - last_valid[0]:.3f} s past valid_until"
+            finally:
+                proxy.heal()
+                await election.stop()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.server
+async def test_a_candidate_that_does_not_lead_is_refused_and_a_leader_passes(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    async with hybridlock.AsyncLockRegistry(server.url, expire_after=LEASE) as registry:
+        election = registry.leader_election("refusing")
+        with pytest.raises(hybridlock.LockNotOwnedError, match=r"until_lost\(\) needs this candidate to lead") as err:
+            await _enter(election)
+        assert err.value.key == election.key
+        with pytest.raises(hybridlock.LockNotOwnedError, match=r"ensure_held\(\) needs this candidate to lead"):
+            election.ensure_held()
+        try:
+            await _leading(election)
+
+            async def elsewhere() -> None:
+                election.ensure_held()  # the term is the process's: any task (thread) may watch it
+
+            await in_other(elsewhere)
+            async with election.until_lost() as scope:
+                for _ in range(4):
+                    await sleep(0.2)  # across renewals
+                    election.ensure_held()
+            assert not scope.lost
+            await election.stop()
+            with pytest.raises(hybridlock.LockNotOwnedError):
+                election.ensure_held()
+            with pytest.raises(hybridlock.LockNotOwnedError):
+                await _enter(election)
+        finally:
+            await election.stop()
