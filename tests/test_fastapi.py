@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2", category=UserWarning)
     from starlette.testclient import TestClient
 
-from hybridlock import AsyncHybridLock, HybridLockError, InvalidArgumentError
+from hybridlock import AsyncHybridLock, AsyncLocalLockRegistry, HybridLockError, InvalidArgumentError
 from hybridlock.fastapi import (
     LockUnavailable,
     RequestLock,
@@ -401,6 +401,18 @@ def test_the_test_client_runs_the_lifespan_and_the_app_lifespan_inside_it(url: s
         registry = app.state.hybridlock_registry
     assert registry.closed
     assert events == ["start, registry open: True", "stop, registry open: True"]
+
+
+def test_any_registry_through_a_factory() -> None:
+    app = FastAPI(lifespan=registry_lifespan(registry=lambda: AsyncLocalLockRegistry("local")))
+    busy = RequestLock("orders:{order_id}")
+
+    @app.get("/o/{order_id}")
+    async def get(lock: Annotated[AsyncHybridLock, Depends(busy)]) -> dict[str, str]:
+        return {"registry": lock.registry.registry_key}
+
+    with TestClient(app) as client:
+        assert client.get("/o/1").json() == {"registry": "local"}
 
 
 def get_registry_of(app: FastAPI) -> Any:
