@@ -191,6 +191,11 @@ def lock_in_server(client: redis.Redis, key: str) -> bool:
     return bool(client.exists(f"hybridlock:{{{key}}}"))
 
 
+def permits_in_server(client: redis.Redis, key: str) -> list[bytes]:
+    """The permits of ``key``'s semaphore held in the server (a key per permit, ``...:permit:<slot>``)."""
+    return [name for name in client.scan_iter(match=f"hybridlock:{{{key}}}:permit:*") if name.split(b":")[-1].isdigit()]
+
+
 async def test_one_request_at_a_time_per_key_across_two_owners(url: str, redis_client: redis.Redis) -> None:
     async with Apps(url) as apps:
         calls = [apps.clients[i % 2].post(f"/orders/{key}") for i in range(8) for key in ("1", "2")]
@@ -257,6 +262,7 @@ async def test_a_permit_limit_holds_across_two_owners(url: str, redis_client: re
         assert apps.held() == []
         for app in apps.apps:
             assert app.state.hybridlock_registry.obtain_semaphore(key, permits=3).held_here == 0
+    assert permits_in_server(redis_client, key) == []
 
 
 async def test_the_lock_is_released_after_an_exception_in_the_endpoint(url: str, redis_client: redis.Redis) -> None:
@@ -286,6 +292,15 @@ async def test_the_lock_is_released_when_the_request_is_cancelled(url: str, redi
         assert apps.held() == []
         now = await apps.clients[1].post("/orders/5/now")
         assert now.status_code == 200
+        # A permit's request cancelled inside the endpoint.
+        inside = apps.spawn(apps.clients[0].get("/reports?kind=cancelled"))
+        await apps.probe.wait_inside("reports:cancelled")
+        assert len(permits_in_server(redis_client, "reports:cancelled")) == 1
+        inside.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await inside
+        assert permits_in_server(redis_client, "reports:cancelled") == []
+        assert apps.held() == []
 
 
 async def _asgi_get(app: FastAPI, path: str, disconnect: asyncio.Event, body: list[bytes]) -> None:
