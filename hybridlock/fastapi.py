@@ -1,5 +1,5 @@
-"""FastAPI (and Starlette) integration: a registry opened by the app's lifespan, and dependencies that hold a lock
-or a semaphore permit for the length of a request.
+"""FastAPI integration: a registry opened by the app's lifespan (which serves a plain Starlette app as well), and
+dependencies that hold a lock or a semaphore permit for the length of a request.
 
     app = FastAPI(lifespan=registry_lifespan("redis://localhost:6379/0"))
 
@@ -73,7 +73,7 @@ def registry_lifespan(
     ``lifespan`` is the app's own lifespan, run inside this one: the registry is open during its startup and its
     shutdown, and what it yields (a state dict, or None) is what this lifespan yields."""
     if (connection is None) == (registry is None):
-        raise InvalidArgumentError("registry_lifespan needs a connection (a URL, a client) or registry=, not both")
+        raise InvalidArgumentError("registry_lifespan needs one of a connection (a URL, a client) and registry=")
     if registry is not None and registry_options:
         raise InvalidArgumentError(
             f"registry options ({', '.join(sorted(registry_options))}) go to the registry that registry= makes"
