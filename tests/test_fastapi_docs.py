@@ -31,7 +31,8 @@ def test_the_fastapi_pages_example_runs(server: EmbeddedServer, redis_client: ob
     run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     assert "started; lease 10.0 s" in run.stdout
-    assert "payments: [200, 200, 200] tokens all different: True" in run.stdout
+    assert "payments: [200, 200, 200] one at a time: True" in run.stdout
+    assert "a fencing token each: True" in run.stdout
     assert "reports: [200, 200, 429]" in run.stdout
     assert "all 2 permits of 'reports' are taken by other requests; try again later" in run.stdout
     assert run.stdout.rstrip().endswith("stopping")
