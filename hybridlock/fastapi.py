@@ -33,8 +33,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import HTTPException, Request
-from fastapi.exceptions import RequestValidationError
+try:
+    from fastapi import HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(f"hybridlock.fastapi needs FastAPI: pip install 'hybridlock[fastapi]' ({exc})") from exc
 
 from . import AsyncHybridLock, AsyncLockRegistry, AsyncSemaphore
 from .errors import HybridLockError, InvalidArgumentError

@@ -383,6 +383,10 @@ async def test_key_templates_take_path_then_query_parameters(url: str, redis_cli
     ) -> None:
         seen.extend([lock.key, other.key])
 
+    @app.get("/whole", dependencies=[Depends(RequestLock("{tenant}"))])
+    async def whole() -> None:
+        pass
+
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -392,6 +396,11 @@ async def test_key_templates_take_path_then_query_parameters(url: str, redis_cli
             missing = await client.get("/t/12", headers={"x-tenant": "acme"})
             assert missing.status_code == 422
             assert missing.json()["detail"][0]["loc"] == ["query", "tenant"]
+            # A key the request's own values make invalid (empty) is the request's fault: 422, not 500.
+            empty = await client.get("/whole?tenant=")
+            assert empty.status_code == 422
+            assert "lock key must not be empty" in empty.json()["detail"][0]["msg"]
+            assert (await client.get("/whole?tenant=acme")).status_code == 200
 
 
 def test_the_test_client_runs_the_lifespan_and_the_app_lifespan_inside_it(url: str) -> None:
@@ -464,3 +473,10 @@ def test_importing_hybridlock_imports_no_framework() -> None:
     program = "import sys, hybridlock; print(sorted({'fastapi', 'starlette'} & set(sys.modules)))"
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert run.stdout.strip() == "[]", run.stderr
+
+
+def test_without_fastapi_the_import_says_which_extra_to_install() -> None:
+    program = "import sys; sys.modules['fastapi'] = None; import hybridlock.fastapi"
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "hybridlock.fastapi needs FastAPI: pip install 'hybridlock[fastapi]'" in run.stderr
