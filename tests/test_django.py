@@ -8,6 +8,7 @@ messages are what cron would see.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from django.conf import settings  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.core.management.base import BaseCommand, CommandError  # noqa: E402
-from django.test import override_settings  # noqa: E402
+from django.test import SimpleTestCase, override_settings  # noqa: E402
 
 import hybridlock  # noqa: E402
 from hybridlock.django import (  # noqa: E402
@@ -361,6 +362,39 @@ def test_a_lease_lost_while_the_command_ran_ends_it_with_the_lost_status(
     ):
         call_command(Nightly(lose_the_lease))
     assert ended.value.returncode == EXIT_LOST == 122
+
+
+@pytest.mark.server
+class TestInADjangoTestCase(SimpleTestCase):
+    """A project's own tests, written with Django's test case: ``self.settings(...)`` and ``call_command``."""
+
+    url = ""
+
+    @pytest.fixture(autouse=True)
+    def _server(self, server: EmbeddedServer, redis_client: object) -> None:
+        self.url = server.url
+
+    def test_a_guarded_command_and_the_registry(self) -> None:
+        with self.settings(HYBRIDLOCK={"URL": self.url, "OPTIONS": {"registry_key": "testcase"}}):
+            out = io.StringIO()
+            call_command(Nightly(lambda command: command.stdout.write("ran")), stdout=out)
+            assert out.getvalue() == "ran\n"
+            with get_registry().obtain("nightly"):
+                # (The lock is reentrant in its thread: another thread stands for another run.)
+                outcome: list[BaseException] = []
+
+                def another_run() -> None:
+                    try:
+                        call_command(Nightly())
+                    except CommandError as exc:
+                        outcome.append(exc)
+
+                thread = threading.Thread(target=another_run)
+                thread.start()
+                thread.join(15)
+                assert [getattr(exc, "returncode", None) for exc in outcome] == [EXIT_HELD]
+            registry = get_registry()
+        assert registry.closed
 
 
 # -- LockedCommand, two processes as cron starts them --------------------------------------------------------------
