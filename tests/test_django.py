@@ -31,6 +31,7 @@ from django.test import SimpleTestCase, override_settings  # noqa: E402
 
 import hybridlock  # noqa: E402
 from hybridlock.django import (  # noqa: E402
+    EXIT_FAILED,
     EXIT_HELD,
     EXIT_LOST,
     EXIT_TIMEOUT,
@@ -362,6 +363,23 @@ def test_a_lease_lost_while_the_command_ran_ends_it_with_the_lost_status(
     ):
         call_command(Nightly(lose_the_lease))
     assert ended.value.returncode == EXIT_LOST == 122
+
+
+def test_a_server_out_of_reach_ends_the_run_with_the_failed_status() -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = Nightly()
+    with (
+        override_settings(HYBRIDLOCK={"URL": f"redis://:pass-word-1@127.0.0.1:{port}/0"}),
+        pytest.raises(CommandError, match=r"test_django: could not take 'nightly': ") as failed,
+    ):
+        call_command(command)
+    assert failed.value.returncode == EXIT_FAILED == 125
+    assert "pass-word-1" not in str(failed.value)
+    assert command.ran == 0
 
 
 @pytest.mark.server
