@@ -33,8 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("registry", ("hybridlock._sync.registry", "hybridlock._async.registry")),
     ("faces", ("hybridlock.__init__", "hybridlock.testing")),
     ("cli", ("hybridlock._cli", "hybridlock.__main__")),
-    # Framework integrations: leaves over the public API, each behind its extra.
-    ("integrations", ("hybridlock.fastapi",)),
+    # The framework integrations (hybridlock.contrib.*): leaves over the public API, each behind its extra.
+    ("integrations", ("hybridlock.contrib",)),
 ]
 
 PURE_LAYERS = {"errors", "core", "protocol"}

@@ -1,0 +1,41 @@
+"""docs/django.md: its example runs as written (as ``tests/test_docs.py`` runs the other guides'), and the tests
+it cites exist."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hybridlock.testing.server import EmbeddedServer
+from tests.test_docs import DOCS, ROOT, python_blocks
+
+PAGE = DOCS / "django.md"
+
+
+@pytest.mark.server
+def test_the_django_pages_example_runs(server: EmbeddedServer, redis_client: object) -> None:
+    blocks = python_blocks(PAGE)
+    assert len(blocks) == 1
+    env = {
+        **os.environ,
+        "REDIS_URL": server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+    }
+    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "holding orders:42 with fencing token" in run.stdout
+    assert run.stdout.count("sending reports (fencing token ") == 1, run.stdout
+    assert "refused with exit status 75" in run.stdout, run.stdout
+
+
+def test_the_tests_the_page_cites_exist() -> None:
+    cited = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", PAGE.read_text(encoding="utf-8"))
+    assert cited
+    for path, name in cited:
+        source = (ROOT / path).read_text(encoding="utf-8")
+        assert re.search(rf"^def {name}\(", source, re.MULTILINE), f"{path}::{name} does not exist"
