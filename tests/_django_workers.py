@@ -4,7 +4,7 @@ two-process tests of ``tests/test_django.py``.
 ``python -m tests._django_workers [--lock-timeout S ...]``, with ``REDIS_URL`` and ``REGISTRY_KEY`` set: the command
 prints ``running <time>``, then works until a line arrives on its stdin (the test says when), then prints
 ``done <time>``. At exit it prints to stderr whether the registry it used was closed by then (by
-``hybridlock.django``'s exit handler).
+``hybridlock.contrib.django``'s exit handler).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ used: list[object] = []
 
 
 def _say_whether_closed() -> None:
-    # Registered before hybridlock.django is imported, so it runs after that module's exit handler (last in, first
-    # out).
+    # Registered before hybridlock.contrib.django is imported, so it runs after that module's exit handler (last in,
+    # first out).
     for registry in used:
         print(f"registry closed at exit: {registry.closed}", file=sys.stderr)  # type: ignore[attr-defined]
 
@@ -34,7 +34,7 @@ django.setup()
 
 from django.core.management.base import BaseCommand  # noqa: E402 (after settings)
 
-from hybridlock.django import LockedCommand, get_registry  # noqa: E402
+from hybridlock.contrib.django import LockedCommand, get_registry  # noqa: E402
 
 
 class Command(LockedCommand, BaseCommand):

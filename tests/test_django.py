@@ -1,5 +1,5 @@
-"""hybridlock.django: the registry from ``settings.HYBRIDLOCK`` (one per process, across forks, closed at exit) and
-``LockedCommand`` (a management command that never runs twice at once), with Django's own test tools
+"""hybridlock.contrib.django: the registry from ``settings.HYBRIDLOCK`` (one per process, across forks, closed at
+exit) and ``LockedCommand`` (a management command that never runs twice at once), with Django's own test tools
 (``override_settings``, ``call_command``) against a real server.
 
 Two processes run the guarded command as ``manage.py`` does (``tests/_django_workers.py``): their exit statuses and
@@ -30,7 +30,7 @@ from django.core.management.base import BaseCommand, CommandError  # noqa: E402
 from django.test import SimpleTestCase, override_settings  # noqa: E402
 
 import hybridlock  # noqa: E402
-from hybridlock.django import (  # noqa: E402
+from hybridlock.contrib.django import (  # noqa: E402
     EXIT_FAILED,
     EXIT_HELD,
     EXIT_LOST,

@@ -1,4 +1,5 @@
-"""hybridlock.fastapi against a real server the suite starts: concurrent requests through FastAPI's own machinery.
+"""hybridlock.contrib.fastapi against a real server the suite starts: concurrent requests through FastAPI's own
+machinery.
 
 Two apps, each with its own registry opened by ``registry_lifespan`` (two owners, as two worker processes are),
 take requests at once through ``httpx.AsyncClient`` over ``ASGITransport`` (the app runs in the test's event loop;
@@ -31,7 +32,7 @@ with warnings.catch_warnings():
     from starlette.testclient import TestClient
 
 from hybridlock import AsyncHybridLock, AsyncLocalLockRegistry, HybridLockError, InvalidArgumentError
-from hybridlock.fastapi import (
+from hybridlock.contrib.fastapi import (
     LockUnavailable,
     RequestLock,
     RequestPermit,
@@ -476,7 +477,7 @@ def test_importing_hybridlock_imports_no_framework() -> None:
 
 
 def test_without_fastapi_the_import_says_which_extra_to_install() -> None:
-    program = "import sys; sys.modules['fastapi'] = None; import hybridlock.fastapi"
+    program = "import sys; sys.modules['fastapi'] = None; import hybridlock.contrib.fastapi"
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
-    assert "hybridlock.fastapi needs FastAPI: pip install 'hybridlock[fastapi]'" in run.stderr
+    assert "hybridlock.contrib.fastapi needs FastAPI: pip install 'hybridlock[fastapi]'" in run.stderr

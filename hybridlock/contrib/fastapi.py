@@ -37,10 +37,10 @@ try:
     from fastapi import HTTPException, Request
     from fastapi.exceptions import RequestValidationError
 except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError(f"hybridlock.fastapi needs FastAPI: pip install 'hybridlock[fastapi]' ({exc})") from exc
+    raise ImportError(f"hybridlock.contrib.fastapi needs FastAPI: pip install 'hybridlock[fastapi]' ({exc})") from exc
 
-from . import AsyncHybridLock, AsyncLockRegistry, AsyncSemaphore
-from .errors import HybridLockError, InvalidArgumentError
+from .. import AsyncHybridLock, AsyncLockRegistry, AsyncSemaphore
+from ..errors import HybridLockError, InvalidArgumentError
 
 __all__ = [
     "STATE_ATTRIBUTE",
@@ -108,7 +108,7 @@ def get_registry(request: Request) -> AsyncLockRegistry:
     found = getattr(request.app.state, STATE_ATTRIBUTE, None)
     if not isinstance(found, AsyncLockRegistry):
         raise HybridLockError(
-            "this app has no lock registry: give it lifespan=hybridlock.fastapi.registry_lifespan(...) (the "
+            "this app has no lock registry: give it lifespan=hybridlock.contrib.fastapi.registry_lifespan(...) (the "
             "lifespan runs under a server, and in tests inside `with TestClient(app) as client:`)"
         )
     return found
@@ -223,7 +223,7 @@ class _RequestHold:
 
     def __repr__(self) -> str:
         return (
-            f"<hybridlock.fastapi.{type(self).__name__} key={self.key!r} timeout={self.timeout!r} "
+            f"<hybridlock.contrib.fastapi.{type(self).__name__} key={self.key!r} timeout={self.timeout!r} "
             f"status_code={self.status_code}>"
         )
 

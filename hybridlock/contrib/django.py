@@ -10,7 +10,7 @@ overlap themselves (``hybridlock[django]``; guide: docs/django.md).
     }
 
     # anywhere
-    from hybridlock.django import get_registry
+    from hybridlock.contrib.django import get_registry
 
     with get_registry().obtain("orders:42"):
         ...
@@ -159,7 +159,7 @@ def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
         close_registry()
 
 
-setting_changed.connect(_on_setting_changed, dispatch_uid="hybridlock.django.setting_changed")
+setting_changed.connect(_on_setting_changed, dispatch_uid="hybridlock.contrib.django.setting_changed")
 
 
 def registry_from_settings(value: Any) -> hybridlock.LockRegistry:
