@@ -209,3 +209,20 @@ async def test_a_scope_that_ends_normally_leaves_the_task_as_it_was(server: Embe
             await again()
         with pytest.raises(hybridlock.LockLostError):
             await lock.release()
+
+
+async def test_ensure_held_from_a_thread_outside_the_loop_is_a_clear_error(server: EmbeddedServer) -> None:
+    """A worker thread (a framework's ``def`` endpoint, ``asyncio.to_thread``) cannot be the holding task: it gets
+    ``LockNotOwnedError`` naming the key and saying what to do, not a bare ``RuntimeError`` from asyncio."""
+    async with hybridlock.AsyncLockRegistry(server.url) as registry:
+        lock = registry.obtain("k")
+        semaphore = registry.obtain_semaphore("s", permits=2)
+        async with lock, semaphore:
+            for holder, key in ((lock, "k"), (semaphore, "s")):
+                with pytest.raises(hybridlock.LockNotOwnedError) as raised:
+                    await asyncio.to_thread(holder.ensure_held)
+                assert raised.value.key == key
+                assert "outside its event loop" in str(raised.value)
+                assert "lost" in str(raised.value)  # what a thread may read instead
+            lock.ensure_held()  # the holding task itself still passes
+            semaphore.ensure_held()

@@ -44,6 +44,7 @@ __all__ = [
     "current_owner",
     "cut_connection",
     "describe_owner",
+    "in_task",
     "monotonic",
     "new_guard",
     "owner_alive",
@@ -93,6 +94,12 @@ def current_owner() -> object:
     if task is None:
         raise RuntimeError("current_owner() called outside an asyncio task")
     return task
+
+
+def in_task() -> bool:
+    """Whether the caller runs in an asyncio task of a running loop (where ``current_owner()`` answers), not in a
+    thread of its own (the sync twin: always)."""
+    return asyncio._get_running_loop() is not None and asyncio.current_task() is not None
 
 
 def owner_alive(owner: object) -> bool:

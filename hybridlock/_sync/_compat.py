@@ -44,6 +44,7 @@ __all__ = [
     "cut_connection",
     "monotonic",
     "describe_owner",
+    "in_task",
     "new_guard",
     "owner_alive",
     "owner_ident",
@@ -142,6 +143,11 @@ def _new_owner() -> ThreadOwner:
     _owners.life = life  # the only reference: see _Life
     _owners.owner = owner
     return owner
+
+
+def in_task() -> bool:
+    """True: every thread is an owner (the async twin says whether the caller runs in an asyncio task)."""
+    return True
 
 
 def owner_alive(owner: object) -> bool:

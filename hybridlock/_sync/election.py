@@ -264,6 +264,8 @@ class LeaderElection(LossWatching):
         watch it."""
         return self.is_leader
 
+    _held_by_a_task = False  # (any thread or task of the process may check the term)
+
     def _held_here(self) -> bool:
         return self._term is not None
 
