@@ -33,6 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("registry", ("hybridlock._sync.registry", "hybridlock._async.registry")),
     ("faces", ("hybridlock.__init__", "hybridlock.testing")),
     ("cli", ("hybridlock._cli", "hybridlock.__main__")),
+    # The framework integrations: leaves, each behind its extra.
+    ("integrations", ("hybridlock.celery",)),
 ]
 
 PURE_LAYERS = {"errors", "core", "protocol"}
