@@ -21,12 +21,13 @@ import pytest
 pytest.importorskip("celery")
 
 import redis
-from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.exceptions import TaskRevokedError, TimeLimitExceeded, WorkerLostError
 
 import hybridlock
 from hybridlock.celery import CeleryLocks, TaskBusyError
 from hybridlock.errors import InvalidArgumentError
 from hybridlock.testing import EmbeddedServer
+from tests.test_docs import python_blocks
 
 pytestmark = [pytest.mark.server, pytest.mark.skipif(not hasattr(os, "fork"), reason="prefork needs os.fork")]
 
@@ -198,6 +199,17 @@ def test_a_task_past_its_hard_time_limit_leaves_a_lock_that_ends_with_its_lease(
         limited.get(timeout=RESULT_TIMEOUT)
 
 
+def test_a_running_task_revoked_with_terminate_releases_its_lock(
+    cluster: Cluster, probe: hybridlock.LockRegistry
+) -> None:
+    tasks, name = cluster.app_module, _name()
+    stuck = tasks.exclusive.apply_async((name, 60), queue="prefork")
+    freed = _kill_and_time_the_release(cluster, probe, name, lambda: tasks.app.control.revoke(stuck.id, terminate=True))
+    assert freed <= EXPIRE_AFTER + 1.0, freed
+    with pytest.raises(TaskRevokedError):
+        stuck.get(timeout=RESULT_TIMEOUT)
+
+
 def test_an_occurrence_sent_by_several_beat_replicas_runs_once(cluster: Cluster) -> None:
     tasks, day = cluster.app_module, _name()
     sent = [tasks.nightly.apply_async((day, 0.1), queue=queue) for queue in POOLS for _ in range(3)]
@@ -247,3 +259,17 @@ def test_bad_decorations_are_refused_when_decorating() -> None:
         locks.runs_once("k", at_least_for=-1)
     with pytest.raises(InvalidArgumentError, match="permits"):
         locks.limit("k", permits=0)
+
+
+def test_the_celery_pages_example_runs(cluster: Cluster) -> None:
+    blocks = python_blocks(ROOT / "docs" / "celery.md")
+    assert len(blocks) == 1
+    env = {
+        **os.environ,
+        "REDIS_URL": cluster.server.url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONWARNINGS": "error",
+    }
+    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert "did not run: single_instance key taken" in run.stdout
