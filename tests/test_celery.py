@@ -7,12 +7,15 @@ The invariant is read from the tasks' own bookkeeping: how many runs of a key we
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from celery.exceptions import TaskRevokedError, TimeLimitExceeded, WorkerLostErr
 
 import hybridlock
 from hybridlock.celery import CeleryLocks, TaskBusyError
-from hybridlock.errors import InvalidArgumentError
+from hybridlock.errors import InvalidArgumentError, LockLostError
 from hybridlock.testing import EmbeddedServer
 from tests.test_docs import python_blocks
 
@@ -159,6 +162,23 @@ def test_a_task_that_retries_itself_or_fails_releases_its_lock(
     lock.release()
 
 
+@pytest.mark.parametrize("queue", list(POOLS))
+def test_a_run_whose_lease_is_lost_fails_with_lock_lost_error_though_its_function_succeeded(
+    cluster: Cluster, queue: str
+) -> None:
+    tasks, name = cluster.app_module, _name()
+    run = tasks.exclusive.apply_async((name, 1.0), queue=queue)
+    cluster.wait_for("the run", lambda: cluster.levels(name))
+    locks = redis.Redis.from_url(cluster.server.url)
+    try:
+        assert locks.delete(f"hybridlock:{{exclusive:{name}}}") == 1  # the server loses the key
+    finally:
+        locks.close()
+    with pytest.raises(LockLostError):
+        run.get(timeout=RESULT_TIMEOUT)
+    assert cluster.book.get(f"ran:{name}") == b"1"  # the function did finish
+
+
 def _kill_and_time_the_release(cluster: Cluster, probe: hybridlock.LockRegistry, name: str, kill: object) -> float:
     cluster.wait_for("the run", lambda: cluster.levels(name))
     lock = probe.obtain(f"exclusive:{name}")
@@ -228,6 +248,49 @@ def test_a_limited_task_runs_at_most_permits_at_once_across_the_cluster(cluster:
     assert len(levels) == len(sent)
     assert max(levels) <= 2, levels
     assert max(levels) == 2  # the limit is not a lock: two did run at once
+
+
+def test_a_forked_child_builds_its_own_registry_and_closes_only_that_one(cluster: Cluster) -> None:
+    from celery import Celery
+
+    app = Celery("fork", broker="memory://", set_as_current=False)
+    locks = CeleryLocks(app, cluster.server.url, expire_after=EXPIRE_AFTER)
+    parents = locks.registry
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking a process with threads is the point
+        pid = os.fork()
+    if pid == 0:  # the child: reports, never asserts, always leaves through os._exit
+        code = 1
+        try:
+            child = locks.registry
+            with child.obtain("fork-check"):
+                pass
+            locks.close()
+            facts = [
+                child is not parents,
+                child.client_id != parents.client_id,
+                child.closed,
+                locks.registry is not child,
+            ]
+            os.write(write, json.dumps(facts).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 20)
+        assert ready, "the child did not report"
+        assert json.loads(os.read(read, 1000)) == [True, True, True, True]
+    finally:
+        os.close(read)
+        assert os.waitpid(pid, 0)[1] == 0
+    assert locks.registry is parents
+    assert not parents.closed  # the child's close() closed its own registry only
+    with parents.obtain("fork-check"):
+        pass
+    locks.close()
+    assert parents.closed
 
 
 def test_bad_decorations_are_refused_when_decorating() -> None:
