@@ -3,7 +3,8 @@
 Broker, results and the locks share the server named by ``HYBRIDLOCK_CELERY_URL`` (databases 1, 2 and 0); the tasks
 keep their bookkeeping in database 3: ``levels:<name>`` lists how many runs of ``name`` were running as each run
 started (the invariant: never above 1 for a single-instance task, never above the permits for a limited one),
-``pid:<name>`` the worker process of the latest run (to kill it), ``ran:<name>`` how many runs did the work.
+``pid:<name>`` the worker process of the latest run (to kill it), ``ran:<name>`` how many runs did the work. A run
+with ``hold`` -1 holds on until the test pushes to ``go:<name>``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def _run(name: str, hold: float) -> int:
     book.set(f"pid:{name}", os.getpid())
     book.rpush(f"levels:{name}", book.incr(f"running:{name}"))
     try:
-        time.sleep(hold)
+        if hold < 0:  # until the test says go (a push on go:<name>), 30 s at most
+            book.blpop([f"go:{name}"], timeout=30)
+        else:
+            time.sleep(hold)
         book.incr(f"ran:{name}")
     finally:
         book.decr(f"running:{name}")

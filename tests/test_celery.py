@@ -125,7 +125,7 @@ def test_a_second_run_while_one_runs_is_rejected_naming_the_task_and_the_next_ru
     cluster: Cluster, queue: str
 ) -> None:
     tasks, name = cluster.app_module, _name()
-    first = tasks.exclusive.apply_async((name, 1.0), queue=queue)
+    first = tasks.exclusive.apply_async((name, -1), queue=queue)  # runs until told to end
     cluster.wait_for("the first run", lambda: cluster.levels(name))
     seconds = [tasks.exclusive.apply_async((name, 0), queue=queue) for _ in range(3)]
     for second in seconds:
@@ -133,6 +133,7 @@ def test_a_second_run_while_one_runs_is_rejected_naming_the_task_and_the_next_ru
             second.get(timeout=RESULT_TIMEOUT)
         assert second.id in str(caught.value)
         assert f"exclusive:{name}" in str(caught.value)
+    cluster.book.rpush(f"go:{name}", 1)
     assert first.get(timeout=RESULT_TIMEOUT)
     # Released as it succeeded: the next call runs.
     assert tasks.exclusive.apply_async((name, 0), queue=queue).get(timeout=RESULT_TIMEOUT)
@@ -167,13 +168,14 @@ def test_a_run_whose_lease_is_lost_fails_with_lock_lost_error_though_its_functio
     cluster: Cluster, queue: str
 ) -> None:
     tasks, name = cluster.app_module, _name()
-    run = tasks.exclusive.apply_async((name, 1.0), queue=queue)
+    run = tasks.exclusive.apply_async((name, -1), queue=queue)
     cluster.wait_for("the run", lambda: cluster.levels(name))
     locks = redis.Redis.from_url(cluster.server.url)
     try:
         assert locks.delete(f"hybridlock:{{exclusive:{name}}}") == 1  # the server loses the key
     finally:
         locks.close()
+    cluster.book.rpush(f"go:{name}", 1)
     with pytest.raises(LockLostError):
         run.get(timeout=RESULT_TIMEOUT)
     assert cluster.book.get(f"ran:{name}") == b"1"  # the function did finish
