@@ -12,7 +12,8 @@ or connection is shared across a fork), closed at ``worker_process_shutdown`` (a
   when the task's function returns or raises (success, failure, ``self.retry()``, a soft time limit); a worker child
   killed mid-task (SIGKILL, a hard time limit, the OOM killer, ``revoke(terminate=True)``) leaves a lease nobody
   renews, which ends within the registry's ``expire_after``. A call that finds the key taken is rejected
-  (``TaskBusyError``), waits, or is retried later (queued behind the run): ``on_busy``.
+  (``TaskBusyError``), waits, or is retried later: ``on_busy``. While a run holds its key, its thread is named
+  ``task name[task id]``, so ``hybridlock inspect KEY`` names the task holding it.
 * ``@locks.runs_once("report:{day}", at_least_for=..., at_most_for=...)``: ``registry.run_once`` for a task that
   several beat replicas (or a beat with several workers) send for the same occurrence: one runs it, the others
   skip at once. The task returns ``{"ran": bool, "result": ...}`` (JSON-friendly, unlike ``RunOnceResult``).
@@ -31,12 +32,13 @@ Key templates are ``synchronized``'s: filled from the task function's bound argu
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, cast
 
 import celery  # type: ignore[import-untyped,unused-ignore]
@@ -182,10 +184,11 @@ class CeleryLocks:
                 taken = lock.acquire(blocking=False)
             if not taken:
                 self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                lock.release()
+            with _thread_named(_task_label()):
+                try:
+                    return wrapped(*args, **kwargs)
+                finally:
+                    lock.release()
 
         return self._decorator(template, "single_instance", run)
 
@@ -211,10 +214,11 @@ class CeleryLocks:
             taken = semaphore.acquire(timeout=timeout) if on_busy == "wait" else semaphore.acquire(blocking=False)
             if not taken:
                 self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                semaphore.release()
+            with _thread_named(_task_label()):
+                try:
+                    return wrapped(*args, **kwargs)
+                finally:
+                    semaphore.release()
 
         return self._decorator(template, "limit", run)
 
@@ -289,6 +293,19 @@ def _check_busy_options(on_busy: object, timeout: object, retry_after: object, m
         isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
     ):
         raise InvalidArgumentError(f"max_retries must be None or a non-negative whole number, not {max_retries!r}")
+
+
+@contextlib.contextmanager
+def _thread_named(name: str) -> Iterator[None]:
+    """Name the current thread ``name`` while a run holds its key: the holder description that ``hybridlock
+    inspect`` shows names the holding thread, so it names the task and its id (celery-once #31). Restored after."""
+    thread = threading.current_thread()
+    before = thread.name
+    thread.name = name
+    try:
+        yield
+    finally:
+        thread.name = before
 
 
 def _task_label() -> str:

@@ -120,6 +120,19 @@ def _name() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _holder_thread(cluster: Cluster, key: str) -> str | None:
+    """The holding thread's name as ``hybridlock inspect`` shows it, once the holder has described itself (within
+    a second or two of taking the lock: see describer.py)."""
+    deadline = time.monotonic() + 10
+    while True:
+        command = [sys.executable, "-m", "hybridlock", "inspect", "--json", "--server", cluster.server.url, key]
+        shown = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+        holder = json.loads(shown.stdout)["locks"][0].get("holder") or {}
+        if holder.get("thread") or time.monotonic() > deadline:
+            return holder.get("thread")
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("queue", list(POOLS))
 def test_a_second_run_while_one_runs_is_rejected_naming_the_task_and_the_next_runs_after_it(
     cluster: Cluster, queue: str
@@ -133,6 +146,8 @@ def test_a_second_run_while_one_runs_is_rejected_naming_the_task_and_the_next_ru
             second.get(timeout=RESULT_TIMEOUT)
         assert second.id in str(caught.value)
         assert f"exclusive:{name}" in str(caught.value)
+    # Who holds it (celery-once #31): the holder description names the running task and its id.
+    assert _holder_thread(cluster, f"exclusive:{name}") == f"tests._celery_app.exclusive[{first.id}]"
     cluster.book.rpush(f"go:{name}", 1)
     assert first.get(timeout=RESULT_TIMEOUT)
     # Released as it succeeded: the next call runs.
