@@ -128,13 +128,12 @@ class CeleryLocks:
             return registry
         with self._guard:
             if self._registry is None or self._pid != pid:
-                self._registry = self._factory()
-                self._pid = pid
-                if not isinstance(self._registry, LockRegistry):
-                    built, self._registry = self._registry, None
+                built = self._factory()
+                if not isinstance(built, LockRegistry):  # (QuorumLockRegistry and LocalLockRegistry are ones)
                     raise InvalidArgumentError(
                         f"the CeleryLocks factory returned a {type(built).__name__}, not a LockRegistry"
                     )
+                self._registry, self._pid = built, pid
             return self._registry
 
     @property
@@ -174,6 +173,7 @@ class CeleryLocks:
         _check_busy_options(on_busy, timeout, retry_after, max_retries)
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            label = _running_task()
             lock = self.registry.obtain(key)
             if lock.hold_count:
                 # This thread holds it already (the task called itself, say): reentrancy would run two at once.
@@ -184,11 +184,11 @@ class CeleryLocks:
                 taken = lock.acquire(blocking=False)
             if not taken:
                 self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
-            with _thread_named(_task_label()):
-                try:
+            try:  # at once: nothing between the acquire and the try that could raise (a soft time limit aside)
+                with _thread_named(label):
                     return wrapped(*args, **kwargs)
-                finally:
-                    lock.release()
+            finally:
+                lock.release()
 
         return self._decorator(template, "single_instance", run)
 
@@ -210,15 +210,16 @@ class CeleryLocks:
             raise InvalidArgumentError(f"permits must be a whole number of at least 1, not {permits!r}")
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            label = _running_task()
             semaphore = self.registry.obtain_semaphore(key, permits)
             taken = semaphore.acquire(timeout=timeout) if on_busy == "wait" else semaphore.acquire(blocking=False)
             if not taken:
                 self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
-            with _thread_named(_task_label()):
-                try:
+            try:
+                with _thread_named(label):
                     return wrapped(*args, **kwargs)
-                finally:
-                    semaphore.release()
+            finally:
+                semaphore.release()
 
         return self._decorator(template, "limit", run)
 
@@ -267,7 +268,7 @@ class CeleryLocks:
         """Raise what a busy key means for this run: ``TaskBusyError``, or ``Retry`` from ``task.retry``."""
         label = _task_label()
         if on_busy == "wait":
-            why = f"{label} did not run: {name} key still taken after waiting {timeout:g} s"
+            why = f"{label} did not run: {name} key still taken after waiting {timeout} s"
         else:
             why = f"{label} did not run: {name} key taken by another run"
         error = TaskBusyError(why, key=key, server=self.registry.server)
@@ -296,9 +297,13 @@ def _check_busy_options(on_busy: object, timeout: object, retry_after: object, m
 
 
 @contextlib.contextmanager
-def _thread_named(name: str) -> Iterator[None]:
-    """Name the current thread ``name`` while a run holds its key: the holder description that ``hybridlock
-    inspect`` shows names the holding thread, so it names the task and its id (celery-once #31). Restored after."""
+def _thread_named(name: str | None) -> Iterator[None]:
+    """Name the current thread ``name`` (a task's label; None: left alone, outside a task) while a run holds its key:
+    the holder description that ``hybridlock inspect`` shows names the holding thread, so it names the task and its
+    id (celery-once #31). Restored after."""
+    if name is None:
+        yield
+        return
     thread = threading.current_thread()
     before = thread.name
     thread.name = name
@@ -308,9 +313,14 @@ def _thread_named(name: str) -> Iterator[None]:
         thread.name = before
 
 
-def _task_label() -> str:
-    """``name[id]`` of the task running in this thread, for messages (``a call`` outside a task)."""
+def _running_task() -> str | None:
+    """``name[id]`` of the task running in this thread, or None outside a task."""
     task = celery.current_task
     if task is None or task.request.id is None:
-        return "a call"
+        return None
     return f"{task.name}[{task.request.id}]"
+
+
+def _task_label() -> str:
+    """``name[id]`` of the task running in this thread, for messages (``a call`` outside a task)."""
+    return _running_task() or "a call"

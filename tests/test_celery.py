@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -308,6 +309,19 @@ def test_a_forked_child_builds_its_own_registry_and_closes_only_that_one(cluster
         pass
     locks.close()
     assert parents.closed
+
+
+def test_a_task_called_as_a_function_holds_the_lock_too(cluster: Cluster, probe: hybridlock.LockRegistry) -> None:
+    tasks, name = cluster.app_module, _name()
+    try:
+        before = threading.current_thread().name
+        assert tasks.exclusive(name, 0) == os.getpid()  # in this process, with this process's registry
+        assert threading.current_thread().name == before  # not renamed outside a task
+        with probe.obtain(f"exclusive:{name}"), pytest.raises(TaskBusyError, match="a call did not run"):
+            tasks.exclusive(name, 0)
+        assert cluster.levels(name) == [1]
+    finally:
+        tasks.locks.close()
 
 
 def test_bad_decorations_are_refused_when_decorating() -> None:
