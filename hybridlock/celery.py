@@ -41,8 +41,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, cast
 
-import celery  # type: ignore[import-untyped,unused-ignore]
-from celery import signals  # type: ignore[import-untyped,unused-ignore]
+try:
+    import celery  # type: ignore[import-untyped,unused-ignore]
+    from celery import signals  # type: ignore[import-untyped,unused-ignore]
+except ImportError as exc:
+    raise ImportError(f"hybridlock.celery needs Celery: pip install 'hybridlock[celery]' ({exc})") from exc
 
 from hybridlock import LockRegistry
 

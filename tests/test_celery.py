@@ -324,6 +324,22 @@ def test_a_task_called_as_a_function_holds_the_lock_too(cluster: Cluster, probe:
         tasks.locks.close()
 
 
+def test_without_celery_hybridlock_imports_and_hybridlock_celery_says_which_extra_to_install() -> None:
+    program = (
+        "import sys\n"
+        "sys.modules['celery'] = None  # as if not installed\n"
+        "import hybridlock\n"
+        "try:\n"
+        "    import hybridlock.celery\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "pip install 'hybridlock[celery]'" in run.stdout
+
+
 def test_bad_decorations_are_refused_when_decorating() -> None:
     from celery import Celery
 
