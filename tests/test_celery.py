@@ -340,6 +340,19 @@ def test_without_celery_hybridlock_imports_and_hybridlock_celery_says_which_extr
     assert "pip install 'hybridlock[celery]'" in run.stdout
 
 
+@pytest.mark.parametrize("signal_name", ["worker_process_shutdown", "worker_shutdown"])
+def test_the_worker_shutdown_signals_close_this_processs_registry(cluster: Cluster, signal_name: str) -> None:
+    from celery import Celery, signals
+
+    app = Celery("shutdown", broker="memory://", set_as_current=False)
+    locks = CeleryLocks(app, cluster.server.url, expire_after=EXPIRE_AFTER)
+    registry = locks.registry
+    getattr(signals, signal_name).send(sender=None, pid=os.getpid(), exitcode=0)
+    assert registry.closed
+    assert locks.registry is not registry  # the next use builds another
+    locks.close()
+
+
 def test_bad_decorations_are_refused_when_decorating() -> None:
     from celery import Celery
 
