@@ -1,0 +1,329 @@
+"""Celery integration (``pip install hybridlock[celery]``): single-instance tasks, beat jobs that run once across
+replicas, and a cluster-wide concurrency limit per task, each over a lock registry built lazily in every worker
+process.
+
+``CeleryLocks(app, url_or_factory)`` owns one ``LockRegistry`` per process: built at the first task that needs it
+(never in a prefork worker's parent, whose children each build their own after the fork, so no registry, client id
+or connection is shared across a fork), closed at ``worker_process_shutdown`` (a prefork child) and
+``worker_shutdown`` (the worker's own process: threads and solo pools). Its decorators go under ``@app.task``:
+
+* ``@locks.single_instance("import:{account_id}", on_busy=...)``: at most one run of the task per key at a time,
+  across every worker, process and thread. The lock is taken **in the worker, when the task starts**, and released
+  when the task's function returns or raises (success, failure, ``self.retry()``, a soft time limit); a worker child
+  killed mid-task (SIGKILL, a hard time limit, the OOM killer, ``revoke(terminate=True)``) leaves a lease nobody
+  renews, which ends within the registry's ``expire_after``. A call that finds the key taken is rejected
+  (``TaskBusyError``), waits, or is retried later: ``on_busy``. While a run holds its key, its thread is named
+  ``task name[task id]``, so ``hybridlock inspect KEY`` names the task holding it.
+* ``@locks.runs_once("report:{day}", at_least_for=..., at_most_for=...)``: ``registry.run_once`` for a task that
+  several beat replicas (or a beat with several workers) send for the same occurrence: one runs it, the others
+  skip at once. The task returns ``{"ran": bool, "result": ...}`` (JSON-friendly, unlike ``RunOnceResult``).
+* ``@locks.limit("api:{tenant}", permits=N, on_busy=...)``: at most N runs per key at once across the cluster
+  (Celery's ``rate_limit`` is per worker), each run holding one of the semaphore's permits.
+
+Why the lock is not taken when the task is sent (as celery-once and celery-singleton do): a hybridlock lease
+belongs to a live registry that renews it, and ends when that process dies. The publisher (a web request, beat)
+neither lives as long as the queued task nor can hand its lease to the worker that picks the task up; a key set
+at publish time with a fixed TTL is exactly what outlives killed workers for hours (celery-once #147, celery-singleton
+#40). So a duplicate is detected when it starts, not when it is sent.
+
+Key templates are ``synchronized``'s: filled from the task function's bound arguments (``self`` too, with
+``bind=True``: ``"{self.name}:{account_id}"``), checked against its signature when decorating.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar, cast
+
+try:
+    import celery  # type: ignore[import-untyped,unused-ignore]
+    from celery import signals  # type: ignore[import-untyped,unused-ignore]
+except ImportError as exc:
+    raise ImportError(f"hybridlock.celery needs Celery: pip install 'hybridlock[celery]' ({exc})") from exc
+
+from hybridlock import LockRegistry
+
+# Two internals, so that a task's key template and bounds are checked when decorating, as the registry's own
+# decorators check them, although the registry is built later, in each worker process.
+from ._core.runonce import RunOnceBounds
+from ._sync.decorator import keyed
+from .errors import InvalidArgumentError, LockTimeoutError
+
+__all__ = ["CeleryLocks", "OnBusy", "TaskBusyError"]
+
+logger = logging.getLogger("hybridlock.celery")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What a task does when its key is taken: raise ``TaskBusyError`` at once ("reject"), wait up to ``timeout``
+#: seconds and then raise it ("wait"), or ``retry`` itself ``retry_after`` seconds later ("retry").
+OnBusy = Literal["reject", "wait", "retry"]
+_ON_BUSY = ("reject", "wait", "retry")
+
+
+class TaskBusyError(LockTimeoutError):
+    """A single-instance or limited task did not run: its key was taken (by a run elsewhere) and ``on_busy`` did not
+    let it wait long enough, or its retries ran out. The message names the task and its id; ``key`` and ``server``
+    are set. A ``TimeoutError``, as ``LockTimeoutError`` is."""
+
+
+class CeleryLocks:
+    """The locks of one Celery app: a lazily built registry per worker process, and the task decorators.
+
+    ``registry`` is a ``redis://`` URL (with ``options`` for ``LockRegistry``: ``expire_after=...``) or a callable
+    that returns a new ``LockRegistry`` (called once in each process that needs one; Sentinel, Cluster or a quorum
+    go this way). ``expire_after`` is how long a lock outlives a worker killed while it ran the task.
+    """
+
+    def __init__(self, app: celery.Celery, registry: str | Callable[[], LockRegistry], **options: Any) -> None:
+        if isinstance(registry, str):
+            url = registry
+
+            def factory() -> LockRegistry:
+                return LockRegistry(url, **options)
+
+        elif callable(registry):
+            if options:
+                raise InvalidArgumentError(
+                    f"CeleryLocks takes registry options ({', '.join(options)}) with a URL only: pass them to the "
+                    "registry your factory builds"
+                )
+            factory = registry
+        else:
+            raise InvalidArgumentError(
+                "CeleryLocks needs a redis:// URL or a callable returning a LockRegistry, "
+                f"not {type(registry).__name__}"
+            )
+        self.app = app
+        self._factory = factory
+        self._registry: LockRegistry | None = None
+        self._pid = 0
+        self._guard = threading.Lock()
+        self_ref = weakref.ref(self)
+
+        def after_fork_in_child() -> None:
+            # The parent's guard may have been held by another thread at the fork: never by anyone in the child.
+            locks = self_ref()
+            if locks is not None:
+                locks._guard = threading.Lock()
+
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=after_fork_in_child)
+        # weak=False: the receivers are closures over this object, which lives as long as the app's module.
+        signals.worker_process_shutdown.connect(self._on_shutdown, weak=False)
+        signals.worker_shutdown.connect(self._on_shutdown, weak=False)
+
+    # -- the registry of this process --------------------------------------------------------------------------------
+
+    @property
+    def registry(self) -> LockRegistry:
+        """This process's registry, built at first use. A child forked after the parent built one gets its own
+        (the parent's, reset by the fork, is left alone: the parent still uses it)."""
+        pid = os.getpid()
+        registry = self._registry
+        if registry is not None and self._pid == pid:
+            return registry
+        with self._guard:
+            if self._registry is None or self._pid != pid:
+                built = self._factory()
+                if not isinstance(built, LockRegistry):  # (QuorumLockRegistry and LocalLockRegistry are ones)
+                    raise InvalidArgumentError(
+                        f"the CeleryLocks factory returned a {type(built).__name__}, not a LockRegistry"
+                    )
+                self._registry, self._pid = built, pid
+            return self._registry
+
+    @property
+    def server(self) -> str:
+        """The registry's server, for messages (builds the registry)."""
+        return self.registry.server
+
+    def close(self) -> None:
+        """Close this process's registry, if it built one (the worker signals call this); the next use builds a
+        new one."""
+        with self._guard:
+            registry, self._registry = self._registry, None
+            if registry is not None and self._pid == os.getpid():
+                registry.close()
+
+    def _on_shutdown(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.close()
+        except Exception:  # a worker shutting down has nobody to raise to
+            logger.warning("hybridlock: could not close the lock registry at worker shutdown", exc_info=True)
+
+    # -- decorators -------------------------------------------------------------------------------------------------
+
+    def single_instance(
+        self,
+        template: str,
+        *,
+        on_busy: OnBusy = "reject",
+        timeout: float | None = None,
+        retry_after: float = 1.0,
+        max_retries: int | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator (under ``@app.task``): the task runs holding the lock ``template`` names, so at most one run per
+        key at a time, in the whole cluster. See the module docstring; ``on_busy``: ``OnBusy``; ``timeout`` (wait
+        only): seconds, None for no bound; ``retry_after``/``max_retries`` (retry only): the ``self.retry``
+        countdown, and its limit (None: the task's ``max_retries``)."""
+        _check_busy_options(on_busy, timeout, retry_after, max_retries)
+
+        def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            label = _running_task()
+            lock = self.registry.obtain(key)
+            if lock.hold_count:
+                # This thread holds it already (the task called itself, say): reentrancy would run two at once.
+                taken = False
+            elif on_busy == "wait":
+                taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+            else:
+                taken = lock.acquire(blocking=False)
+            if not taken:
+                self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
+            try:  # at once: nothing between the acquire and the try that could raise (a soft time limit aside)
+                with _thread_named(label):
+                    return wrapped(*args, **kwargs)
+            finally:
+                lock.release()
+
+        return self._decorator(template, "single_instance", run)
+
+    def limit(
+        self,
+        template: str,
+        permits: int,
+        *,
+        on_busy: OnBusy = "wait",
+        timeout: float | None = None,
+        retry_after: float = 1.0,
+        max_retries: int | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator (under ``@app.task``): each run holds one of ``permits`` permits of the semaphore ``template``
+        names, so at most ``permits`` runs per key at once across the cluster. ``on_busy`` and the rest as for
+        ``single_instance`` (here "wait" by default: waiters are served in arrival order)."""
+        _check_busy_options(on_busy, timeout, retry_after, max_retries)
+        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
+            raise InvalidArgumentError(f"permits must be a whole number of at least 1, not {permits!r}")
+
+        def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            label = _running_task()
+            semaphore = self.registry.obtain_semaphore(key, permits)
+            taken = semaphore.acquire(timeout=timeout) if on_busy == "wait" else semaphore.acquire(blocking=False)
+            if not taken:
+                self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
+            try:
+                with _thread_named(label):
+                    return wrapped(*args, **kwargs)
+            finally:
+                semaphore.release()
+
+        return self._decorator(template, "limit", run)
+
+    def runs_once(self, template: str, *, at_least_for: float, at_most_for: float | None = None) -> Callable[[F], F]:
+        """Decorator (under ``@app.task``): each run is ``registry.run_once(key, ...)``: the first worker to take the
+        key runs the task, every other run of the same occurrence skips at once, within ``at_least_for`` of the
+        first's start (see docs/run-once.md). The task returns ``{"ran": True, "result": ...}`` or
+        ``{"ran": False, "result": None}``."""
+        bounds = RunOnceBounds.checked(at_least_for, at_most_for)
+
+        def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            outcome = self.registry.run_once(
+                key, wrapped, *args, at_least_for=bounds.at_least_for, at_most_for=bounds.at_most_for, **kwargs
+            )
+            if not outcome.ran:
+                logger.info("hybridlock: %s skipped: another run holds %r", _task_label(), key)
+            return {"ran": outcome.ran, "result": outcome.result}
+
+        return self._decorator(template, "runs_once", run)
+
+    def _decorator(self, template: str, name: str, run: Callable[..., Any]) -> Callable[[F], F]:
+        # keyed asks its registry for the server only (for messages, at a call): this object's builds the registry.
+        decorate = keyed(cast(Any, self), template, name, run)
+
+        def checked(function: F) -> F:
+            if isinstance(function, celery.Task):
+                raise InvalidArgumentError(
+                    f"@CeleryLocks.{name} goes under @app.task (it decorates the task's function), not above it"
+                )
+            raw = function.__func__ if isinstance(function, (classmethod, staticmethod)) else function
+            if inspect.iscoroutinefunction(raw):
+                raise InvalidArgumentError(f"{raw.__qualname__} is an async function, which a Celery task cannot be")
+            return decorate(function)
+
+        return checked
+
+    def _busy(
+        self,
+        key: str,
+        name: str,
+        on_busy: OnBusy,
+        timeout: float | None,
+        retry_after: float,
+        max_retries: int | None,
+    ) -> None:
+        """Raise what a busy key means for this run: ``TaskBusyError``, or ``Retry`` from ``task.retry``."""
+        label = _task_label()
+        if on_busy == "wait":
+            why = f"{label} did not run: {name} key still taken after waiting {timeout} s"
+        else:
+            why = f"{label} did not run: {name} key taken by another run"
+        error = TaskBusyError(why, key=key, server=self.registry.server)
+        task = celery.current_task
+        if on_busy == "retry" and task is not None and not task.request.called_directly:
+            logger.info("hybridlock: %s retried in %g s: %r is taken", label, retry_after, key)
+            # Raises Retry (sent again after the countdown), or the error once max_retries are used up.
+            raise task.retry(countdown=retry_after, max_retries=max_retries, exc=error)
+        raise error
+
+
+def _check_busy_options(on_busy: object, timeout: object, retry_after: object, max_retries: object) -> None:
+    if on_busy not in _ON_BUSY:
+        raise InvalidArgumentError(f"on_busy must be one of {', '.join(map(repr, _ON_BUSY))}, not {on_busy!r}")
+    if timeout is not None:
+        if on_busy != "wait":
+            raise InvalidArgumentError(f"timeout is for on_busy='wait' only, not {on_busy!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
+            raise InvalidArgumentError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+    if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)) or not 0 <= retry_after < 1e9:
+        raise InvalidArgumentError(f"retry_after must be a non-negative number of seconds, not {retry_after!r}")
+    if max_retries is not None and (
+        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
+    ):
+        raise InvalidArgumentError(f"max_retries must be None or a non-negative whole number, not {max_retries!r}")
+
+
+@contextlib.contextmanager
+def _thread_named(name: str | None) -> Iterator[None]:
+    """Name the current thread ``name`` (a task's label; None: left alone, outside a task) while a run holds its key:
+    the holder description that ``hybridlock inspect`` shows names the holding thread, so it names the task and its
+    id (celery-once #31). Restored after."""
+    if name is None:
+        yield
+        return
+    thread = threading.current_thread()
+    before = thread.name
+    thread.name = name
+    try:
+        yield
+    finally:
+        thread.name = before
+
+
+def _running_task() -> str | None:
+    """``name[id]`` of the task running in this thread, or None outside a task."""
+    task = celery.current_task
+    if task is None or task.request.id is None:
+        return None
+    return f"{task.name}[{task.request.id}]"
+
+
+def _task_label() -> str:
+    """``name[id]`` of the task running in this thread, for messages (``a call`` outside a task)."""
+    return _running_task() or "a call"
