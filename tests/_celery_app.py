@@ -15,7 +15,7 @@ import time
 import redis
 from celery import Celery, signals
 
-from hybridlock.celery import CeleryLocks
+from hybridlock.contrib.celery import CeleryLocks
 
 URL = os.environ["HYBRIDLOCK_CELERY_URL"]
 BASE = URL.rsplit("/", 1)[0]

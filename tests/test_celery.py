@@ -1,4 +1,4 @@
-"""hybridlock.celery with real Celery workers (a prefork pool and a threads pool) on a broker the module starts.
+"""hybridlock.contrib.celery with real Celery workers (a prefork pool and a threads pool) on a broker the module starts.
 
 Both workers run for the whole module on one throw-away server (broker, results and locks), each consuming its own
 queue; the tests send tasks to one pool, or to both at once (then the lock excludes across processes and threads).
@@ -28,7 +28,7 @@ import redis
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded, WorkerLostError
 
 import hybridlock
-from hybridlock.celery import CeleryLocks, TaskBusyError
+from hybridlock.contrib.celery import CeleryLocks, TaskBusyError
 from hybridlock.errors import InvalidArgumentError, LockLostError
 from hybridlock.testing import EmbeddedServer
 from tests.test_docs import python_blocks
@@ -330,7 +330,7 @@ def test_without_celery_hybridlock_imports_and_hybridlock_celery_says_which_extr
         "sys.modules['celery'] = None  # as if not installed\n"
         "import hybridlock\n"
         "try:\n"
-        "    import hybridlock.celery\n"
+        "    import hybridlock.contrib.celery\n"
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )

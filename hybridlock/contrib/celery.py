@@ -45,15 +45,15 @@ try:
     import celery  # type: ignore[import-untyped,unused-ignore]
     from celery import signals  # type: ignore[import-untyped,unused-ignore]
 except ImportError as exc:
-    raise ImportError(f"hybridlock.celery needs Celery: pip install 'hybridlock[celery]' ({exc})") from exc
+    raise ImportError(f"hybridlock.contrib.celery needs Celery: pip install 'hybridlock[celery]' ({exc})") from exc
 
 from hybridlock import LockRegistry
 
 # Two internals, so that a task's key template and bounds are checked when decorating, as the registry's own
 # decorators check them, although the registry is built later, in each worker process.
-from ._core.runonce import RunOnceBounds
-from ._sync.decorator import keyed
-from .errors import InvalidArgumentError, LockTimeoutError
+from .._core.runonce import RunOnceBounds
+from .._sync.decorator import keyed
+from ..errors import InvalidArgumentError, LockTimeoutError
 
 __all__ = ["CeleryLocks", "OnBusy", "TaskBusyError"]
 
