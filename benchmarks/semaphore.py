@@ -5,15 +5,17 @@ Python Redis semaphores people use, in one run on one server.
     python -m benchmarks.semaphore --processes 8 --permits 2 --rounds 1 --seconds 2
     python -m benchmarks.semaphore --json benchmarks/results/semaphore/latest.json
 
-Each process (started with ``spawn``: its own client, and registry) loops: acquire a permit (the wait is timed),
+Each process (started with ``spawn``, once for the whole run: its own client, and registry) runs every
+contender's rounds in turn, and in each loops: acquire a permit (the wait is timed),
 run the critical section, release. The critical section costs what the lock benchmarks' does, two commands to the
 same server (there a ``GET`` then ``SET`` of a counter; here ``INCR`` then ``DECR`` of a count of the holders
 inside, since up to P holders are in at once): ``INCR`` returns how many are inside, and a count above the permits
 fails the run. Reported per contender, as medians over the rounds (contenders take turns within each round, in an
 order that alternates, so that machine load hits them alike): cycles/s over all processes, the longest wait any
 process had, wait p50 and p99, Jain's fairness index over the processes' cycle counts ((Σx)² / (n·Σx²): 1.0 =
-equal shares, 1/n = one process took them all), and server commands per cycle (``INFO commandstats``, less the
-critical section's two and connection handshakes). A contender whose library does not import is skipped with a
+equal shares, 1/n = one process took them all), server commands per cycle (``INFO commandstats``, a script's
+own commands included, less the critical section's two and connection handshakes) and scripts called per cycle
+(``EVALSHA`` and the like, each one client command). A contender whose library does not import is skipped with a
 note. Its own module, not part of ``benchmarks.run``.
 
 Contenders (every lease or expiry 30 s, as in the lock benchmarks):
@@ -247,6 +249,13 @@ def _round(
         "jain": jain_index(counts),
         "per_process_cycles": counts,
         "server_cmds_per_cycle": (delta.total() - 2 * run) / run if run else math.nan,
+        "scripts_per_cycle": delta.scripts() / run if run else math.nan,
+        # Where the server's commands go: the five most called, per cycle (a script's own commands included).
+        "top_commands_per_cycle": {
+            name: round(n / run, 2) for name, n in sorted(delta.calls.items(), key=lambda kv: -kv[1])[:5]
+        }
+        if run
+        else {},
         "most_inside": most,
         "overfilled": most > permits,
         "errors": errors[:3],
@@ -260,6 +269,7 @@ METRICS = (
     ("wait_p99_ms", "wait p99 (ms)", "lower", 0),
     ("jain", "Jain's index over processes", "higher", 3),
     ("server_cmds_per_cycle", "server cmds / cycle", "lower", 1),
+    ("scripts_per_cycle", "scripts called / cycle", "lower", 1),
 )
 
 
