@@ -31,6 +31,7 @@ import hybridlock
 from hybridlock.contrib.celery import CeleryLocks, TaskBusyError
 from hybridlock.errors import InvalidArgumentError, LockLostError
 from hybridlock.testing import EmbeddedServer
+from tests._examples import checkout_env, run_program
 from tests.test_docs import python_blocks
 
 pytestmark = [pytest.mark.server, pytest.mark.skipif(not hasattr(os, "fork"), reason="prefork needs os.fork")]
@@ -85,11 +86,7 @@ def cluster() -> Iterator[Cluster]:
     saved = os.environ.get("HYBRIDLOCK_CELERY_URL")
     try:
         os.environ["HYBRIDLOCK_CELERY_URL"] = server.url
-        env = {
-            **os.environ,
-            "HYBRIDLOCK_CELERY_EXPIRE_AFTER": str(EXPIRE_AFTER),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        }
+        env = checkout_env(warnings=None, HYBRIDLOCK_CELERY_EXPIRE_AFTER=str(EXPIRE_AFTER))
         workers = [_start_worker(queue, env) for queue in POOLS]
         sys.modules.pop("tests._celery_app", None)
         from tests import _celery_app
@@ -334,10 +331,8 @@ def test_without_celery_hybridlock_imports_and_hybridlock_celery_says_which_extr
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    assert "pip install 'hybridlock[celery]'" in run.stdout
+    stdout = run_program(program, checkout_env(warnings=None), timeout=60)
+    assert "pip install 'hybridlock[celery]'" in stdout
 
 
 @pytest.mark.parametrize("signal_name", ["worker_process_shutdown", "worker_shutdown"])
@@ -387,12 +382,6 @@ def test_bad_decorations_are_refused_when_decorating() -> None:
 def test_the_celery_pages_example_runs(cluster: Cluster) -> None:
     blocks = python_blocks(ROOT / "docs" / "celery.md")
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "REDIS_URL": cluster.server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert "did not run: single_instance key taken" in run.stdout
+    env = checkout_env(REDIS_URL=cluster.server.url)
+    stdout = run_program(blocks[0], env, timeout=60)
+    assert "did not run: single_instance key taken" in stdout

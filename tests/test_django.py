@@ -41,6 +41,7 @@ from hybridlock.contrib.django import (  # noqa: E402
     registry_from_settings,
 )
 from hybridlock.testing.server import EmbeddedServer  # noqa: E402
+from tests._examples import checkout_env  # noqa: E402
 
 if not settings.configured:
     settings.configure()  # no HYBRIDLOCK: each test gives its own with override_settings
@@ -419,13 +420,7 @@ class TestInADjangoTestCase(SimpleTestCase):
 
 
 def _manage_py(server: EmbeddedServer, registry_key: str, *args: str) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "REGISTRY_KEY": registry_key,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
+    env = checkout_env(REDIS_URL=server.url, REGISTRY_KEY=registry_key)
     return subprocess.Popen(
         [sys.executable, "-m", "tests._django_workers", *args],
         cwd=ROOT,

@@ -3,14 +3,12 @@ it cites exist."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from hybridlock.testing.server import EmbeddedServer
+from tests._examples import checkout_env, run_program
 from tests.test_docs import DOCS, ROOT, python_blocks
 
 PAGE = DOCS / "django.md"
@@ -20,17 +18,11 @@ PAGE = DOCS / "django.md"
 def test_the_django_pages_example_runs(server: EmbeddedServer, redis_client: object) -> None:
     blocks = python_blocks(PAGE)
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert "holding orders:42 with fencing token" in run.stdout
-    assert run.stdout.count("sending reports (fencing token ") == 1, run.stdout
-    assert "refused with exit status 75" in run.stdout, run.stdout
+    env = checkout_env(REDIS_URL=server.url)
+    stdout = run_program(blocks[0], env)
+    assert "holding orders:42 with fencing token" in stdout
+    assert stdout.count("sending reports (fencing token ") == 1, stdout
+    assert "refused with exit status 75" in stdout, stdout
 
 
 def test_the_tests_the_page_cites_exist() -> None:

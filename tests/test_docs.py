@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from hybridlock.testing.server import EmbeddedServer
+from tests._examples import checkout_env, run_program
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -51,15 +52,9 @@ def test_the_getting_started_examples_run_as_one_program(
 ) -> None:
     program = tmp_path / "getting_started.py"
     program.write_text("\n\n".join(python_blocks(DOCS / "getting-started.md")), encoding="utf-8")
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        # The suite's own strictness: a warning the example draws (a ResourceWarning from an unclosed client, a
-        # ClientSettingsWarning) is a fault of the documentation.
-        "PYTHONWARNINGS": "error",
-        "PYTHONDEVMODE": "1",
-    }
+    # The suite's own strictness: a warning the example draws (a ResourceWarning from an unclosed client, a
+    # ClientSettingsWarning) is a fault of the documentation.
+    env = checkout_env(REDIS_URL=server.url, PYTHONDEVMODE="1")
     run = subprocess.run(
         [sys.executable, str(program)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90
     )
@@ -122,13 +117,8 @@ def test_the_readme_shows_each_kind_of_example() -> None:
 def test_the_set_up_steps_and_examples_run_as_written_in_a_shell(page: Path, tmp_path: Path) -> None:
     # What a reader does: start the server in one terminal, run the line it prints in another, then the examples;
     # closing the first terminal (SIGHUP to its process group) must stop the server.
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        # The suite's own strictness: a warning an example draws is a fault of the documentation.
-        "PYTHONWARNINGS": "error",
-    }
+    # The suite's own strictness: a warning an example draws is a fault of the documentation.
+    env = checkout_env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     for name in ("REDIS_URL", "HYBRIDLOCK_SERVER_URL"):
         env.pop(name, None)
     terminal = subprocess.Popen(
@@ -165,63 +155,37 @@ def test_the_set_up_steps_and_examples_run_as_written_in_a_shell(page: Path, tmp
 def test_the_docs_index_example_runs(server: EmbeddedServer) -> None:
     blocks = python_blocks(DOCS / "index.md")
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    run_program(blocks[0], checkout_env(REDIS_URL=server.url))
 
 
 @pytest.mark.server
 def test_the_quorum_pages_example_runs(quorum_urls: list[str]) -> None:
     blocks = python_blocks(DOCS / "quorum.md")
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "QUORUM_URLS": " ".join(quorum_urls),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert "holding orders:42 with fencing token" in run.stdout
+    env = checkout_env(QUORUM_URLS=" ".join(quorum_urls))
+    stdout = run_program(blocks[0], env)
+    assert "holding orders:42 with fencing token" in stdout
 
 
 @pytest.mark.server
 def test_the_lost_work_pages_examples_run_as_one_program(server: EmbeddedServer, redis_client: object) -> None:
     blocks = python_blocks(DOCS / "lost-work.md")
     assert len(blocks) == 2
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-        "PYTHONDEVMODE": "1",
-    }
+    env = checkout_env(REDIS_URL=server.url, PYTHONDEVMODE="1")
     program = "\n\n".join(blocks)
-    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert "the lease of reports:nightly was lost" in run.stdout
-    assert "cancelled: the lease of reports:async was lost" in run.stdout
+    stdout = run_program(program, env)
+    assert "the lease of reports:nightly was lost" in stdout
+    assert "cancelled: the lease of reports:async was lost" in stdout
 
 
 @pytest.mark.server
 def test_the_semaphore_pages_example_runs(server: EmbeddedServer) -> None:
     blocks = python_blocks(DOCS / "semaphore.md")
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert "holding a permit of rate-limited-api, token" in run.stdout
-    assert "free now: True" in run.stdout
+    env = checkout_env(REDIS_URL=server.url)
+    stdout = run_program(blocks[0], env)
+    assert "holding a permit of rate-limited-api, token" in stdout
+    assert "free now: True" in stdout
 
 
 # A tab of the migration guide: `=== "hybridlock"`, then its indented ```python block.
@@ -257,13 +221,7 @@ def test_the_migration_guides_hybridlock_examples_run(server: EmbeddedServer, re
             f"exec(compile({textwrap.dedent(tab)!r}, 'migrating example {number}', 'exec'), dict(globals()))\n"
             f"assert len(shipped) > before, 'example {number} shipped nothing'\n"
         )
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    run_program(program, checkout_env(warnings=None, REDIS_URL=server.url))
 
 
 # Claims that a feature is missing: the future-tense ones ("not supported yet", "stay with X for now") and the plain

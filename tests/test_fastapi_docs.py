@@ -3,15 +3,12 @@ the suite starts, with warnings as errors (as ``tests/test_docs.py`` runs the ot
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from hybridlock.testing.server import EmbeddedServer
+from tests._examples import checkout_env, run_program
 
-from .test_docs import DOCS, ROOT, python_blocks
+from .test_docs import DOCS, python_blocks
 
 pytest.importorskip("fastapi")
 
@@ -20,19 +17,13 @@ pytest.importorskip("fastapi")
 def test_the_fastapi_pages_example_runs(server: EmbeddedServer, redis_client: object) -> None:
     blocks = python_blocks(DOCS / "fastapi.md")
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        # Starlette 1.x warns, importing its TestClient, that it wants httpx2 rather than httpx (which the test
-        # extra installs): that one warning is not the example's fault.
-        "PYTHONWARNINGS": "error,ignore:Using `httpx`:UserWarning",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert "started; lease 10.0 s" in run.stdout
-    assert "payments: [200, 200, 200] one at a time: True" in run.stdout
-    assert "a fencing token each: True" in run.stdout
-    assert "reports: [200, 200, 429]" in run.stdout
-    assert "all 2 permits of 'reports' are taken by other requests; try again later" in run.stdout
-    assert run.stdout.rstrip().endswith("stopping")
+    # Starlette 1.x warns, importing its TestClient, that it wants httpx2 rather than httpx (which the test
+    # extra installs): that one warning is not the example's fault.
+    env = checkout_env(warnings="error,ignore:Using `httpx`:UserWarning", REDIS_URL=server.url)
+    stdout = run_program(blocks[0], env)
+    assert "started; lease 10.0 s" in stdout
+    assert "payments: [200, 200, 200] one at a time: True" in stdout
+    assert "a fencing token each: True" in stdout
+    assert "reports: [200, 200, 429]" in stdout
+    assert "all 2 permits of 'reports' are taken by other requests; try again later" in stdout
+    assert stdout.rstrip().endswith("stopping")

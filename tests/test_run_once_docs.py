@@ -3,14 +3,12 @@ cites tests that exist."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from hybridlock.testing.server import EmbeddedServer
+from tests._examples import checkout_env, run_program
 from tests.test_docs import DOCS, ROOT, python_blocks
 
 PAGE = DOCS / "run-once.md"
@@ -20,16 +18,10 @@ PAGE = DOCS / "run-once.md"
 def test_the_run_once_pages_example_runs(server: EmbeddedServer, redis_client: object) -> None:
     blocks = python_blocks(PAGE)
     assert len(blocks) == 1
-    env = {
-        **os.environ,
-        "REDIS_URL": server.url,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "PYTHONWARNINGS": "error",
-    }
-    run = subprocess.run([sys.executable, "-c", blocks[0]], env=env, capture_output=True, text=True, timeout=90)
-    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    assert run.stdout.count("sending the report for 2026-11-26") == 1, run.stdout
-    assert "RunOnceResult(ran=True, result='sent') RunOnceResult(ran=False, result=None)" in run.stdout
+    env = checkout_env(REDIS_URL=server.url)
+    stdout = run_program(blocks[0], env)
+    assert stdout.count("sending the report for 2026-11-26") == 1, stdout
+    assert "RunOnceResult(ran=True, result='sent') RunOnceResult(ran=False, result=None)" in stdout
 
 
 def test_the_failure_table_cites_tests_that_exist() -> None:

@@ -197,10 +197,7 @@ def inspect_locks(
             pipe.zrange(rw.readers, 0, -1, withscores=True)
             pipe.zrange(rw.writers_waiting, 0, -1, withscores=True)
     replies = pipe.execute(raise_on_error=False)
-    seconds, micros = replies[0]
-    now_ms = seconds * 1000 + micros // 1000
-    raw = [_clean(reply) for reply in replies[1:]]
-    per_key = [raw[i : i + 5] for i in range(0, len(raw), 5)]
+    now_ms, per_key = _per_key(replies, 5)
 
     owners: set[str] = set()
     for value, _pttl, _fence, first, second in per_key:
@@ -218,6 +215,14 @@ def inspect_locks(
         else:
             result.append(_read_write(registry_key, key, value, pttl, fence, first, second, now_ms, descriptions))
     return result
+
+
+def _per_key(replies: list[Any], size: int) -> tuple[int, list[list[Any]]]:
+    """A pipeline's replies, ``TIME`` first and then ``size`` per key: the server's clock in ms, and each key's
+    replies (cleaned)."""
+    seconds, micros = replies[0]
+    raw = [_clean(reply) for reply in replies[1:]]
+    return seconds * 1000 + micros // 1000, [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
 def _clean(reply: Any) -> Any:
@@ -337,10 +342,7 @@ def _semaphores(client: Any, registry_key: str, keys: list[str], describer: Any 
         pipe.zrange(n.queue, 0, -1, withscores=True)
         pipe.zrange(n.queue_until, 0, -1, withscores=True)
     replies = pipe.execute(raise_on_error=False)
-    seconds, micros = replies[0]
-    now_ms = seconds * 1000 + micros // 1000
-    raw = [_clean(reply) for reply in replies[1:]]
-    per_key = [raw[i : i + 4] for i in range(0, len(raw), 4)]
+    now_ms, per_key = _per_key(replies, 4)
     limits, spans = [], []
     for config, *_rest in per_key:
         config = config if isinstance(config, dict) else {}

@@ -35,13 +35,14 @@ SIGKILL as soon as the runner is gone; on other systems the command itself only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -185,6 +186,23 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
+@contextlib.contextmanager
+def _signals_end_the_wait() -> Iterator[None]:
+    """Until CMD starts: SIGTERM, SIGINT or SIGHUP ends the wait (``_Interrupted``, which leaves the queue on its
+    way out); SIGUSR1/SIGUSR2 are ignored (nobody to pass them to yet). The handlers before are put back after."""
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        raise _Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupted) for signum in _ENDING_THE_WAIT}
+    previous.update({signum: signal.signal(signum, signal.SIG_IGN) for signum in _IGNORED_WHILE_WAITING})
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _command(args: argparse.Namespace) -> int:
     command = list(args.command or [])
     if not command:
@@ -253,13 +271,9 @@ def _run_once(registry: LockRegistry, args: argparse.Namespace, command: list[st
             signal.signal(signum, note_late)
         return _run_child(lock, registry, args, command, lost)
 
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupted(signum)
-
-    previous = {signum: signal.signal(signum, interrupted) for signum in _ENDING_THE_WAIT}
-    previous.update({signum: signal.signal(signum, signal.SIG_IGN) for signum in _IGNORED_WHILE_WAITING})
     try:
-        result = registry.run_once(args.key, job, at_least_for=args.at_least_for, at_most_for=args.at_most_for)
+        with _signals_end_the_wait():
+            result = registry.run_once(args.key, job, at_least_for=args.at_least_for, at_most_for=args.at_most_for)
     except _Interrupted as exc:
         return 128 + exc.signum
     except LockLostError as exc:
@@ -268,9 +282,6 @@ def _run_once(registry: LockRegistry, args: argparse.Namespace, command: list[st
     except HybridLockError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if not result.ran:
         print(f"{_PROG}: skipped {args.key!r}: {who_holds(urls, registry.registry_key, args.key)}", file=sys.stderr)
         return EXIT_HELD
@@ -309,26 +320,19 @@ def _acquire(lock: HybridLock, args: argparse.Namespace, urls: list[str], regist
     """Take the lock: None once held, else the exit status to end with (refused or timed out: saying who holds it,
     as ``inspect`` does)."""
 
-    def interrupted(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupted(signum)
-
-    previous = {signum: signal.signal(signum, interrupted) for signum in _ENDING_THE_WAIT}
-    previous.update({signum: signal.signal(signum, signal.SIG_IGN) for signum in _IGNORED_WHILE_WAITING})
     try:
-        if args.no_wait:
-            got = lock.acquire(blocking=False)
-        elif args.timeout is not None:
-            got = lock.acquire(timeout=args.timeout)
-        else:
-            got = lock.acquire()
+        with _signals_end_the_wait():
+            if args.no_wait:
+                got = lock.acquire(blocking=False)
+            elif args.timeout is not None:
+                got = lock.acquire(timeout=args.timeout)
+            else:
+                got = lock.acquire()
     except _Interrupted as exc:
         return 128 + exc.signum
     except HybridLockError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if got:
         return None
     who = who_holds(urls, registry_key, args.key)
