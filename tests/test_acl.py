@@ -7,6 +7,8 @@ on a server of their own, and check the server's ACL log stays empty (nothing wa
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +20,7 @@ import redis
 import hybridlock
 from hybridlock.backends import redis_pubsub
 from hybridlock.testing.server import EmbeddedServer
+from tests._examples import checkout_env
 
 pytestmark = pytest.mark.server
 
@@ -161,3 +164,39 @@ def test_a_renewal_the_acl_refuses_is_reported_as_a_lost_lock(acl_server):
         with pytest.raises(hybridlock.LockLostError):
             lock.release()
     assert _refused(admin) == {"pexpire"}
+
+
+def test_the_documented_acl_runs_the_semaphore_run_once_and_election(acl_server):
+    """The coordination primitives and the command line run as exactly the documented lock user: a contended
+    semaphore (its config hash, permit slots and queue) with its limit changed, a run-once job kept after its run, a
+    leader elected and handed over, ``hybridlock run --no-wait`` refused; the server refuses nothing."""
+    admin, url = acl_server
+    set_lock_user(admin, LOCK_USER_COMMANDS)
+    with (
+        hybridlock.LockRegistry(url, expire_after=0.3) as mine,
+        hybridlock.LockRegistry(url, expire_after=0.3) as theirs,
+    ):
+        semaphore, other = mine.obtain_semaphore("sem", permits=1), theirs.obtain_semaphore("sem", permits=1)
+        queue = semaphore._names.queue  # (the semaphore's queue in the server)
+        _contended_cycle(semaphore, other, lambda: admin.zcard(queue))
+        semaphore.set_permits(2)
+        with semaphore, other:
+            pass
+
+        ran = mine.run_once("job", lambda: "done", at_least_for=5)
+        assert ran.result == "done"
+        assert not theirs.run_once("job", lambda: "again", at_least_for=5)
+
+        elected = threading.Event()
+        with mine.leader_election("leader", on_elected=lambda epoch: elected.set()):
+            assert elected.wait(10), "never elected"
+
+        # The command line as the same user, refused: it reads who holds the lock to say so.
+        with mine.obtain("held"):
+            refused = subprocess.run(
+                [sys.executable, "-m", "hybridlock", "run", "--no-wait", "--server", url, "held", "--", "true"],
+                env=checkout_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+        assert refused.returncode == 75, refused.stderr
+        assert "held by" in refused.stderr
+    assert _refused(admin) == set(), "the server refused some command to the lock user"
