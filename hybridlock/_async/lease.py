@@ -108,7 +108,9 @@ class ServerLease:
         return self._lost
 
     def on_lost(self, callback: LostCallback) -> None:
-        """Call ``callback(lock)`` once, from the registry's renewer, when the held lease is found lost."""
+        """Call ``callback(lock)`` from the registry's renewer when the held lease is found lost: once per loss. It
+        stays registered for every later hold of this lock (the lock object lives as long as its registry), so
+        register it once, not at each acquire."""
         if not callable(callback):
             raise InvalidArgumentError("on_lost needs a callable", key=self.key)
         self._callbacks.append(callback)
