@@ -385,3 +385,32 @@ def test_the_celery_pages_example_runs(cluster: Cluster) -> None:
     env = checkout_env(REDIS_URL=cluster.server.url)
     stdout = run_program(blocks[0], env, timeout=60)
     assert "did not run: single_instance key taken" in stdout
+
+
+def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_parameter_name(
+    server: EmbeddedServer,
+) -> None:
+    import celery
+
+    app = celery.Celery("direct-calls", broker="memory://", backend="cache+memory://")
+    locks = CeleryLocks(app, server.url)
+    try:
+
+        @app.task
+        @locks.limit("self:{n}", permits=1, timeout=30)
+        def recursive(n: int, depth: int = 0) -> int:
+            return depth if depth else recursive(n, depth + 1)
+
+        start = time.monotonic()
+        with pytest.raises(TaskBusyError):  # not a wait for its own permit (here: 30 s)
+            recursive(1)
+        assert time.monotonic() - start < 10
+
+        @app.task
+        @locks.runs_once("job:{key}", at_least_for=1)
+        def job(key: str, function: str = "f", at_least_for: int = 0) -> list[object]:
+            return [key, function, at_least_for]
+
+        assert job("k", function="g", at_least_for=5) == {"ran": True, "result": ["k", "g", 5]}
+    finally:
+        locks.close()

@@ -131,3 +131,14 @@ def test_an_unreachable_server_gives_125_and_runs_nothing(tmp_path):
     )
     assert failed.returncode == EXIT_FAILED, failed.stderr
     assert not marker.exists()
+
+
+def test_release_force_frees_a_key_kept_after_a_run(server, redis_client):
+    # The operator's way out works on a kept key too: inspect shows it as its owner's, release deletes what it holds.
+    ran = _cli(server, "run", "--at-least-for", "60", "kept", "--", "true")
+    assert ran.returncode == 0, ran.stderr
+    assert redis_client.get("hybridlock:{kept}").endswith(b":ran")
+    released = _cli(server, "release", "--force", "--yes", "kept")
+    assert released.returncode == 0, released.stderr
+    assert redis_client.get("hybridlock:{kept}") is None
+    assert _cli(server, "run", "--at-least-for", "60", "kept", "--", "true").returncode == 0

@@ -366,6 +366,27 @@ def test_a_lease_lost_while_the_command_ran_ends_it_with_the_lost_status(
     assert ended.value.returncode == EXIT_LOST == 122
 
 
+@pytest.mark.server
+def test_a_server_gone_at_the_release_keeps_the_commands_outcome(own_server: EmbeddedServer, registry_key: str) -> None:
+    # The work is done; the release cannot reach the server: the run still succeeds (the key ends with its lease),
+    # and a failing run's own exception is what its caller hears.
+    value = {"URL": own_server.url, "OPTIONS": {"registry_key": registry_key, "expire_after": 1}}
+    with override_settings(HYBRIDLOCK=value):
+        command = Nightly(lambda command: own_server.kill())
+        call_command(command)
+        assert command.ran == 1
+    port = own_server.port
+    own_server.stop()
+    own_server.start(port=port)
+
+    def fail(command: Any) -> None:
+        own_server.kill()
+        raise RuntimeError("the job failed")
+
+    with override_settings(HYBRIDLOCK=value), pytest.raises(RuntimeError, match="the job failed"):
+        call_command(Nightly(fail))
+
+
 def test_a_server_out_of_reach_ends_the_run_with_the_failed_status() -> None:
     import socket
 

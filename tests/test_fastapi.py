@@ -404,6 +404,33 @@ async def test_key_templates_take_path_then_query_parameters(url: str, redis_cli
             assert (await client.get("/whole?tenant=acme")).status_code == 200
 
 
+async def test_two_permit_settings_for_one_key_are_the_apps_error_not_the_requests(url: str) -> None:
+    # Two endpoints limit one key with different permits: the app's own mistake, a server error (500) whose detail
+    # (naming the lock server) does not reach the client; never a 422 blaming the request.
+    app = FastAPI(lifespan=registry_lifespan(url))
+    held, go_on = asyncio.Event(), asyncio.Event()
+
+    @app.get("/a", dependencies=[Depends(RequestPermit("reports", permits=4))])
+    async def a() -> None:
+        held.set()
+        await go_on.wait()
+
+    @app.get("/b", dependencies=[Depends(RequestPermit("reports", permits=2))])
+    async def b() -> None:
+        pass
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            first = asyncio.ensure_future(client.get("/a"))
+            await asyncio.wait_for(held.wait(), 10)
+            second = await client.get("/b")
+            go_on.set()
+            assert (await first).status_code == 200
+    assert second.status_code == 500, second.text
+    assert "redis://" not in second.text
+
+
 def test_the_test_client_runs_the_lifespan_and_the_app_lifespan_inside_it(url: str) -> None:
     events: list[str] = []
 

@@ -283,7 +283,8 @@ def _holder(value: str, descriptions: dict[str, dict[str, str]], lease_name: str
         shown["kept"] = False
         return shown
     shown = _owner(owner, descriptions)
-    shown.update(thread=None, site=None, acquired_at=None, abandoned=False, kept=True)
+    # ("value": what the key holds, which release --force compares and deletes)
+    shown.update(thread=None, site=None, acquired_at=None, abandoned=False, kept=True, value=value)
     return shown
 
 

@@ -98,7 +98,7 @@ def _release(args: argparse.Namespace) -> int:
             what = f"the read holds of {args.key!r}" if reading else repr(args.key)
             _confirm(args, f"Release {what}, held by {shown}, by force?")
             released = sum(
-                _run_release(server, registry_key, args.key, holder["owner"], args.read_write, reading)
+                _run_release(server, registry_key, args.key, _value_of(holder), args.read_write, reading)
                 for holder in holders
             )
         except (redis.RedisError, redis.exceptions.RedisClusterException, HybridLockError) as exc:
@@ -164,7 +164,7 @@ def _release_on_quorum(args: argparse.Namespace, servers: list[Server], registry
     holding = [server for server in servers if server.name in holder_on]
     done = on_each(
         holding,
-        lambda server: _run_release(server, registry_key, args.key, holder_on[server.name]["owner"], False, False),
+        lambda server: _run_release(server, registry_key, args.key, _value_of(holder_on[server.name]), False, False),
         SERVER_FAILED,
     )
     outcome = {server.name: result for server, result in zip(holding, done, strict=True)}
@@ -199,6 +199,13 @@ def _too_few(needed: int, total: int, failures: Any) -> str:
 
 def _shown(holder: dict[str, Any]) -> str:
     return ", ".join(str(part) for part in (holder["owner"], holder.get("host"), holder.get("pid")) if part)
+
+
+def _value_of(holder: dict[str, Any]) -> str:
+    """What the holder key holds, for the compare-and-delete: the owner id, or for a key kept after a run-once job
+    (shown as its owner's, ``kept``) the value it is kept with."""
+    value: str = holder.get("value") or holder["owner"]
+    return value
 
 
 def _run_release(server: Server, registry_key: str, key: str, owner: str, read_write: bool, reading: bool) -> bool:

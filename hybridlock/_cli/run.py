@@ -259,16 +259,12 @@ def _run_once(registry: LockRegistry, args: argparse.Namespace, command: list[st
     the key."""
     lock = registry.obtain(args.key)
     lost = threading.Event()
-    late: list[int] = []
-
-    def note_late(signum: int, frame: FrameType | None) -> None:
-        late.append(signum)
 
     def job() -> int:
         # From here the signals are CMD's (passed on while it runs, in _run_child); once it has ended, one arriving
-        # while the key is kept or released is noted, not allowed to cut that short: the run is over.
+        # while the key is kept or released is ignored, not allowed to cut that short: the run is over.
         for signum in _ENDING_THE_WAIT:
-            signal.signal(signum, note_late)
+            signal.signal(signum, signal.SIG_IGN)
         return _run_child(lock, registry, args, command, lost)
 
     try:

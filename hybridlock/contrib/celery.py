@@ -206,8 +206,10 @@ class CeleryLocks:
         max_retries: int | None = None,
     ) -> Callable[[F], F]:
         """Decorator (under ``@app.task``): each run holds one of ``permits`` permits of the semaphore ``template``
-        names, so at most ``permits`` runs per key at once across the cluster. ``on_busy`` and the rest as for
-        ``single_instance`` (here "wait" by default: waiters are served in arrival order)."""
+        names, so at most ``permits`` runs per key at once across the cluster (the limit stored in the server by
+        the semaphore's first user: a different ``permits`` later does not change it; ``set_permits`` does).
+        ``on_busy`` and the rest as for ``single_instance`` (here "wait" by default: waiters are served in arrival
+        order)."""
         _check_busy_options(on_busy, timeout, retry_after, max_retries)
         if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
             raise InvalidArgumentError(f"permits must be a whole number of at least 1, not {permits!r}")
@@ -215,7 +217,14 @@ class CeleryLocks:
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
             semaphore = self.registry.obtain_semaphore(key, permits)
-            taken = semaphore.acquire(timeout=timeout) if on_busy == "wait" else semaphore.acquire(blocking=False)
+            if semaphore.is_held_by_current_thread():
+                # This thread holds a permit already (the task called itself, say): waiting for another could wait
+                # for its own, for ever with one permit.
+                taken = False
+            elif on_busy == "wait":
+                taken = semaphore.acquire(timeout=timeout)
+            else:
+                taken = semaphore.acquire(blocking=False)
             if not taken:
                 self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
             try:
@@ -234,8 +243,9 @@ class CeleryLocks:
         bounds = RunOnceBounds.checked(at_least_for, at_most_for)
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            # (A closure, so that a task parameter named key, function, at_least_for, ... is the task's.)
             outcome = self.registry.run_once(
-                key, wrapped, *args, at_least_for=bounds.at_least_for, at_most_for=bounds.at_most_for, **kwargs
+                key, lambda: wrapped(*args, **kwargs), at_least_for=bounds.at_least_for, at_most_for=bounds.at_most_for
             )
             if not outcome.ran:
                 logger.info("hybridlock: %s skipped: another run holds %r", _task_label(), key)

@@ -292,6 +292,11 @@ class LockedCommand:
                     ) from exc
                 # The command's own exception is what its caller must hear; the loss is logged beside it.
                 logger.warning("%s: the lease of %r was lost while the command ran", self._name(), key)
+            except hybridlock.HybridLockError as exc:
+                # The release did not reach the server (out of reach, refused): the work is done (or its own
+                # exception goes on), and the key ends with its lease, within expire_after. As `hybridlock run`
+                # does, say so and keep the command's outcome.
+                logger.warning("%s: %r could not be released (it ends with its lease): %s", self._name(), key, exc)
 
     def _acquire(self, lock: hybridlock.HybridLock, key: str, timeout: float, registry: Any) -> None:
         try:

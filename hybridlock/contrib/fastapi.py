@@ -214,8 +214,10 @@ class _RequestHold:
         try:
             return key, obtain(key)
         except InvalidArgumentError as exc:
-            if callable(self.key):
-                raise  # the application's key function is at fault, not the request
+            if callable(self.key) or exc.key is not None:
+                # The application's key function is at fault, or the app's own settings for a valid key (two
+                # RequestPermits of one key with different permits): a server error, not the request's.
+                raise
             # A template filled from the request's own values (an empty query parameter for the whole key, ...).
             raise RequestValidationError(
                 [{"type": "value_error", "loc": ("query",), "msg": str(exc), "input": key}]
@@ -278,7 +280,11 @@ class RequestPermit(_RequestHold):
     (``Depends(RequestPermit("reports", permits=4))``). The path operation may take the ``AsyncSemaphore``.
 
     ``key``, ``timeout``, ``detail`` and ``headers`` as ``RequestLock`` takes them; ``status_code`` defaults to 429
-    Too Many Requests (a concurrency limit, which clients and gateways know to back off from)."""
+    Too Many Requests (a concurrency limit, which clients and gateways know to back off from).
+
+    The limit is the semaphore's, stored in the server by its first user and kept while it is used (see
+    docs/semaphore.md): a ``permits`` that differs from the stored limit does not change it; ``set_permits`` on
+    the semaphore does."""
 
     _kind = "semaphore"
 
