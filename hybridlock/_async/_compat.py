@@ -49,6 +49,7 @@ __all__ = [
     "new_guard",
     "owner_alive",
     "owner_ident",
+    "outside_the_loop",
     "owner_name",
     "raise_swallowed_cancel",
     "refuse_in_event_loop",
@@ -100,6 +101,15 @@ def in_task() -> bool:
     """Whether the caller runs in an asyncio task of a running loop (where ``current_owner()`` answers), not in a
     thread of its own (the sync twin: always)."""
     return asyncio._get_running_loop() is not None and asyncio.current_task() is not None
+
+
+def outside_the_loop(call: str, what: str) -> str:
+    """The message for an asyncio lock's own-hold check (``ensure_held()``) called outside its event loop: from a
+    thread, which the asyncio API cannot know as an owner (the sync twin's is never needed)."""
+    return (
+        f"{call} of an asyncio {what} was called outside its event loop (from a thread?): it checks the calling "
+        f"task's hold, so call it from the task that holds the {what}; a thread may read lost and valid_until"
+    )
 
 
 def owner_alive(owner: object) -> bool:

@@ -48,6 +48,7 @@ __all__ = [
     "new_guard",
     "owner_alive",
     "owner_ident",
+    "outside_the_loop",
     "owner_name",
     "raise_swallowed_cancel",
     "refuse_in_event_loop",
@@ -148,6 +149,12 @@ def _new_owner() -> ThreadOwner:
 def in_task() -> bool:
     """True: every thread is an owner (the async twin says whether the caller runs in an asyncio task)."""
     return True
+
+
+def outside_the_loop(call: str, what: str) -> str:
+    """Never needed: every thread is an owner (``in_task()`` is always true); the async twin words the error for a
+    thread calling an asyncio lock's check."""
+    return f"{call} of a {what} called by no owner"
 
 
 def owner_alive(owner: object) -> bool:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast, final
 
 from ..errors import LockLostError, LockNotOwnedError
-from ._compat import Event, LossCanceller, in_task, monotonic
+from ._compat import Event, LossCanceller, in_task, monotonic, outside_the_loop
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -141,12 +141,7 @@ def check_held(holder: LossWatching, what: str, call: str) -> tuple[WatchedLease
     """``ensure_held()``'s check of the leases ``holder`` watches now; returns them."""
     if holder._held_by_a_task and not in_task():
         named = holder._not_held_error(call)  # (for its key and server)
-        raise LockNotOwnedError(
-            f"{call} of an asyncio {what} was called outside its event loop (from a thread?): it checks the calling "
-            f"task's hold, so call it from the task that holds the {what}; a thread may read lost and valid_until",
-            key=named.key,
-            server=named.server,
-        )
+        raise LockNotOwnedError(outside_the_loop(call, what), key=named.key, server=named.server)
     leases = tuple(holder._watched_leases())
     if not leases or not holder._held_here():
         raise holder._not_held_error(call)
