@@ -19,7 +19,6 @@ import asyncio
 import os
 import signal
 import sys
-import threading
 import time
 
 import hybridlock
@@ -37,8 +36,11 @@ class Log:
 
 
 def run_sync(url: str, name: str, log: Log, expire_after: float) -> None:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # A flag the handler sets, not a threading.Event: a signal handler runs in the main thread between two
+    # bytecodes, maybe while that thread holds the Event's own lock (entering or leaving its wait), and set() would
+    # then wait for that lock for ever. (CI saw it: a candidate elected as SIGTERM came never stopped.)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     with hybridlock.LockRegistry(url, expire_after=expire_after) as registry:
         election = registry.leader_election(
             name,
@@ -47,14 +49,14 @@ def run_sync(url: str, name: str, log: Log, expire_after: float) -> None:
         )
         election.start()
         log.write("started", log.pid, time.monotonic())
-        while not stop.is_set():
+        while not stopping:
             before = time.monotonic()
             epoch = election.epoch
             after = time.monotonic()
             until = election.valid_until
             if epoch is not None:
                 log.write("act", log.pid, epoch, before, after, until)
-            stop.wait(ACT_EVERY)
+            time.sleep(ACT_EVERY)
         election.stop()
         log.write("stopped", log.pid, time.monotonic())
 
