@@ -226,3 +226,35 @@ async def test_ensure_held_from_a_thread_outside_the_loop_is_a_clear_error(serve
                 assert "lost" in str(raised.value)  # what a thread may read instead
             lock.ensure_held()  # the holding task itself still passes
             semaphore.ensure_held()
+
+
+async def test_own_hold_queries_from_a_thread_answer_for_the_thread(server: EmbeddedServer) -> None:
+    """A thread (``asyncio.to_thread``, a logging handler formatting a repr) asking whether *it* holds an asyncio lock
+    or permit gets the true answer, no (it is not a task, so it holds nothing), not a bare ``RuntimeError`` from
+    ``asyncio.current_task()``; a repr works from anywhere."""
+    async with hybridlock.AsyncLockRegistry(server.url) as registry:
+        lock = registry.obtain("k")
+        semaphore = registry.obtain_semaphore("s", permits=2)
+        halves = registry.obtain_read_write("rw")
+        both = registry.obtain_many(["m1", "m2"])
+        async with lock, semaphore, halves.read_lock(), both:
+
+            def ask() -> list[object]:
+                return [
+                    lock.is_held_by_current_task(),
+                    lock.hold_count,
+                    lock._is_owned(),
+                    semaphore.is_held_by_current_task(),
+                    semaphore.hold_count,
+                    semaphore.lost,
+                    semaphore.valid_until,
+                    semaphore.fencing_token,
+                    halves.read_lock().is_held_by_current_task(),
+                    halves.read_lock().hold_count,
+                    both.is_held_by_current_task(),
+                    "k" in repr(lock) and "s" in repr(semaphore) and "rw" in repr(halves.read_lock()),
+                ]
+
+            assert await asyncio.to_thread(ask) == [False, 0, False, False, 0, False, None, None, False, 0, False, True]
+            still = [lock, semaphore, halves.read_lock(), both]  # the task still holds each
+            assert [held.is_held_by_current_task() for held in still] == [True] * 4

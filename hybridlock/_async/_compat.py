@@ -97,6 +97,12 @@ def current_owner() -> object:
     return task
 
 
+def asking_owner() -> object | None:
+    """Who is asking about its own hold (``hold_count``, ``is_held_by_current_task()``, a repr): the current task,
+    or None from outside any task (a thread), which holds nothing (the sync twin: the thread's owner, always)."""
+    return asyncio.current_task() if asyncio._get_running_loop() is not None else None
+
+
 def in_task() -> bool:
     """Whether the caller runs in an asyncio task of a running loop (where ``current_owner()`` answers), not in a
     thread of its own (the sync twin: always)."""

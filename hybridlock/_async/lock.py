@@ -47,6 +47,7 @@ from ..errors import (
 )
 from ._compat import (
     AsyncFifoMutex,
+    asking_owner,
     current_owner,
     describe_owner,
     monotonic,
@@ -241,7 +242,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
     @property
     def hold_count(self) -> int:
         """The current thread's reentrancy depth (0 when it does not hold the lock)."""
-        return self._count if self._owner == current_owner() else 0
+        me = asking_owner()
+        return self._count if me is not None and self._owner == me else 0
 
     def _holder(self) -> object | None:
         return self._owner
@@ -251,8 +253,9 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
         return self.hold_count
 
     def is_held_by_current_task(self) -> bool:
-        """Whether this task holds the lock (no round trip)."""
-        return self._owner == current_owner()
+        """Whether this task holds the lock (no round trip; False from outside any task, such as a thread)."""
+        me = asking_owner()
+        return me is not None and self._owner == me
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one).
@@ -766,7 +769,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
     # server lock, letting other owners in while we wait) and restores the depth afterwards.
 
     def _is_owned(self) -> bool:
-        return self._owner == current_owner()
+        me = asking_owner()
+        return me is not None and self._owner == me
 
     async def _release_save(self) -> tuple[int, bool, Site]:
         if self._owner != current_owner():

@@ -47,6 +47,7 @@ from .._core.results import AcquireResult, PermitResult
 from .._protocol.scripts import MAX_PERMITS
 from ..errors import HybridLockError, InvalidArgumentError, LockNotOwnedError, LockTimeoutError
 from ._compat import (
+    asking_owner,
     current_owner,
     monotonic,
     new_guard,
@@ -209,7 +210,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
     @property
     def hold_count(self) -> int:
         """How many permits the current task holds (no round trip)."""
-        return len(self._held.get(current_owner(), ()))
+        return len(self._held.get(asking_owner(), ()))
 
     @property
     def held_here(self) -> int:
@@ -218,7 +219,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
             return sum(len(permits) for permits in self._held.values())
 
     def _latest(self) -> _Permit | None:
-        permits = self._held.get(current_owner())
+        permits = self._held.get(asking_owner())
         return permits[-1] if permits else None
 
     @property
@@ -238,7 +239,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
     @property
     def lost(self) -> bool:
         """Whether a permit the current task holds was found lost (its lease ended while held)."""
-        return any(permit.lost for permit in self._held.get(current_owner(), ()))
+        return any(permit.lost for permit in self._held.get(asking_owner(), ()))
 
     # -- work that stops when a permit is lost (scope.py) ------------------------------------------------------------
 
@@ -246,7 +247,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
 
     def is_held_by_current_task(self) -> bool:
         """Whether the current task holds a permit of this semaphore (no round trip)."""
-        return bool(self._held.get(current_owner()))
+        return bool(self._held.get(asking_owner()))
 
     def _watched_leases(self) -> Sequence[WatchedLease]:
         with self._guard:

@@ -146,6 +146,12 @@ def _new_owner() -> ThreadOwner:
     return owner
 
 
+def asking_owner() -> object | None:
+    """Who is asking about its own hold: the thread's owner (the async twin: None outside any task, which holds
+    nothing)."""
+    return current_owner()
+
+
 def in_task() -> bool:
     """True: every thread is an owner (the async twin says whether the caller runs in an asyncio task)."""
     return True

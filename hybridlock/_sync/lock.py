@@ -48,6 +48,7 @@ from ..errors import (
 )
 from ._compat import (
     FifoMutex,
+    asking_owner,
     current_owner,
     describe_owner,
     monotonic,
@@ -242,7 +243,8 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
     @property
     def hold_count(self) -> int:
         """The current thread's reentrancy depth (0 when it does not hold the lock)."""
-        return self._count if self._owner == current_owner() else 0
+        me = asking_owner()
+        return self._count if me is not None and self._owner == me else 0
 
     def _holder(self) -> object | None:
         return self._owner
@@ -252,8 +254,9 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
         return self.hold_count
 
     def is_held_by_current_thread(self) -> bool:
-        """Whether this thread holds the lock (no round trip)."""
-        return self._owner == current_owner()
+        """Whether this thread holds the lock (no round trip; False from outside any task, such as a thread)."""
+        me = asking_owner()
+        return me is not None and self._owner == me
 
     def locked(self) -> bool:
         """Whether anyone holds the lock: a thread of this process (no round trip) or another owner (one).
@@ -767,7 +770,8 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
     # server lock, letting other owners in while we wait) and restores the depth afterwards.
 
     def _is_owned(self) -> bool:
-        return self._owner == current_owner()
+        me = asking_owner()
+        return me is not None and self._owner == me
 
     def _release_save(self) -> tuple[int, bool, Site]:
         if self._owner != current_owner():

@@ -39,6 +39,7 @@ from .._core.results import AcquireResult
 from ..errors import HybridLockError, LockNotOwnedError, LockUpgradeError
 from ._compat import (
     Condition,
+    asking_owner,
     current_owner,
     describe_owner,
     monotonic,
@@ -116,7 +117,8 @@ class _Half(ServerLease, JavaStyleLock, LossWatching):
 
     @property
     def hold_count(self) -> int:
-        return self._depth(current_owner())
+        me = asking_owner()
+        return 0 if me is None else self._depth(me)
 
     def _depth(self, owner: object) -> int:
         """How many times ``owner`` holds this half (0: not at all)."""
