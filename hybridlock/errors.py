@@ -85,7 +85,9 @@ class TimeoutOverflowError(InvalidArgumentError, OverflowError):
 
 
 class LockNotOwnedError(HybridLockError, RuntimeError):
-    """``release()`` by a thread that does not hold the lock (``threading.RLock`` raises ``RuntimeError`` too)."""
+    """``release()`` by a thread that does not hold the lock (``threading.RLock`` raises ``RuntimeError`` too); on the
+    asyncio side also an ``acquire()`` run as a task of its own (``asyncio.wait_for`` before Python 3.12,
+    ``create_task``), whose hold would belong to nobody once it returned: refused before anything is taken."""
 
 
 class LockUpgradeError(HybridLockError, RuntimeError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ import redis
 import hybridlock
 from hybridlock.testing.server import EmbeddedServer
 from tests._async.helpers import EXCLUSIVE, KINDS, Kind, kinds
+from tests._tasks import awaited
 
 pytestmark = pytest.mark.server
 
@@ -125,7 +127,7 @@ async def sweep(
     """Cancel ``attempt()`` after 0, 1, 2, ... loop steps (counted from ``before_cancel()``, if given), calling
     ``check(n)`` after each; returns the first n at which the attempt had finished before its cancel."""
     for steps in range(max_steps):
-        task = asyncio.create_task(attempt())
+        task = asyncio.create_task(awaited(attempt))
         if before_cancel is not None:
             await before_cancel()
         for _ in range(steps):
@@ -393,7 +395,7 @@ async def test_a_cancel_swallowed_inside_a_server_call_still_cancels_the_acquire
         backend.try_acquire = swallowing  # type: ignore[method-assign]
         lock = mine.obtain("k")
         start = time.monotonic()
-        acquiring = asyncio.ensure_future(lock.acquire(timeout=10))
+        acquiring = asyncio.ensure_future(awaited(partial(lock.acquire, timeout=10)))
         with pytest.raises(asyncio.CancelledError):
             await acquiring
         assert time.monotonic() - start < 5, "the acquire waited out its timeout instead of ending cancelled"

@@ -9,6 +9,7 @@ import gc
 import logging
 import warnings
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import anyio
 import pytest
@@ -37,6 +38,42 @@ def test_clients_of_the_other_side_are_refused(server: EmbeddedServer) -> None:
     asyncio_client = redis.asyncio.Redis.from_url(server.url)  # never connected: nothing to close
     with pytest.raises(hybridlock.InvalidArgumentError, match="AsyncLockRegistry"):
         hybridlock.LockRegistry(asyncio_client)
+
+
+async def test_an_acquire_run_as_a_task_of_its_own_is_refused_before_taking_anything(server: EmbeddedServer) -> None:
+    """``asyncio.wait_for(lock.acquire(), t)`` (Python 3.11 runs it in a new task), ``create_task(lock.acquire())``
+    or ``gather(lock.acquire())``: the hold would belong to that task, which ends as ``acquire()`` returns, so the
+    caller got True for a lock it did not hold and could not release. Each kind refuses with ``LockNotOwnedError``
+    naming the key, and nothing is left held here or in the server; in the holding task the same calls work."""
+    async with hybridlock.AsyncLockRegistry(server.url) as registry:
+        kinds = {
+            "k": registry.obtain("k"),
+            "s": registry.obtain_semaphore("s", permits=1),
+            "rw": registry.obtain_read_write("rw").write_lock(),
+            "m1": registry.obtain_many(["m1", "m2"]),
+        }
+        for key, kind in kinds.items():
+            try_call = kind.try_lock if hasattr(kind, "try_lock") else kind.try_acquire
+            for run in (
+                partial(asyncio.ensure_future, kind.acquire()),  # what wait_for does before Python 3.12
+                partial(asyncio.create_task, kind.acquire(timeout=5)),
+                partial(asyncio.gather, try_call()),
+            ):
+                with pytest.raises(hybridlock.LockNotOwnedError, match="task of its own") as raised:
+                    await run()
+                assert raised.value.key == key
+                assert "asyncio.timeout" in str(raised.value)
+            assert not kind.is_held_by_current_task()
+            async with asyncio.timeout(5):  # the way that works: awaited in the task that will hold it
+                assert await kind.acquire()
+            await kind.release()
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            assert [key async for key in client.scan_iter("*") if not key.endswith((b":fence", b":permits"))] == [], (
+                "a lease left in the server"
+            )
+        finally:
+            await client.aclose()
 
 
 # -- closing and loop shutdown -----------------------------------------------------------------------------------------

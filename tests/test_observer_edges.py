@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from functools import partial
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import redis
 import hybridlock
 from hybridlock.metrics import AcquireEvent, LockObserver, ReleaseEvent
 from hybridlock.testing.server import EmbeddedServer
+from tests._tasks import awaited
 
 pytestmark = pytest.mark.server
 
@@ -60,7 +62,7 @@ def test_a_cancelled_acquire_and_a_cancelled_holder_are_reported(
         ):
             rival = other.obtain("k")
             assert await rival.acquire()
-            waiter = asyncio.ensure_future(registry.obtain("k").acquire(timeout=JOIN))
+            waiter = asyncio.ensure_future(awaited(partial(registry.obtain("k").acquire, timeout=JOIN)))
             await asyncio.sleep(0.2)
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import pytest
 import redis
@@ -22,6 +23,7 @@ import redis
 import hybridlock
 from hybridlock.testing import EmbeddedServer
 from tests._interrupts import interrupt_after
+from tests._tasks import awaited
 
 pytestmark = [pytest.mark.server, pytest.mark.quorum, pytest.mark.timeout(60)]
 
@@ -113,7 +115,7 @@ async def test_a_task_cancelled_while_its_acquire_is_on_the_wire_leaves_no_lease
                 assert await warm.acquire(timeout=5)
                 await warm.release()
             pause_ends = pause(clients, paused)
-            task = asyncio.create_task(lock.acquire(timeout=5))
+            task = asyncio.create_task(awaited(partial(lock.acquire, timeout=5)))
             await asyncio.sleep(CUT_AT)
             assert task.cancel(), "the acquire ended before the cancel"
             with pytest.raises(asyncio.CancelledError):

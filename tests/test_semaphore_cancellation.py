@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 import hybridlock
+from tests._tasks import awaited
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
 
@@ -26,7 +27,7 @@ async def test_an_acquire_cancelled_in_flight_leaves_no_permit_behind(own_server
             await warm.release()
         own_server.pause()
         try:
-            task = asyncio.ensure_future(semaphore.acquire())
+            task = asyncio.ensure_future(awaited(semaphore.acquire))
             await asyncio.sleep(0.3)  # its attempt is sent; the frozen server has not run it
             task.cancel()
             await asyncio.sleep(0.3)  # the give-back is sent too (shielded), on another connection

@@ -14,6 +14,7 @@ task awaiting it is cancelled.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -22,7 +23,7 @@ from functools import partial
 from types import FrameType
 from typing import Any, TypeAlias, TypeVar, final
 
-from ..errors import EventLoopMismatchError
+from ..errors import EventLoopMismatchError, LockNotOwnedError
 
 __all__ = [
     "AsyncAlarm",
@@ -161,6 +162,27 @@ def raise_swallowed_cancel(before: int) -> None:
     wait; a request that was delivered and handled (``uncancel()``, as ``asyncio.timeout`` does) is not counted."""
     if cancel_requests() > before:
         raise asyncio.CancelledError
+
+
+def refuse_a_task_of_its_own(what: str, key: str, context: Any) -> None:
+    """Raise ``LockNotOwnedError`` when the public call that reached the caller (an ``_acquire_from``: two frames up)
+    is itself the coroutine of the current task: ``asyncio.wait_for(lock.acquire(), t)`` before Python 3.12,
+    ``create_task(lock.acquire())``, ``gather(...)``. That task ends as the call returns, so the hold would belong to
+    nobody (and the caller, handed True, would not hold it). Called on the first acquire only, before anything is
+    taken (a reentrant one is by a task that already holds, so it cannot be such a task). The sync twin: nothing (a
+    thread is its own caller). A registry closed, or called from another loop, says so first (``check_open``)."""
+    task = asyncio.current_task()
+    if task is not None and getattr(task.get_coro(), "cr_frame", None) is sys._getframe(2):
+        call = sys._getframe(2).f_code.co_name
+        context.check_open(key)
+        raise LockNotOwnedError(
+            f"{call}() of this {what} ran as an asyncio task of its own (asyncio.wait_for() before Python 3.12, "
+            f"create_task(), gather()): the {what} would belong to that task, which ends as {call}() returns, "
+            f"and nobody could release it. Await {call}() in the task that will hold the {what}; for a deadline "
+            f"pass timeout= or wrap the await in `async with asyncio.timeout(...)`",
+            key=key,
+            server=context.server,
+        )
 
 
 def refuse_in_event_loop(key: str, server: str) -> None:

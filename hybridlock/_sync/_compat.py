@@ -244,6 +244,11 @@ def returned_to_with(lock: Any, acquired: bool, caller: FrameType | None) -> boo
     return cast(bool, _Hold(lock))
 
 
+def refuse_a_task_of_its_own(what: str, key: str, context: Any) -> None:
+    """Nothing to refuse: a thread is its own caller (the async twin refuses an acquire run as an asyncio task of its
+    own, whose hold would belong to nobody once it returns)."""
+
+
 def refuse_in_event_loop(key: str, server: str) -> None:
     """Raise ``EventLoopBlockedError`` when called from a thread running an asyncio event loop.
 

@@ -55,6 +55,7 @@ from ._compat import (
     owner_alive,
     owner_ident,
     owner_name,
+    refuse_a_task_of_its_own,
     refuse_in_event_loop,
     returned_to_with,
     shielded,
@@ -371,6 +372,7 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
                 raise self._reentry_error()
             self._count += 1
             return True
+        refuse_a_task_of_its_own("lock", self.key, self._context)
         site = caller_site(caller)
         observer = self._context.observer
         if observer is not None:

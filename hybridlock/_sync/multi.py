@@ -23,7 +23,14 @@ from .._core.config import validate_timeout
 from .._core.names import LockNames
 from .._core.results import AcquireManyResult, AcquireResult
 from ..errors import HybridLockError, LockLostError, LockNotOwnedError
-from ._compat import current_owner, monotonic, refuse_in_event_loop, returned_to_with, shielded
+from ._compat import (
+    current_owner,
+    monotonic,
+    refuse_a_task_of_its_own,
+    refuse_in_event_loop,
+    returned_to_with,
+    shielded,
+)
 from .lock import _NEEDS_SERVER, _TIMED_OUT, HybridLock, JavaStyleLock
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site
@@ -95,6 +102,7 @@ class MultiLock(JavaStyleLock, LossWatching):
         me = current_owner()
         if min(lock._count if lock._owner == me else 0 for lock in self._locks):
             return self._acquire(blocking, deadline)  # reentrant: only counts (and is not reported)
+        refuse_a_task_of_its_own("multi-key lock", self.keys[0], self._context)
         site = caller_site(caller)
         observer = self._context.observer
         if observer is not None:

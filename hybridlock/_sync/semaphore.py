@@ -53,6 +53,7 @@ from ._compat import (
     monotonic,
     new_guard,
     owner_alive,
+    refuse_a_task_of_its_own,
     refuse_in_event_loop,
     returned_to_with,
     shielded,
@@ -306,6 +307,7 @@ class Semaphore(JavaStyleLock, LossWatching):
         refuse_in_event_loop(self.key, context.server)
         context.check_open(self.key)
         me = current_owner()
+        refuse_a_task_of_its_own("semaphore", self.key, context)
         site = caller_site(caller)
         deadline = None if wait is None else monotonic() + wait
         won: list[PermitResult] = []
