@@ -414,3 +414,51 @@ def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_par
         assert job("k", function="g", at_least_for=5) == {"ran": True, "result": ["k", "g", 5]}
     finally:
         locks.close()
+
+
+@pytest.mark.parametrize("decorator", ["single_instance", "limit"])
+def test_a_soft_time_limit_raised_just_after_the_acquire_still_releases(
+    server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, decorator: str
+) -> None:
+    # In a prefork child Celery raises SoftTimeLimitExceeded from a signal handler, at whatever line the task's
+    # thread is on: here, deterministically, as the acquire returns (a hook standing in for the signal), before
+    # any code of the run's could release what it took.
+    import celery
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    kind = hybridlock.HybridLock if decorator == "single_instance" else hybridlock.Semaphore
+    acquire = kind.acquire
+
+    def acquire_then_interrupted(self: object, *args: object, **kwargs: object) -> bool:
+        assert acquire(self, *args, **kwargs)  # type: ignore[arg-type]
+        raise SoftTimeLimitExceeded("arrived just after the acquire")
+
+    app = celery.Celery("interrupted", broker="memory://", backend="cache+memory://")
+    locks = CeleryLocks(app, server.url, expire_after=EXPIRE_AFTER)
+    name = _name()
+    try:
+        if decorator == "single_instance":
+
+            @app.task
+            @locks.single_instance("interrupted:{n}")
+            def task(n: str) -> None: ...
+
+        else:
+
+            @app.task
+            @locks.limit("interrupted:{n}", permits=1)
+            def task(n: str) -> None: ...
+
+        monkeypatch.setattr(kind, "acquire", acquire_then_interrupted)
+        with pytest.raises(SoftTimeLimitExceeded):
+            task(name)
+        monkeypatch.setattr(kind, "acquire", acquire)
+        assert locks.registry.held_locks() == []  # nothing left held here ...
+        with hybridlock.LockRegistry(server.url, expire_after=EXPIRE_AFTER) as other:  # ... nor in the server
+            held = other.obtain(f"interrupted:{name}") if decorator == "single_instance" else None
+            if held is None:
+                held = other.obtain_semaphore(f"interrupted:{name}", 1)
+            assert held.acquire(blocking=False)
+            held.release()
+    finally:
+        locks.close()

@@ -178,20 +178,25 @@ class CeleryLocks:
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
             lock = self.registry.obtain(key)
-            if lock.hold_count:
-                # This thread holds it already (the task called itself, say): reentrancy would run two at once.
-                taken = False
-            elif on_busy == "wait":
-                taken = lock.acquire(timeout=-1 if timeout is None else timeout)
-            else:
-                taken = lock.acquire(blocking=False)
-            if not taken:
-                self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
-            try:  # at once: nothing between the acquire and the try that could raise (a soft time limit aside)
+            # This thread holds it already (the task called itself, say): reentrancy would run two at once.
+            reentered = lock.hold_count > 0
+            try:
+                # The acquire inside the try, and the release decided by what this thread holds, not by what the
+                # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal handler)
+                # at whatever line the thread is on, the one just after a successful acquire included.
+                if reentered:
+                    taken = False
+                elif on_busy == "wait":
+                    taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+                else:
+                    taken = lock.acquire(blocking=False)
+                if not taken:
+                    self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
                 with _thread_named(label):
                     return wrapped(*args, **kwargs)
             finally:
-                lock.release()
+                if not reentered and lock.hold_count:
+                    lock.release()
 
         return self._decorator(template, "single_instance", run)
 
@@ -217,21 +222,23 @@ class CeleryLocks:
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
             semaphore = self.registry.obtain_semaphore(key, permits)
-            if semaphore.is_held_by_current_thread():
-                # This thread holds a permit already (the task called itself, say): waiting for another could wait
-                # for its own, for ever with one permit.
-                taken = False
-            elif on_busy == "wait":
-                taken = semaphore.acquire(timeout=timeout)
-            else:
-                taken = semaphore.acquire(blocking=False)
-            if not taken:
-                self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
-            try:
+            # This thread holds a permit already (the task called itself, say): waiting for another could wait for
+            # its own, for ever with one permit.
+            reentered = semaphore.is_held_by_current_thread()
+            try:  # (the acquire inside it, as in single_instance: a soft time limit may interrupt any line)
+                if reentered:
+                    taken = False
+                elif on_busy == "wait":
+                    taken = semaphore.acquire(timeout=timeout)
+                else:
+                    taken = semaphore.acquire(blocking=False)
+                if not taken:
+                    self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
                 with _thread_named(label):
                     return wrapped(*args, **kwargs)
             finally:
-                semaphore.release()
+                if not reentered and semaphore.is_held_by_current_thread():
+                    semaphore.release()
 
         return self._decorator(template, "limit", run)
 
