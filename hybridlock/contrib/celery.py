@@ -49,11 +49,11 @@ except ImportError as exc:
 
 from hybridlock import LockRegistry
 
-# Two internals, so that a task's key template and bounds are checked when decorating, as the registry's own
-# decorators check them, although the registry is built later, in each worker process.
-from .._core.runonce import RunOnceBounds
-from .._sync.decorator import keyed
 from ..errors import InvalidArgumentError, LockTimeoutError
+
+# The registry's own template and bounds checks, public for this: a task's key template and bounds are checked when
+# decorating, as the registry's decorators check them, although the registry is built later, in each worker process.
+from ..templates import keyed, run_once_bounds
 
 __all__ = ["CeleryLocks", "OnBusy", "TaskBusyError"]
 
@@ -247,12 +247,12 @@ class CeleryLocks:
         key runs the task, every other run of the same occurrence skips at once, within ``at_least_for`` of the
         first's start (see docs/run-once.md). The task returns ``{"ran": True, "result": ...}`` or
         ``{"ran": False, "result": None}``."""
-        bounds = RunOnceBounds.checked(at_least_for, at_most_for)
+        at_least_for, at_most_for = run_once_bounds(at_least_for, at_most_for)
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             # (A closure, so that a task parameter named key, function, at_least_for, ... is the task's.)
             outcome = self.registry.run_once(
-                key, lambda: wrapped(*args, **kwargs), at_least_for=bounds.at_least_for, at_most_for=bounds.at_most_for
+                key, lambda: wrapped(*args, **kwargs), at_least_for=at_least_for, at_most_for=at_most_for
             )
             if not outcome.ran:
                 logger.info("hybridlock: %s skipped: another run holds %r", _task_label(), key)
