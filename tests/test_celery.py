@@ -254,6 +254,56 @@ def test_an_occurrence_sent_by_several_beat_replicas_runs_once(cluster: Cluster)
     assert cluster.levels(f"nightly:{day}") == [1]
 
 
+def _start_beat(run: str, queue: str, directory: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    directory.mkdir()
+    command = [sys.executable, "-m", "celery", "-A", "tests._celery_app", "beat", "-l", "WARNING"]
+    command += ["-s", str(directory / "schedule"), "--pidfile", str(directory / "beat.pid")]
+    with open(directory / "output", "wb") as output:  # (the child keeps its own descriptor)
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**env, "HYBRIDLOCK_CELERY_BEAT": f"{run}:{queue}"},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def test_two_real_beat_replicas_send_every_occurrence_and_each_runs_once(cluster: Cluster, tmp_path: Path) -> None:
+    # Two `celery beat` processes with the same schedule (every 2 s of the wall clock, as a crontab is every
+    # minute), each with its own schedule file, each sending its copies to one of the pools.
+    tasks, run = cluster.app_module, _name()
+    env = checkout_env(warnings=None, HYBRIDLOCK_CELERY_URL=cluster.server.url)
+    beats = [_start_beat(run, queue, tmp_path / queue, env) for queue in POOLS]
+
+    def occurrences() -> dict[int, list[tuple[str, str]]]:
+        sent: dict[int, list[tuple[str, str]]] = {}
+        for copy in cluster.book.lrange(f"sent:{run}", 0, -1):
+            task_id, occurrence, queue = json.loads(copy)
+            sent.setdefault(occurrence, []).append((task_id, queue))
+        return sent
+
+    def sent_by_both() -> int:
+        return sum(len(copies) == 2 for copies in occurrences().values())
+
+    try:
+        cluster.wait_for("three occurrences sent by both beats", lambda: sent_by_both() >= 3, 25)
+    finally:
+        for beat in beats:
+            _stop_worker(beat)
+    sent = occurrences()
+    for occurrence, copies in sorted(sent.items()):
+        assert len(copies) <= 2, (occurrence, copies)  # one copy per beat and occurrence
+        outcomes = [tasks.app.AsyncResult(task_id).get(timeout=RESULT_TIMEOUT) for task_id, _ in copies]
+        ran = [queue for (_, queue), outcome in zip(copies, outcomes, strict=True) if outcome["ran"]]
+        if len(copies) == 2:
+            assert len(ran) == 1, (occurrence, copies, outcomes)
+        else:  # the first or last occurrence, sent before the other beat started or after it stopped
+            assert len(ran) <= 1, (occurrence, copies, outcomes)
+    assert {queue for copies in sent.values() for _, queue in copies} == set(POOLS)
+    assert cluster.levels(f"beat:{run}") == [1] * int(cluster.book.get(f"ran:beat:{run}"))
+
+
 def test_a_limited_task_runs_at_most_permits_at_once_across_the_cluster(cluster: Cluster) -> None:
     tasks, name = cluster.app_module, _name()
     sent = [tasks.limited.apply_async((name, 0.2), queue=queue) for queue in POOLS for _ in range(4)]
