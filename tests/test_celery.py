@@ -144,6 +144,12 @@ def test_a_second_run_while_one_runs_is_rejected_naming_the_task_and_the_next_ru
             second.get(timeout=RESULT_TIMEOUT)
         assert second.id in str(caught.value)
         assert f"exclusive:{name}" in str(caught.value)
+        # Who holds it (celery-once #31), in the failed result: the holding run, when it runs in the same process
+        # (the threads pool's one process); else (the other prefork child ran the rejected one) where to look.
+        if queue == "threads":
+            assert f"taken by 'tests._celery_app.exclusive[{first.id}]' (in this process)" in str(caught.value)
+        else:
+            assert "taken by a run in another process (hybridlock inspect" in str(caught.value)
     # Who holds it (celery-once #31): the holder description names the running task and its id.
     assert _holder_thread(cluster, f"exclusive:{name}") == f"tests._celery_app.exclusive[{first.id}]"
     cluster.book.rpush(f"go:{name}", 1)
@@ -364,8 +370,25 @@ def test_a_task_called_as_a_function_holds_the_lock_too(cluster: Cluster, probe:
         before = threading.current_thread().name
         assert tasks.exclusive(name, 0) == os.getpid()  # in this process, with this process's registry
         assert threading.current_thread().name == before  # not renamed outside a task
-        with probe.obtain(f"exclusive:{name}"), pytest.raises(TaskBusyError, match="a call did not run"):
+        with probe.obtain(f"exclusive:{name}"), pytest.raises(TaskBusyError, match="a call did not run") as caught:
             tasks.exclusive(name, 0)
+        assert "taken by a run in another process" in str(caught.value)  # (the probe is another owner)
+        taken, done = threading.Event(), threading.Event()
+
+        def hold() -> None:  # another thread of this process holds the key meanwhile
+            with tasks.locks.registry.obtain(f"exclusive:{name}"):
+                taken.set()
+                done.wait(30)
+
+        holder = threading.Thread(target=hold, name="the holder")
+        holder.start()
+        try:
+            assert taken.wait(30)
+            with pytest.raises(TaskBusyError, match=r"taken by 'the holder' \(in this process\)"):
+                tasks.exclusive(name, 0)
+        finally:
+            done.set()
+            holder.join(30)
         assert cluster.levels(name) == [1]
     finally:
         tasks.locks.close()
@@ -434,7 +457,7 @@ def test_the_celery_pages_example_runs(cluster: Cluster) -> None:
     assert len(blocks) == 1
     env = checkout_env(REDIS_URL=cluster.server.url)
     stdout = run_program(blocks[0], env, timeout=60)
-    assert "did not run: single_instance key taken" in stdout
+    assert "did not run: single_instance key taken by a run in another process" in stdout
 
 
 def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_parameter_name(
@@ -455,6 +478,14 @@ def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_par
         with pytest.raises(TaskBusyError):  # not a wait for its own permit (here: 30 s)
             recursive(1)
         assert time.monotonic() - start < 10
+
+        @app.task
+        @locks.single_instance("self-lock:{n}")
+        def reentrant(n: int, depth: int = 0) -> int:
+            return depth if depth else reentrant(n, depth + 1)
+
+        with pytest.raises(TaskBusyError, match=r"taken by this very run \(the task called itself\)"):
+            reentrant(1)
 
         @app.task
         @locks.runs_once("job:{key}", at_least_for=1)

@@ -184,15 +184,17 @@ class CeleryLocks:
                 # The acquire inside the try, and the release decided by what this thread holds, not by what the
                 # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal handler)
                 # at whatever line the thread is on, the one just after a successful acquire included.
-                if reentered:
-                    taken = False
-                elif on_busy == "wait":
-                    taken = lock.acquire(timeout=-1 if timeout is None else timeout)
-                else:
-                    taken = lock.acquire(blocking=False)
-                if not taken:
-                    self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
+                # Named before the acquire, so that the holder is named from the moment it holds the key.
                 with _thread_named(label):
+                    if reentered:
+                        taken = False
+                    elif on_busy == "wait":
+                        taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+                    else:
+                        taken = lock.acquire(blocking=False)
+                    if not taken:
+                        holder = _holder(lock)
+                        self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries, holder)
                     return wrapped(*args, **kwargs)
             finally:
                 if not reentered and lock.hold_count:
@@ -233,7 +235,7 @@ class CeleryLocks:
                 else:
                     taken = semaphore.acquire(blocking=False)
                 if not taken:
-                    self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
+                    self._busy(key, "limit", on_busy, timeout, retry_after, max_retries, "other runs")
                 with _thread_named(label):
                     return wrapped(*args, **kwargs)
             finally:
@@ -284,13 +286,15 @@ class CeleryLocks:
         timeout: float | None,
         retry_after: float,
         max_retries: int | None,
+        holder: str,
     ) -> None:
-        """Raise what a busy key means for this run: ``TaskBusyError``, or ``Retry`` from ``task.retry``."""
+        """Raise what a busy key means for this run: ``TaskBusyError``, or ``Retry`` from ``task.retry``; ``holder``
+        says who holds the key, for the message."""
         label = _task_label()
         if on_busy == "wait":
-            why = f"{label} did not run: {name} key still taken after waiting {timeout} s"
+            why = f"{label} did not run: {name} key still taken after waiting {timeout} s, by {holder}"
         else:
-            why = f"{label} did not run: {name} key taken by another run"
+            why = f"{label} did not run: {name} key taken by {holder}"
         error = TaskBusyError(why, key=key, server=self.registry.server)
         task = celery.current_task
         if on_busy == "retry" and task is not None and not task.request.called_directly:
@@ -331,6 +335,19 @@ def _thread_named(name: str | None) -> Iterator[None]:
         yield
     finally:
         thread.name = before
+
+
+def _holder(lock: Any) -> str:
+    """Who holds ``lock``, for a busy run's message (celery-once #31): the holding thread's name when it is a thread of
+    this process (a run's thread is named ``task name[task id]``: two runs in one threads-pool worker, say), else
+    where to look. (What another process wrote about itself is for ``hybridlock inspect``: reading it here would
+    cost a round trip and the server's key layout.)"""
+    held = lock.statistics()
+    if held.owner_thread is None:
+        return "a run in another process (hybridlock inspect KEY names it)"
+    if held.owner_thread == threading.get_ident():
+        return "this very run (the task called itself)"
+    return f"{held.owner_name!r} (in this process)"
 
 
 def _running_task() -> str | None:
