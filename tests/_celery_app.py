@@ -113,7 +113,7 @@ def limited(name: str, hold: float) -> int:
 
 #: The beat test's schedule: seconds between occurrences. The replicas' copies of one occurrence go out within
 #: milliseconds of each other; at_least_for, half of it, keeps the key well past them and frees it well before the next.
-BEAT_EVERY = 2.0
+BEAT_EVERY = 3.0
 
 
 class every_aligned(schedule):  # noqa: N801 - named as Celery's own schedules are (crontab, solar)
