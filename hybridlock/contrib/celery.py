@@ -12,7 +12,8 @@ or connection is shared across a fork), closed at ``worker_process_shutdown`` (a
   when the task's function returns or raises (success, failure, ``self.retry()``, a soft time limit); a worker child
   killed mid-task (SIGKILL, a hard time limit, the OOM killer, ``revoke(terminate=True)``) leaves a lease nobody
   renews, which ends within the registry's ``expire_after``. A call that finds the key taken is rejected
-  (``TaskBusyError``), waits, or is retried later: ``on_busy``. While a run holds its key, its thread is named
+  (``TaskBusyError``, naming the run holding it when that runs in the same process), waits, or is retried later:
+  ``on_busy``. While a run holds its key, its thread is named
   ``task name[task id]``, so ``hybridlock inspect KEY`` names the task holding it.
 * ``@locks.runs_once("report:{day}", at_least_for=..., at_most_for=...)``: ``registry.run_once`` for a task that
   several beat replicas (or a beat with several workers) send for the same occurrence: one runs it, the others
@@ -69,8 +70,9 @@ _ON_BUSY = ("reject", "wait", "retry")
 
 class TaskBusyError(LockTimeoutError):
     """A single-instance or limited task did not run: its key was taken (by a run elsewhere) and ``on_busy`` did not
-    let it wait long enough, or its retries ran out. The message names the task and its id; ``key`` and ``server``
-    are set. A ``TimeoutError``, as ``LockTimeoutError`` is."""
+    let it wait long enough, or its retries ran out. The message names the task and its id, and who holds the key
+    (for ``single_instance``: the holding thread, ``name[task id]`` for a run, when it is a thread of this process;
+    else "a run in another process"); ``key`` and ``server`` are set. A ``TimeoutError``, as ``LockTimeoutError`` is."""
 
 
 class CeleryLocks:
