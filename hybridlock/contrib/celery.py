@@ -13,8 +13,8 @@ or connection is shared across a fork), closed at ``worker_process_shutdown`` (a
   killed mid-task (SIGKILL, a hard time limit, the OOM killer, ``revoke(terminate=True)``) leaves a lease nobody
   renews, which ends within the registry's ``expire_after``. A call that finds the key taken is rejected
   (``TaskBusyError``, naming the run holding it when that runs in the same process), waits, or is retried later:
-  ``on_busy``. While a run holds its key, its thread is named
-  ``task name[task id]``, so ``hybridlock inspect KEY`` names the task holding it.
+  ``on_busy``. While a run holds its key, its thread is named ``task name[task id]``, so ``hybridlock inspect KEY``
+  names the task holding it.
 * ``@locks.runs_once("report:{day}", at_least_for=..., at_most_for=...)``: ``registry.run_once`` for a task that
   several beat replicas (or a beat with several workers) send for the same occurrence: one runs it, the others
   skip at once. The task returns ``{"ran": bool, "result": ...}`` (JSON-friendly, unlike ``RunOnceResult``).
@@ -185,8 +185,8 @@ class CeleryLocks:
             try:
                 # The acquire inside the try, and the release decided by what this thread holds, not by what the
                 # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal handler)
-                # at whatever line the thread is on, the one just after a successful acquire included.
-                # Named before the acquire, so that the holder is named from the moment it holds the key.
+                # at whatever line the thread is on, the one just after a successful acquire included. The thread is
+                # named before the acquire, so that a holder is named from the moment it holds the key.
                 with _thread_named(label):
                     if reentered:
                         taken = False
