@@ -5,15 +5,22 @@ keep their bookkeeping in database 3: ``levels:<name>`` lists how many runs of `
 started (the invariant: never above 1 for a single-instance task, never above the permits for a limited one),
 ``pid:<name>`` the worker process of the latest run (to kill it), ``ran:<name>`` how many runs did the work. A run
 with ``hold`` -1 holds on until the test pushes to ``go:<name>``.
+
+Run as ``celery beat`` with ``HYBRIDLOCK_CELERY_BEAT=<run>:<queue>``, the app has one schedule entry, ``beat_tick``
+every ``BEAT_EVERY`` seconds of the wall clock, sent to ``queue``; the beat lists each copy it sent, with its
+occurrence, in ``sent:<run>``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from datetime import datetime
 
 import redis
 from celery import Celery, signals
+from celery.schedules import schedstate, schedule
 
 from hybridlock.contrib.celery import CeleryLocks
 
@@ -102,3 +109,41 @@ def nightly(day: str, hold: float) -> int:
 @locks.limit("limited:{name}", permits=2, timeout=30)
 def limited(name: str, hold: float) -> int:
     return _run(name, hold)
+
+
+#: The beat test's schedule: seconds between occurrences. The replicas' copies of one occurrence go out within
+#: milliseconds of each other; at_least_for, half of it, keeps the key well past them and frees it well before the next.
+BEAT_EVERY = 3.0
+
+
+class every_aligned(schedule):  # noqa: N801 - named as Celery's own schedules are (crontab, solar)
+    """Due at each multiple of ``run_every`` of the wall clock, on every beat replica alike, as ``crontab`` is at
+    the top of each minute (an interval ``schedule`` counts from each beat's start, so replicas drift apart)."""
+
+    def is_due(self, last_run_at: datetime) -> schedstate:
+        every, now = self.run_every.total_seconds(), time.time()
+        last = self.maybe_make_aware(last_run_at).timestamp()
+        return schedstate(now // every > last // every, every - now % every)
+
+
+@app.task
+@locks.runs_once("beat:{run}", at_least_for=BEAT_EVERY / 2)
+def beat_tick(run: str) -> int:
+    return _run(f"beat:{run}", 0)
+
+
+if "HYBRIDLOCK_CELERY_BEAT" in os.environ:  # a beat process of the beat test
+    _beat_run, _beat_queue = os.environ["HYBRIDLOCK_CELERY_BEAT"].split(":")
+    app.conf.beat_schedule = {
+        "tick": {
+            "task": beat_tick.name,
+            "schedule": every_aligned(BEAT_EVERY),
+            "args": (_beat_run,),
+            "options": {"queue": _beat_queue},
+        }
+    }
+
+    @signals.after_task_publish.connect
+    def _sent(sender: object, headers: dict[str, object], **kwargs: object) -> None:
+        occurrence = int(time.time() // BEAT_EVERY)
+        book.rpush(f"sent:{_beat_run}", json.dumps([headers["id"], occurrence, _beat_queue]))

@@ -144,6 +144,12 @@ def test_a_second_run_while_one_runs_is_rejected_naming_the_task_and_the_next_ru
             second.get(timeout=RESULT_TIMEOUT)
         assert second.id in str(caught.value)
         assert f"exclusive:{name}" in str(caught.value)
+        # Who holds it (celery-once #31), in the failed result: the holding run, when it runs in the same process
+        # (the threads pool's one process); else (the other prefork child ran the rejected one) where to look.
+        if queue == "threads":
+            assert f"taken by 'tests._celery_app.exclusive[{first.id}]' (in this process)" in str(caught.value)
+        else:
+            assert "taken by a run in another process (hybridlock inspect" in str(caught.value)
     # Who holds it (celery-once #31): the holder description names the running task and its id.
     assert _holder_thread(cluster, f"exclusive:{name}") == f"tests._celery_app.exclusive[{first.id}]"
     cluster.book.rpush(f"go:{name}", 1)
@@ -254,6 +260,56 @@ def test_an_occurrence_sent_by_several_beat_replicas_runs_once(cluster: Cluster)
     assert cluster.levels(f"nightly:{day}") == [1]
 
 
+def _start_beat(run: str, queue: str, directory: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    directory.mkdir()
+    command = [sys.executable, "-m", "celery", "-A", "tests._celery_app", "beat", "-l", "WARNING"]
+    command += ["-s", str(directory / "schedule"), "--pidfile", str(directory / "beat.pid")]
+    with open(directory / "output", "wb") as output:  # (the child keeps its own descriptor)
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**env, "HYBRIDLOCK_CELERY_BEAT": f"{run}:{queue}"},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def test_two_real_beat_replicas_send_every_occurrence_and_each_runs_once(cluster: Cluster, tmp_path: Path) -> None:
+    # Two `celery beat` processes with the same schedule (every 3 s of the wall clock, as a crontab is every
+    # minute), each with its own schedule file, each sending its copies to one of the pools.
+    tasks, run = cluster.app_module, _name()
+    env = checkout_env(warnings=None, HYBRIDLOCK_CELERY_URL=cluster.server.url)
+    beats = [_start_beat(run, queue, tmp_path / queue, env) for queue in POOLS]
+
+    def occurrences() -> dict[int, list[tuple[str, str]]]:
+        sent: dict[int, list[tuple[str, str]]] = {}
+        for copy in cluster.book.lrange(f"sent:{run}", 0, -1):
+            task_id, occurrence, queue = json.loads(copy)
+            sent.setdefault(occurrence, []).append((task_id, queue))
+        return sent
+
+    def sent_by_both() -> int:
+        return sum(len(copies) == 2 for copies in occurrences().values())
+
+    try:
+        cluster.wait_for("two occurrences sent by both beats", lambda: sent_by_both() >= 2, 25)
+    finally:
+        for beat in beats:
+            _stop_worker(beat)
+    sent = occurrences()
+    for occurrence, copies in sorted(sent.items()):
+        assert len(copies) <= 2, (occurrence, copies)  # one copy per beat and occurrence
+        outcomes = [tasks.app.AsyncResult(task_id).get(timeout=RESULT_TIMEOUT) for task_id, _ in copies]
+        ran = [queue for (_, queue), outcome in zip(copies, outcomes, strict=True) if outcome["ran"]]
+        if len(copies) == 2:
+            assert len(ran) == 1, (occurrence, copies, outcomes)
+        else:  # the first or last occurrence, sent before the other beat started or after it stopped
+            assert len(ran) <= 1, (occurrence, copies, outcomes)
+    assert {queue for copies in sent.values() for _, queue in copies} == set(POOLS)
+    assert cluster.levels(f"beat:{run}") == [1] * int(cluster.book.get(f"ran:beat:{run}"))
+
+
 def test_a_limited_task_runs_at_most_permits_at_once_across_the_cluster(cluster: Cluster) -> None:
     tasks, name = cluster.app_module, _name()
     sent = [tasks.limited.apply_async((name, 0.2), queue=queue) for queue in POOLS for _ in range(4)]
@@ -314,8 +370,25 @@ def test_a_task_called_as_a_function_holds_the_lock_too(cluster: Cluster, probe:
         before = threading.current_thread().name
         assert tasks.exclusive(name, 0) == os.getpid()  # in this process, with this process's registry
         assert threading.current_thread().name == before  # not renamed outside a task
-        with probe.obtain(f"exclusive:{name}"), pytest.raises(TaskBusyError, match="a call did not run"):
+        with probe.obtain(f"exclusive:{name}"), pytest.raises(TaskBusyError, match="a call did not run") as caught:
             tasks.exclusive(name, 0)
+        assert "taken by a run in another process" in str(caught.value)  # (the probe is another owner)
+        taken, done = threading.Event(), threading.Event()
+
+        def hold() -> None:  # another thread of this process holds the key meanwhile
+            with tasks.locks.registry.obtain(f"exclusive:{name}"):
+                taken.set()
+                done.wait(30)
+
+        holder = threading.Thread(target=hold, name="the holder")
+        holder.start()
+        try:
+            assert taken.wait(30)
+            with pytest.raises(TaskBusyError, match=r"taken by 'the holder' \(in this process\)"):
+                tasks.exclusive(name, 0)
+        finally:
+            done.set()
+            holder.join(30)
         assert cluster.levels(name) == [1]
     finally:
         tasks.locks.close()
@@ -384,7 +457,7 @@ def test_the_celery_pages_example_runs(cluster: Cluster) -> None:
     assert len(blocks) == 1
     env = checkout_env(REDIS_URL=cluster.server.url)
     stdout = run_program(blocks[0], env, timeout=60)
-    assert "did not run: single_instance key taken" in stdout
+    assert "did not run: single_instance key taken by a run in another process" in stdout
 
 
 def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_parameter_name(
@@ -407,10 +480,66 @@ def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_par
         assert time.monotonic() - start < 10
 
         @app.task
+        @locks.single_instance("self-lock:{n}")
+        def reentrant(n: int, depth: int = 0) -> int:
+            return depth if depth else reentrant(n, depth + 1)
+
+        with pytest.raises(TaskBusyError, match=r"taken by this very run \(the task called itself\)"):
+            reentrant(1)
+
+        @app.task
         @locks.runs_once("job:{key}", at_least_for=1)
         def job(key: str, function: str = "f", at_least_for: int = 0) -> list[object]:
             return [key, function, at_least_for]
 
         assert job("k", function="g", at_least_for=5) == {"ran": True, "result": ["k", "g", 5]}
+    finally:
+        locks.close()
+
+
+@pytest.mark.parametrize("decorator", ["single_instance", "limit"])
+def test_a_soft_time_limit_raised_just_after_the_acquire_still_releases(
+    server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, decorator: str
+) -> None:
+    # In a prefork child Celery raises SoftTimeLimitExceeded from a signal handler, at whatever line the task's
+    # thread is on: here, deterministically, as the acquire returns (a hook standing in for the signal), before
+    # any code of the run's could release what it took.
+    import celery
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    kind = hybridlock.HybridLock if decorator == "single_instance" else hybridlock.Semaphore
+    acquire = kind.acquire
+
+    def acquire_then_interrupted(self: object, *args: object, **kwargs: object) -> bool:
+        assert acquire(self, *args, **kwargs)  # type: ignore[arg-type]
+        raise SoftTimeLimitExceeded("arrived just after the acquire")
+
+    app = celery.Celery("interrupted", broker="memory://", backend="cache+memory://")
+    locks = CeleryLocks(app, server.url, expire_after=EXPIRE_AFTER)
+    name = _name()
+    try:
+        if decorator == "single_instance":
+
+            @app.task
+            @locks.single_instance("interrupted:{n}")
+            def task(n: str) -> None: ...
+
+        else:
+
+            @app.task
+            @locks.limit("interrupted:{n}", permits=1)
+            def task(n: str) -> None: ...
+
+        monkeypatch.setattr(kind, "acquire", acquire_then_interrupted)
+        with pytest.raises(SoftTimeLimitExceeded):
+            task(name)
+        monkeypatch.setattr(kind, "acquire", acquire)
+        assert locks.registry.held_locks() == []  # nothing left held here ...
+        with hybridlock.LockRegistry(server.url, expire_after=EXPIRE_AFTER) as other:  # ... nor in the server
+            held = other.obtain(f"interrupted:{name}") if decorator == "single_instance" else None
+            if held is None:
+                held = other.obtain_semaphore(f"interrupted:{name}", 1)
+            assert held.acquire(blocking=False)
+            held.release()
     finally:
         locks.close()

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("metrics", ("hybridlock.metrics",)),
     ("locks", ("hybridlock._async", "hybridlock._sync")),
     ("registry", ("hybridlock._sync.registry", "hybridlock._async.registry")),
-    ("faces", ("hybridlock.__init__", "hybridlock.testing")),
+    ("faces", ("hybridlock.__init__", "hybridlock.testing", "hybridlock.templates")),
     ("cli", ("hybridlock._cli", "hybridlock.__main__")),
     # The framework integrations (hybridlock.contrib.*): leaves over the public API, each behind its extra.
     ("integrations", ("hybridlock.contrib",)),
@@ -139,6 +139,9 @@ def test_imports_point_down(path: Path) -> None:
             continue
         if typing_only:
             continue  # annotations may name any layer but the registry's
+        if LAYERS[layer][0] == "integrations":  # leaves over the public API: no private module (``_sync``, ...)
+            private = [part for part in internal.split(".") if part.startswith("_") and part != "__init__"]
+            assert not private, f"{module} imports {target}, which is not public API"
         assert _layer(internal) <= layer, f"{module} ({LAYERS[layer][0]}) imports {target} from a layer above it"
 
 

@@ -12,8 +12,9 @@ or connection is shared across a fork), closed at ``worker_process_shutdown`` (a
   when the task's function returns or raises (success, failure, ``self.retry()``, a soft time limit); a worker child
   killed mid-task (SIGKILL, a hard time limit, the OOM killer, ``revoke(terminate=True)``) leaves a lease nobody
   renews, which ends within the registry's ``expire_after``. A call that finds the key taken is rejected
-  (``TaskBusyError``), waits, or is retried later: ``on_busy``. While a run holds its key, its thread is named
-  ``task name[task id]``, so ``hybridlock inspect KEY`` names the task holding it.
+  (``TaskBusyError``, naming the run holding it when that runs in the same process), waits, or is retried later:
+  ``on_busy``. While a run holds its key, its thread is named ``task name[task id]``, so ``hybridlock inspect KEY``
+  names the task holding it.
 * ``@locks.runs_once("report:{day}", at_least_for=..., at_most_for=...)``: ``registry.run_once`` for a task that
   several beat replicas (or a beat with several workers) send for the same occurrence: one runs it, the others
   skip at once. The task returns ``{"ran": bool, "result": ...}`` (JSON-friendly, unlike ``RunOnceResult``).
@@ -49,11 +50,11 @@ except ImportError as exc:
 
 from hybridlock import LockRegistry
 
-# Two internals, so that a task's key template and bounds are checked when decorating, as the registry's own
-# decorators check them, although the registry is built later, in each worker process.
-from .._core.runonce import RunOnceBounds
-from .._sync.decorator import keyed
 from ..errors import InvalidArgumentError, LockTimeoutError
+
+# The registry's own template and bounds checks, public for this: a task's key template and bounds are checked when
+# decorating, as the registry's decorators check them, although the registry is built later, in each worker process.
+from ..templates import keyed, run_once_bounds
 
 __all__ = ["CeleryLocks", "OnBusy", "TaskBusyError"]
 
@@ -69,8 +70,9 @@ _ON_BUSY = ("reject", "wait", "retry")
 
 class TaskBusyError(LockTimeoutError):
     """A single-instance or limited task did not run: its key was taken (by a run elsewhere) and ``on_busy`` did not
-    let it wait long enough, or its retries ran out. The message names the task and its id; ``key`` and ``server``
-    are set. A ``TimeoutError``, as ``LockTimeoutError`` is."""
+    let it wait long enough, or its retries ran out. The message names the task and its id, and who holds the key
+    (for ``single_instance``: the holding thread, ``name[task id]`` for a run, when it is a thread of this process;
+    else "a run in another process"); ``key`` and ``server`` are set. A ``TimeoutError``, as ``LockTimeoutError`` is."""
 
 
 class CeleryLocks:
@@ -178,20 +180,27 @@ class CeleryLocks:
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
             lock = self.registry.obtain(key)
-            if lock.hold_count:
-                # This thread holds it already (the task called itself, say): reentrancy would run two at once.
-                taken = False
-            elif on_busy == "wait":
-                taken = lock.acquire(timeout=-1 if timeout is None else timeout)
-            else:
-                taken = lock.acquire(blocking=False)
-            if not taken:
-                self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries)
-            try:  # at once: nothing between the acquire and the try that could raise (a soft time limit aside)
+            # This thread holds it already (the task called itself, say): reentrancy would run two at once.
+            reentered = lock.hold_count > 0
+            try:
+                # The acquire inside the try, and the release decided by what this thread holds, not by what the
+                # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal handler)
+                # at whatever line the thread is on, the one just after a successful acquire included. The thread is
+                # named before the acquire, so that a holder is named from the moment it holds the key.
                 with _thread_named(label):
+                    if reentered:
+                        taken = False
+                    elif on_busy == "wait":
+                        taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+                    else:
+                        taken = lock.acquire(blocking=False)
+                    if not taken:
+                        holder = _holder(lock)
+                        self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries, holder)
                     return wrapped(*args, **kwargs)
             finally:
-                lock.release()
+                if not reentered and lock.hold_count:
+                    lock.release()
 
         return self._decorator(template, "single_instance", run)
 
@@ -217,21 +226,23 @@ class CeleryLocks:
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
             semaphore = self.registry.obtain_semaphore(key, permits)
-            if semaphore.is_held_by_current_thread():
-                # This thread holds a permit already (the task called itself, say): waiting for another could wait
-                # for its own, for ever with one permit.
-                taken = False
-            elif on_busy == "wait":
-                taken = semaphore.acquire(timeout=timeout)
-            else:
-                taken = semaphore.acquire(blocking=False)
-            if not taken:
-                self._busy(key, "limit", on_busy, timeout, retry_after, max_retries)
-            try:
+            # This thread holds a permit already (the task called itself, say): waiting for another could wait for
+            # its own, for ever with one permit.
+            reentered = semaphore.is_held_by_current_thread()
+            try:  # (the acquire inside it, as in single_instance: a soft time limit may interrupt any line)
+                if reentered:
+                    taken = False
+                elif on_busy == "wait":
+                    taken = semaphore.acquire(timeout=timeout)
+                else:
+                    taken = semaphore.acquire(blocking=False)
+                if not taken:
+                    self._busy(key, "limit", on_busy, timeout, retry_after, max_retries, "other runs")
                 with _thread_named(label):
                     return wrapped(*args, **kwargs)
             finally:
-                semaphore.release()
+                if not reentered and semaphore.is_held_by_current_thread():
+                    semaphore.release()
 
         return self._decorator(template, "limit", run)
 
@@ -240,12 +251,12 @@ class CeleryLocks:
         key runs the task, every other run of the same occurrence skips at once, within ``at_least_for`` of the
         first's start (see docs/run-once.md). The task returns ``{"ran": True, "result": ...}`` or
         ``{"ran": False, "result": None}``."""
-        bounds = RunOnceBounds.checked(at_least_for, at_most_for)
+        at_least_for, at_most_for = run_once_bounds(at_least_for, at_most_for)
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             # (A closure, so that a task parameter named key, function, at_least_for, ... is the task's.)
             outcome = self.registry.run_once(
-                key, lambda: wrapped(*args, **kwargs), at_least_for=bounds.at_least_for, at_most_for=bounds.at_most_for
+                key, lambda: wrapped(*args, **kwargs), at_least_for=at_least_for, at_most_for=at_most_for
             )
             if not outcome.ran:
                 logger.info("hybridlock: %s skipped: another run holds %r", _task_label(), key)
@@ -277,13 +288,15 @@ class CeleryLocks:
         timeout: float | None,
         retry_after: float,
         max_retries: int | None,
+        holder: str,
     ) -> None:
-        """Raise what a busy key means for this run: ``TaskBusyError``, or ``Retry`` from ``task.retry``."""
+        """Raise what a busy key means for this run: ``TaskBusyError``, or ``Retry`` from ``task.retry``; ``holder``
+        says who holds the key, for the message."""
         label = _task_label()
         if on_busy == "wait":
-            why = f"{label} did not run: {name} key still taken after waiting {timeout} s"
+            why = f"{label} did not run: {name} key still taken after waiting {timeout} s, by {holder}"
         else:
-            why = f"{label} did not run: {name} key taken by another run"
+            why = f"{label} did not run: {name} key taken by {holder}"
         error = TaskBusyError(why, key=key, server=self.registry.server)
         task = celery.current_task
         if on_busy == "retry" and task is not None and not task.request.called_directly:
@@ -324,6 +337,19 @@ def _thread_named(name: str | None) -> Iterator[None]:
         yield
     finally:
         thread.name = before
+
+
+def _holder(lock: Any) -> str:
+    """Who holds ``lock``, for a busy run's message (celery-once #31): the holding thread's name when it is a thread of
+    this process (a run's thread is named ``task name[task id]``: two runs in one threads-pool worker, say), else
+    where to look. (What another process wrote about itself is for ``hybridlock inspect``: reading it here would
+    cost a round trip and the server's key layout.)"""
+    held = lock.statistics()
+    if held.owner_thread is None:
+        return "a run in another process (hybridlock inspect KEY names it)"
+    if held.owner_thread == threading.get_ident():
+        return "this very run (the task called itself)"
+    return f"{held.owner_name!r} (in this process)"
 
 
 def _running_task() -> str | None:
