@@ -10,8 +10,10 @@ socket closed by the test: the lease must be gone from the server well before it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -307,3 +309,46 @@ async def test_a_client_that_hangs_up_while_the_endpoint_runs_frees_the_lock_whe
         await probe.rpush(f"probe:go:{key}", "go")
         assert await released_within(probe, key) < SOON
         assert (await b.post("/orders/4/busy")).status_code == 200
+
+
+def test_each_worker_opens_and_closes_its_registry_and_a_stop_frees_what_requests_hold(servers: Servers) -> None:
+    # Requests still holding a lock and a permit when the servers are stopped: uvicorn waits for them for its
+    # graceful shutdown timeout, then cancels them and runs the lifespans' exit (which closes each registry).
+    with redis.Redis.from_url(servers.redis_url) as client, contextlib.ExitStack() as sockets:
+        started = {int(pid) for pid in client.lrange("probe:started", 0, -1)}
+        assert len(started) == 3  # a's two workers and b
+        holder = sockets.enter_context(socket.create_connection(("127.0.0.1", servers.b.port), timeout=SOON))
+        holder.sendall(b"POST /orders/5/hold HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n\r\n")
+        assert client.blpop(["probe:entered:orders:5"], SOON) is not None
+        streamer = sockets.enter_context(socket.create_connection(("127.0.0.1", servers.a.port), timeout=SOON))
+        streamer.sendall(b"GET /reports/stopping/stream HTTP/1.1\r\nHost: test\r\n\r\n")
+        received = b""
+        while b"first " not in received:
+            chunk = streamer.recv(4096)
+            assert chunk, received
+            received += chunk
+        assert client.pttl("hybridlock:{orders:5}") > (EXPIRE_AFTER - SOON) * 1000
+        assert _permits(client, "reports:stopping")
+        # (uvicorn ends by the signal it was stopped by, once it has shut down; its supervisor of workers exits 0.)
+        assert set(servers.stop()) <= {0, -signal.SIGTERM}, _logs(servers)
+        assert {int(pid) for pid in client.lrange("probe:stopping", 0, -1)} == started
+        # Nothing left held in the server: no lease, no permit (the fencing counters and the semaphores' stored
+        # limits stay, as they do after every release).
+        assert client.pttl("hybridlock:{orders:5}") == -2
+        assert _permits(client, "reports:stopping") == []
+        left = [name for name in client.scan_iter(match="hybridlock:*") if not name.endswith((b":fence", b":permits"))]
+        assert left == []
+    # Nothing in the servers' logs but uvicorn's report of the request it cancelled (a traceback ending in
+    # CancelledError), in each process that ran one: no error and no warning of hybridlock's.
+    expected = ("ERROR:    Cancel 1 running task", "ERROR:    Exception in ASGI application", "Traceback (most recent")
+    for uvicorn in servers.all:
+        log = uvicorn.log.read_text(errors="replace")
+        reports = [line for line in log.splitlines() if line and not line[0].isspace()]
+        assert all(
+            line.startswith(expected) or line.startswith("asyncio.exceptions.CancelledError") for line in reports
+        ), log
+        assert log.count("Traceback") == 1, log
+
+
+def _permits(client: redis.Redis, key: str) -> list[bytes]:
+    return [name for name in client.scan_iter(match=f"hybridlock:{{{key}}}:permit:*") if name.split(b":")[-1].isdigit()]
