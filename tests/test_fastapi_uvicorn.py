@@ -311,6 +311,33 @@ async def test_a_client_that_hangs_up_while_the_endpoint_runs_frees_the_lock_whe
         assert (await b.post("/orders/4/busy")).status_code == 200
 
 
+async def test_a_client_that_hangs_up_while_its_request_waits_for_the_lock_still_has_it_run(servers: Servers) -> None:
+    # The dependency does not watch for the client going away while it waits, and uvicorn does not cancel the
+    # request: it waits on, takes the lock when it is free, runs the endpoint and releases it (docs/fastapi.md).
+    async with clients(servers) as (a, b, probe):
+        key = "orders:7"
+        b_pid = (await b.get("/pid")).json()["pid"]
+        holder = asyncio.ensure_future(a.post("/orders/7/hold"))
+        try:
+            await entered(probe, key)
+            _reader, writer = await _open(
+                servers.b, b"POST /orders/7 HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n\r\n"
+            )
+            try:
+                started = time.monotonic()
+                while not await probe.zcard(f"hybridlock:{{{key}}}:queue"):  # b's request is queued in the server
+                    assert time.monotonic() - started < SOON
+                    await asyncio.sleep(0.01)
+            finally:
+                await _hang_up(writer)
+        finally:
+            await probe.rpush(f"probe:go:{key}", "go")
+            assert (await holder).status_code == 200
+        assert await entered(probe, key) == [b_pid]  # the request whose client left
+        assert await released_within(probe, key) < SOON
+        assert int(await probe.get(f"probe:most:{key}")) == 1
+
+
 def test_each_worker_opens_and_closes_its_registry_and_a_stop_frees_what_requests_hold(servers: Servers) -> None:
     # Requests still holding a lock and a permit when the servers are stopped: uvicorn waits for them for its
     # graceful shutdown timeout, then cancels them and runs the lifespans' exit (which closes each registry).
