@@ -339,8 +339,9 @@ async def test_a_client_that_hangs_up_while_its_request_waits_for_the_lock_still
 
 
 def test_each_worker_opens_and_closes_its_registry_and_a_stop_frees_what_requests_hold(servers: Servers) -> None:
-    # Requests still holding a lock and a permit when the servers are stopped: uvicorn waits for them for its
-    # graceful shutdown timeout, then cancels them and runs the lifespans' exit (which closes each registry).
+    # (Last in the module: it stops the module's servers.) Requests still holding a lock and a permit when the
+    # servers are stopped: uvicorn waits for them for its graceful shutdown timeout (1 s here), then cancels them
+    # and runs the lifespans' exit at once (which closes each registry).
     with redis.Redis.from_url(servers.redis_url) as client, contextlib.ExitStack() as sockets:
         started = {int(pid) for pid in client.lrange("probe:started", 0, -1)}
         assert len(started) == 3  # a's two workers and b
