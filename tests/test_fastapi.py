@@ -39,6 +39,7 @@ from hybridlock.contrib.fastapi import (
     get_registry,
     registry_lifespan,
 )
+from hybridlock.errors import LocksHeldAtCloseWarning
 from hybridlock.testing.server import EmbeddedServer
 
 pytestmark = pytest.mark.server
@@ -304,6 +305,68 @@ async def test_the_lock_is_released_when_the_request_is_cancelled(url: str, redi
         assert apps.held() == []
 
 
+async def test_the_lifespan_lets_cancelled_requests_give_back_their_holds_before_it_closes_the_registry(
+    url: str, redis_client: redis.Redis
+) -> None:
+    # As uvicorn shuts down: the requests still running when its graceful shutdown times out are cancelled, and the
+    # lifespan's exit runs at once, before they have run their release. The registry must close after those
+    # releases, not under them (LocksHeldAtCloseWarning, an error here, names a hold that was being given back).
+    probe = Probe()
+    app = make_app(url, probe)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    registry = get_registry_of(app)
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            calls = [
+                asyncio.ensure_future(client.post("/orders/6/hold")),
+                asyncio.ensure_future(client.get("/reports?kind=closing")),
+            ]
+            await probe.wait_inside("orders:6")
+            await probe.wait_inside("reports:closing")
+            for call in calls:
+                call.cancel()
+            await lifespan.__aexit__(None, None, None)
+            for call in calls:
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+    finally:
+        for gate in probe.go.values():
+            gate.set()
+        await lifespan.__aexit__(None, None, None)  # (closes it if the test failed before; else does nothing)
+    assert registry.closed
+    assert registry.held_locks() == []
+    assert not lock_in_server(redis_client, "orders:6")
+    assert permits_in_server(redis_client, "reports:closing") == []
+
+
+async def test_the_lifespan_waits_for_a_running_request_at_most_its_shutdown_timeout(
+    url: str, redis_client: redis.Redis
+) -> None:
+    app = FastAPI(lifespan=registry_lifespan(url, shutdown_timeout=0.2))
+    inside, go_on = asyncio.Event(), asyncio.Event()
+
+    @app.get("/o/{order_id}", dependencies=[Depends(RequestLock("orders:{order_id}"))])
+    async def get(order_id: str) -> None:
+        inside.set()
+        await go_on.wait()
+
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        call = asyncio.ensure_future(client.get("/o/1"))
+        await asyncio.wait_for(inside.wait(), SOON)
+        started = asyncio.get_running_loop().time()
+        with pytest.warns(LocksHeldAtCloseWarning, match="'orders:1'"):
+            await lifespan.__aexit__(None, None, None)
+        assert 0.2 <= asyncio.get_running_loop().time() - started < 0.2 + SOON
+        go_on.set()
+        assert (await call).status_code == 200  # its release still goes to the server
+    assert not lock_in_server(redis_client, "orders:1")
+
+
 async def _asgi_get(app: FastAPI, path: str, disconnect: asyncio.Event, body: list[bytes]) -> None:
     """GET ``path`` from ``app`` as an ASGI server would, collecting the body; the client goes away (an
     ``http.disconnect`` message) once ``disconnect`` is set."""
@@ -484,6 +547,7 @@ def get_registry_of(app: FastAPI) -> Any:
         lambda: RequestPermit("reports", permits=0),
         lambda: registry_lifespan(),
         lambda: registry_lifespan("redis://x", registry=lambda: None),
+        lambda: registry_lifespan("redis://x", shutdown_timeout=-1),
     ],
 )
 def test_bad_arguments_are_refused_when_the_app_is_built(make: Callable[[], object]) -> None:

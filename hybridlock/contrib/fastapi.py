@@ -16,7 +16,10 @@ the path operation function returns, before the response is sent. FastAPI 0.106 
 the response was sent. Either way the release runs however the request ends: a response, an exception in the
 endpoint, a client that went away (Starlette stops streaming the body and the request's exit code runs), a
 cancelled request task; FastAPI shields that exit code from cancellation, and the release's own server round trip
-is shielded by hybridlock as well.
+is shielded by hybridlock as well. At shutdown ``registry_lifespan`` closes the registry only once the requests
+holding (or taking, or giving back) a lock or permit of it are done, waiting at most ``shutdown_timeout``: an ASGI
+server may cancel the requests still running and run the lifespan's exit at once (uvicorn does, past its
+``--timeout-graceful-shutdown``), before their releases have gone to the server.
 
 Failure modes: a hold is a lease, renewed by the registry while the request runs. If the lease is lost (the server
 unreachable for longer than ``expire_after``), another request may be let in while this one still runs; the
@@ -28,7 +31,10 @@ it into a 503).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import string
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -63,6 +69,7 @@ def registry_lifespan(
     *,
     registry: Callable[[], AsyncLockRegistry] | None = None,
     lifespan: Lifespan | None = None,
+    shutdown_timeout: float | None = 5.0,
     **registry_options: Any,
 ) -> Callable[[Any], Any]:
     """A lifespan for ``FastAPI(lifespan=...)`` (or Starlette's) that opens an ``AsyncLockRegistry`` on startup,
@@ -74,13 +81,20 @@ def registry_lifespan(
     loop it belongs to from then on.
 
     ``lifespan`` is the app's own lifespan, run inside this one: the registry is open during its startup and its
-    shutdown, and what it yields (a state dict, or None) is what this lifespan yields."""
+    shutdown, and what it yields (a state dict, or None) is what this lifespan yields.
+
+    ``shutdown_timeout``: on shutdown, how long (seconds; None: as long as it takes) to wait, after the app's own
+    lifespan has ended, for the requests still holding, taking or giving back a lock or permit of ``RequestLock`` or
+    ``RequestPermit`` before closing the registry (a request the server cancelled at its shutdown gives its hold
+    back then). A hold left after it stays held until its request releases it or its lease ends, and closing the
+    registry warns (``LocksHeldAtCloseWarning``) naming it."""
     if (connection is None) == (registry is None):
         raise InvalidArgumentError("registry_lifespan needs one of a connection (a URL, a client) and registry=")
     if registry is not None and registry_options:
         raise InvalidArgumentError(
             f"registry options ({', '.join(sorted(registry_options))}) go to the registry that registry= makes"
         )
+    _check_seconds("shutdown_timeout", shutdown_timeout)
 
     @asynccontextmanager
     async def hybridlock_lifespan(app: Any) -> AsyncIterator[Any]:
@@ -91,12 +105,18 @@ def registry_lifespan(
             )
         async with opened:
             # (A request still running after shutdown meets a closed registry: RegistryClosedError.)
+            holds = _holds[opened] = _Holds()
             setattr(app.state, STATE_ATTRIBUTE, opened)
-            if lifespan is None:
-                yield None
-            else:
-                async with lifespan(app) as state:
-                    yield state
+            try:
+                if lifespan is None:
+                    yield None
+                else:
+                    async with lifespan(app) as state:
+                        yield state
+            finally:
+                # The server may have cancelled the requests still running and come here at once (uvicorn does):
+                # closing under their releases would warn of holds that are being given back as left held.
+                await holds.wait_none(shutdown_timeout)
 
     return hybridlock_lifespan
 
@@ -112,6 +132,37 @@ def get_registry(request: Request) -> AsyncLockRegistry:
             "lifespan runs under a server, and in tests inside `with TestClient(app) as client:`)"
         )
     return found
+
+
+class _Holds:
+    """How many requests are holding, taking or giving back a lock or permit of one registry that
+    ``registry_lifespan`` opened: its exit waits for none before it closes the registry."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def enter(self) -> None:
+        self._count += 1
+        self._none.clear()
+
+    def exit(self) -> None:
+        self._count -= 1
+        if not self._count:
+            self._none.set()
+
+    async def wait_none(self, timeout: float | None) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._none.wait(), timeout)
+
+
+#: The holds of each open registry that registry_lifespan opened (one set by hand on app.state has none: untracked).
+_holds: weakref.WeakKeyDictionary[AsyncLockRegistry, _Holds] = weakref.WeakKeyDictionary()
+
+
+def _holds_of(registry: AsyncLockRegistry) -> _Holds:
+    return _holds.get(registry) or _Holds()
 
 
 class LockUnavailable(HTTPException):
@@ -156,10 +207,7 @@ class _RequestHold:
             self._fields = ()
         else:
             raise InvalidArgumentError(f"key must be a template (str) or a callable(request), not {type(key).__name__}")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
-        ):
-            raise InvalidArgumentError(f"timeout must be None or a number of seconds >= 0, not {timeout!r}")
+        _check_seconds("timeout", timeout)
         if isinstance(status_code, bool) or not isinstance(status_code, int) or not 400 <= status_code <= 599:
             raise InvalidArgumentError(f"status_code must be an HTTP error status (4xx or 5xx), not {status_code!r}")
         self.key = key
@@ -265,13 +313,19 @@ class RequestLock(_RequestHold):
         return f"lock {key!r} is held by another request"
 
     async def __call__(self, request: Request) -> AsyncIterator[AsyncHybridLock]:
-        key, lock = self._obtain(request, get_registry(request).obtain)
-        if not await lock.acquire(**self._acquire_arguments()):
-            raise self._refusal(key)
+        registry = get_registry(request)
+        key, lock = self._obtain(request, registry.obtain)
+        holds = _holds_of(registry)
+        holds.enter()
         try:
-            yield lock
+            if not await lock.acquire(**self._acquire_arguments()):
+                raise self._refusal(key)
+            try:
+                yield lock
+            finally:
+                await lock.release()
         finally:
-            await lock.release()
+            holds.exit()
 
 
 class RequestPermit(_RequestHold):
@@ -309,12 +363,22 @@ class RequestPermit(_RequestHold):
     async def __call__(self, request: Request) -> AsyncIterator[AsyncSemaphore]:
         registry = get_registry(request)
         key, semaphore = self._obtain(request, lambda key: registry.obtain_semaphore(key, permits=self.permits))
-        if not await semaphore.acquire(**self._acquire_arguments()):
-            raise self._refusal(key)
+        holds = _holds_of(registry)
+        holds.enter()
         try:
-            yield semaphore
+            if not await semaphore.acquire(**self._acquire_arguments()):
+                raise self._refusal(key)
+            try:
+                yield semaphore
+            finally:
+                await semaphore.release()
         finally:
-            await semaphore.release()
+            holds.exit()
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0):
+        raise InvalidArgumentError(f"{name} must be None or a number of seconds >= 0, not {value!r}")
 
 
 def _template_fields(template: str) -> tuple[str, ...]:
