@@ -282,8 +282,7 @@ def _run_once(registry: LockRegistry, args: argparse.Namespace, command: list[st
         print(f"{_PROG}: skipped {args.key!r}: {who_holds(urls, registry.registry_key, args.key)}", file=sys.stderr)
         return EXIT_HELD
     if lost.is_set():
-        print(f"{_PROG}: the lease of {args.key!r} was lost while the command ran", file=sys.stderr)
-        return EXIT_LOST
+        return _lost_while_running(args.key)
     status = result.result
     assert isinstance(status, int)  # (job's)
     return status
@@ -307,9 +306,14 @@ def _hold_and_run(registry: LockRegistry, args: argparse.Namespace, command: lis
             # The key ends with its lease; the command's status is still the one to report.
             print(f"{_PROG}: could not release {args.key!r}: {exc}", file=sys.stderr)
     if lost.is_set():
-        print(f"{_PROG}: the lease of {args.key!r} was lost while the command ran", file=sys.stderr)
-        return EXIT_LOST
+        return _lost_while_running(args.key)
     return status
+
+
+def _lost_while_running(key: str) -> int:
+    """Say that the lease of ``key`` was lost while CMD ran (whatever CMD's own status), and return ``EXIT_LOST``."""
+    print(f"{_PROG}: the lease of {key!r} was lost while the command ran", file=sys.stderr)
+    return EXIT_LOST
 
 
 def _acquire(lock: HybridLock, args: argparse.Namespace, urls: list[str], registry_key: str) -> int | None:
