@@ -170,16 +170,21 @@ def refuse_a_task_of_its_own(what: str, key: str, context: Any) -> None:
     ``create_task(lock.acquire())``, ``gather(...)``. That task ends as the call returns, so the hold would belong to
     nobody (and the caller, handed True, would not hold it). Called on the first acquire only, before anything is
     taken (a reentrant one is by a task that already holds, so it cannot be such a task). The sync twin: nothing (a
-    thread is its own caller). A registry closed, or called from another loop, says so first (``check_open``)."""
+    thread is its own caller). A registry closed, or called from another loop, says so first (``check_open``).
+
+    Only that exact shape is caught: a task whose coroutine merely awaits the acquire and returns (a one-line
+    wrapper, anyio's ``start_soon(lock.acquire)``, which wraps it) ends holding the lock all the same, and that hold
+    is found abandoned and ended as any other (``owners.py``). ``what`` names what is held ("lock", "permit of this
+    semaphore")."""
     task = asyncio.current_task()
     if task is not None and getattr(task.get_coro(), "cr_frame", None) is sys._getframe(2):
         call = sys._getframe(2).f_code.co_name
         context.check_open(key)
         raise LockNotOwnedError(
-            f"{call}() of this {what} ran as an asyncio task of its own (asyncio.wait_for() before Python 3.12, "
-            f"create_task(), gather()): the {what} would belong to that task, which ends as {call}() returns, "
-            f"and nobody could release it. Await {call}() in the task that will hold the {what}; for a deadline "
-            f"pass timeout= or wrap the await in `async with asyncio.timeout(...)`",
+            f"{call}() ran as an asyncio task of its own (asyncio.wait_for() before Python 3.12, create_task(), "
+            f"gather()): the {what} would belong to that task, which ends as {call}() returns, and nobody could "
+            f"release it. Await it in the task that will hold the {what}; for a deadline use acquire(timeout=...) "
+            f"or wrap the await in `async with asyncio.timeout(...)` (Python 3.11+)",
             key=key,
             server=context.server,
         )

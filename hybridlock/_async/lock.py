@@ -254,7 +254,8 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
         return self.hold_count
 
     def is_held_by_current_task(self) -> bool:
-        """Whether this task holds the lock (no round trip; False from outside any task, such as a thread)."""
+        """Whether this task holds the lock (no round trip). Asked from outside the lock's side (an asyncio lock by a
+        thread), False: such a caller holds nothing."""
         me = asking_owner()
         return me is not None and self._owner == me
 

@@ -306,7 +306,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
         refuse_in_event_loop(self.key, context.server)
         context.check_open(self.key)
         me = current_owner()
-        refuse_a_task_of_its_own("semaphore", self.key, context)
+        refuse_a_task_of_its_own("permit of this semaphore", self.key, context)
         site = caller_site(caller)
         deadline = None if wait is None else monotonic() + wait
         won: list[PermitResult] = []

@@ -255,7 +255,8 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
         return self.hold_count
 
     def is_held_by_current_thread(self) -> bool:
-        """Whether this thread holds the lock (no round trip; False from outside any task, such as a thread)."""
+        """Whether this thread holds the lock (no round trip). Asked from outside the lock's side (an asyncio lock by a
+        thread), False: such a caller holds nothing."""
         me = asking_owner()
         return me is not None and self._owner == me
 

@@ -98,7 +98,7 @@ class _Half(ServerLease, JavaStyleLock, LossWatching):
         me = current_owner()
         if self._depth(me):
             return self._acquire(me, blocking, deadline)  # reentrant: only counts (and is not reported)
-        refuse_a_task_of_its_own(self.kind, self.key, self._context)
+        refuse_a_task_of_its_own(f"{self.kind} lock", self.key, self._context)
         site = caller_site(caller)
         observer = self._context.observer
         if observer is not None:
