@@ -699,6 +699,90 @@ async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
         assert len(theirs.backend.subscribers) == len(cluster.masters)  # one subscriber per node, no more
 
 
+def _reset_statistics(cluster: EmbeddedCluster) -> None:
+    for master in cluster.masters:
+        cluster.command(master, "CONFIG", "RESETSTAT")
+
+
+def _moved_replies(cluster: EmbeddedCluster) -> int:
+    """How many calls the masters answered MOVED (sent to a master not serving their slot) since the reset."""
+    stats = [cluster.command(master, "INFO", "errorstats") for master in cluster.masters]
+    return sum(int(stat.get("errorstat_MOVED", {}).get("count", 0)) for stat in stats)
+
+
+async def _tasks_at_once(registry: hybridlock.AsyncLockRegistry, key: str) -> int:
+    """8 tasks at once, each 3 times through a semaphore of 2 permits then a lock; the most inside it at once."""
+    semaphore = registry.obtain_semaphore(key, 2)
+    lock = registry.obtain(f"{key}-lock")
+    inside: list[int] = []
+    peak = 0
+
+    async def worker() -> None:
+        nonlocal peak
+        for _ in range(3):
+            assert await semaphore.acquire(timeout=20)
+            inside.append(1)
+            peak = max(peak, len(inside))
+            await asyncio.sleep(0.002)
+            inside.pop()
+            await semaphore.release()
+            assert await lock.acquire(timeout=20)
+            await lock.release()
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(8))), 60)
+    return peak
+
+
+async def test_asyncio_tasks_at_once_on_a_new_registry_route_by_slot_and_fail_nothing(cluster, cluster_url):
+    # redis-py's asyncio cluster client (8.x) picks a command's node before it learns the cluster's layout: on a new
+    # client, the scripts of tasks started together went to random masters and were answered MOVED, and every fifth
+    # MOVED made the client close all its connections, cutting off the other tasks' calls in flight ("Connection
+    # closed by server"). Several new registries, 8 tasks at once on each: no error, the limit kept, and no call
+    # sent to a master not serving its slot.
+    _reset_statistics(cluster)
+    for round_ in range(4):
+        async with hybridlock.AsyncLockRegistry(cluster_url) as registry:
+            assert await _tasks_at_once(registry, f"first-contact{round_}") <= 2
+    assert _moved_replies(cluster) == 0
+
+
+def _threads_at_once(registry: hybridlock.LockRegistry, key: str) -> list[BaseException]:
+    """The blocking twin of ``_tasks_at_once``: 8 threads started together; what they raised."""
+    semaphore = registry.obtain_semaphore(key, 2)
+    lock = registry.obtain(f"{key}-lock")
+    start = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            start.wait(10)
+            for _ in range(3):
+                assert semaphore.acquire(timeout=20)
+                time.sleep(0.002)
+                semaphore.release()
+                assert lock.acquire(timeout=20)
+                lock.release()
+        except BaseException as exc:  # reported by the test, in its own thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    return failures
+
+
+def test_threads_at_once_on_a_new_registry_route_by_slot_and_fail_nothing(cluster, cluster_url):
+    # The blocking twin: its client learns the layout when it is made, before any thread calls.
+    _reset_statistics(cluster)
+    for round_ in range(2):
+        with hybridlock.LockRegistry(cluster_url) as registry:
+            assert _threads_at_once(registry, f"first-contact{round_}") == []
+    assert _moved_replies(cluster) == 0
+
+
 # -- the ACL ---------------------------------------------------------------------------------------------------------
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -66,7 +66,7 @@ from ...backends.clients import (
 )
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from .._compat import AsyncCondition, AsyncFanOut, monotonic, new_guard, sleep
-from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
+from ._compat import cluster_ready, cluster_routes_by_key, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import AsyncReleaseWatch
 from .pubsub import Subscriber
 from .redis import About, AsyncRedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
@@ -348,6 +348,15 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
 
     async def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
+
+    @contextlib.asynccontextmanager
+    async def _translated(self, about: About, operation: str) -> AsyncIterator[None]:
+        async with super()._translated(about, operation):
+            # Every command that the cluster client routes itself (a script, a pop, a query) is sent in here: the
+            # client must know the cluster's layout first, or it sends them to random masters (see
+            # cluster_routes_by_key), which fails the calls of other tasks when many start at once.
+            await cluster_routes_by_key(self.client)
+            yield
 
     @property
     def pipelines_waits(self) -> bool:

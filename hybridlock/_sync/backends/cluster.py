@@ -67,7 +67,7 @@ from ...backends.clients import (
 )
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from .._compat import Condition, FanOut, monotonic, new_guard, sleep
-from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
+from ._compat import cluster_ready, cluster_routes_by_key, node_for_slot, node_pubsub_client, pipeline_on_node
 from .base import ReleaseWatch
 from .pubsub import Subscriber
 from .redis import About, RedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
@@ -349,6 +349,15 @@ class RedisClusterBackend(RedisBackend):
 
     def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
+
+    @contextlib.contextmanager
+    def _translated(self, about: About, operation: str) -> Iterator[None]:
+        with super()._translated(about, operation):
+            # Every command that the cluster client routes itself (a script, a pop, a query) is sent in here: the
+            # client must know the cluster's layout first, or it sends them to random masters (see
+            # cluster_routes_by_key), which fails the calls of other tasks when many start at once.
+            cluster_routes_by_key(self.client)
+            yield
 
     @property
     def pipelines_waits(self) -> bool:
