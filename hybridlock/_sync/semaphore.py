@@ -8,8 +8,11 @@ counter. To the registry a permit is one more held lease (``_Permit``): the one 
 as for a lock (``lost``, ``on_lost``, ``LockLostError`` at release), ``close()`` warns about it, and a holder that
 ends without releasing has its permit left to run out.
 
-Each acquire is one round trip, for threads of one process too: permits are not shared between the tasks of a
-process (each takes its own; a task may take several, as with ``threading.Semaphore``). Waiters are served in
+Each permit belongs to the task that took it (a task may take several, as with ``threading.Semaphore``), but the
+tasks of a process share its permits without a round trip of their own where it is safe: a release made while other
+tasks here wait gives the permit back and, in the same round trip, takes it for the first of them the server's own
+rule admits (``_hand_over``, ``scripts.TRANSFER_PERMIT``), so fairness across processes and the limit hold as for
+their own attempts; only a permit still free after that wakes anyone. Waiters are served in
 arrival order across processes: a blocking attempt that is refused takes a place in the semaphore's queue in the
 server, and with R permits free only the first R places may take one (an attempt without a place, a non-blocking
 one, counts as behind them all), so a stream of newcomers cannot starve a waiter. A waiter then waits for a
@@ -26,6 +29,10 @@ Failure modes
   ``on_lost``); its ``release`` raises ``LockLostError``. Another owner may hold that permit meanwhile.
 * The limit is lowered (``set_permits``) below the permits held: none is revoked; they stay valid and renewed until
   released, and no permit is given out until fewer than the new limit are held.
+* A waiter that gives up (out of time, cancelled) while a release here attempts for it: the release gives back the
+  permit it took for it as soon as it hears (a waiter makes no attempt of its own meanwhile, so it is never granted
+  two). If the release's request fails, what it may have taken under the waiter's tag is given back the same way as
+  an interrupted attempt's (below), and the waiter goes on under a new tag.
 * An acquire interrupted (cancelled; ``KeyboardInterrupt`` on threads) while its attempt was in flight may have been
   granted a permit it never learns of: each acquire is tagged, the tag is written beside the permit it is granted,
   and the interrupted acquire gives back the permit of its tag, or marks the tag given up so that the attempt takes
