@@ -24,6 +24,9 @@ _IDLE = 0  # (hybridlock._sync.semaphore's state of a waiter between attempts)
 # How long the waiter of the last test waits: long enough that it still sleeps when the release comes, on a loaded
 # machine (it attempts again only at its deadline, or a second after its last attempt).
 WAIT = 1.5
+# How long a waiter must be seen asleep before a release is made for it: it wakes to attempt again within
+# milliseconds of its subscription's confirmation, then sleeps until its place's refresh (a second later).
+SETTLE = 0.05
 
 HAVE_SEMAPHORES = [param for param in BACKENDS if param.values[0] != "quorum"]
 SHARED = [param for param in HAVE_SEMAPHORES if param.values[0] != "local"]
@@ -58,16 +61,26 @@ class Counted:
             backend.transfer_permit = counted_transfer
 
 
+def _asleep(semaphore: Any) -> bool:
+    """Whether every acquire of ``semaphore`` here sleeps between attempts on a confirmed subscription. (One whose
+    subscription is not confirmed yet attempts again as soon as it is: see ``waiting._wait_for_lock``.)"""
+    here = getattr(semaphore, "_waiters", None)  # (None before hand-overs)
+    if here is None:
+        return True
+    with semaphore._guard:
+        return all(w.state == _IDLE and w.watch is not None and w.watch.epoch() is not None for w in here)
+
+
 def until_waiting(registry: Any, semaphore: Any, waiters: int) -> None:
     """Wait until ``waiters`` places are queued in ``semaphore``'s queue in the server and every acquire of it here
-    sleeps between attempts (where a release can wake it), failing after ``JOIN`` seconds."""
+    sleeps between attempts (where a release can wake it), at two looks ``SETTLE`` seconds apart (a confirmation
+    heard between them wakes it for one more attempt), failing after ``JOIN`` seconds."""
     deadline = monotonic() + JOIN
     while True:
-        here = getattr(semaphore, "_waiters", None)  # (None before hand-overs)
-        with semaphore._guard:
-            awake = 0 if here is None else sum(1 for w in here if w.watch is None or w.state != _IDLE)
-        if queued(registry, semaphore) == waiters and not awake:
-            return
+        if queued(registry, semaphore) == waiters and _asleep(semaphore):
+            sleep(SETTLE)
+            if queued(registry, semaphore) == waiters and _asleep(semaphore):
+                return
         assert monotonic() < deadline, f"{waiters} waiters not queued within {JOIN}s"
         sleep(0.005)
 
