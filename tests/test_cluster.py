@@ -746,6 +746,84 @@ async def test_asyncio_tasks_at_once_on_a_new_registry_route_by_slot_and_fail_no
     assert _moved_replies(cluster) == 0
 
 
+async def test_asyncio_tasks_on_a_slot_being_migrated_fail_nothing(cluster, cluster_url):
+    # Locks of one slot, taken and given back by 8 tasks of one registry at once while the slot moves between
+    # masters: the calls on their way to the old master are answered MOVED, and redis-py's asyncio cluster client
+    # closed all its connections at every fifth MOVED (its reinitialize_steps), cutting off the other tasks' calls
+    # in flight (a release then retried found its lock gone: LockLostError; or a raw AttributeError). The client
+    # hybridlock makes follows each MOVED instead (reinitialize_steps=0): nothing fails, nothing is closed.
+    async with hybridlock.AsyncLockRegistry(cluster_url) as registry:
+        client = registry.backend.client
+        closed = 0
+        close = client.aclose
+
+        async def counted_close() -> None:
+            nonlocal closed
+            closed += 1
+            await close()
+
+        client.aclose = counted_close
+        locks = [registry.obtain(f"moving}}{index}") for index in range(8)]
+        slot = slot_of(locks[0].key)
+        running = True
+
+        async def worker(lock: Any) -> int:
+            cycles = 0
+            while running:
+                assert await lock.acquire(timeout=20)
+                await asyncio.sleep(0.001)
+                await lock.release()
+                cycles += 1
+            return cycles
+
+        tasks = [asyncio.create_task(worker(lock)) for lock in locks]
+        for move in range(4):
+            await asyncio.sleep(0.1)
+            target = [master for master in cluster.masters if master is not cluster.owner_of(slot)][move % 2]
+            await asyncio.to_thread(cluster.migrate_slot, slot, target)
+        await asyncio.sleep(0.1)
+        running = False
+        cycles = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert min(cycles) > 0
+        assert closed == 0
+
+
+def test_threads_on_a_slot_being_migrated_fail_nothing(cluster, cluster_url):
+    # The blocking twin: its client learns the layout again at a MOVED without closing the connections in use.
+    with hybridlock.LockRegistry(cluster_url) as registry:
+        locks = [registry.obtain(f"moving-threads}}{index}") for index in range(8)]
+        slot = slot_of(locks[0].key)
+        running = threading.Event()
+        running.set()
+        failures: list[BaseException] = []
+        cycles = [0] * len(locks)
+
+        def worker(index: int) -> None:
+            try:
+                while running.is_set():
+                    assert locks[index].acquire(timeout=20)
+                    time.sleep(0.001)
+                    locks[index].release()
+                    cycles[index] += 1
+            except BaseException as exc:  # reported by the test, in its own thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(index,)) for index in range(len(locks))]
+        for thread in threads:
+            thread.start()
+        for move in range(4):
+            time.sleep(0.1)
+            target = [master for master in cluster.masters if master is not cluster.owner_of(slot)][move % 2]
+            cluster.migrate_slot(slot, target)
+        time.sleep(0.1)
+        running.clear()
+        for thread in threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in threads)
+        assert failures == []
+        assert min(cycles) > 0
+
+
 def _threads_at_once(registry: hybridlock.LockRegistry, key: str) -> list[BaseException]:
     """The blocking twin of ``_tasks_at_once``: 8 threads started together; what they raised."""
     semaphore = registry.obtain_semaphore(key, 2)

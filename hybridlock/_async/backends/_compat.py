@@ -1,6 +1,7 @@
 """Hand-written, asyncio side: what the cluster backend needs of a cluster client that the asyncio and blocking
 clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backends/_compat.py`` is the twin.
 
+* ``CLUSTER_CLIENT_OPTIONS``: what the cluster clients hybridlock makes are given besides its timeouts and retry.
 * ``cluster_ready``: the asyncio client learns the cluster's layout at its first command (or ``initialize()``);
   the blocking one did at construction.
 * ``cluster_routes_by_key``: the asyncio client must have learnt the layout before a keyed command is sent through
@@ -22,6 +23,7 @@ from typing import Any
 import redis.asyncio
 
 __all__ = [
+    "CLUSTER_CLIENT_OPTIONS",
     "cluster_ready",
     "cluster_routes_by_key",
     "connection_ready",
@@ -29,6 +31,15 @@ __all__ = [
     "node_pubsub_client",
     "pipeline_on_node",
 ]
+
+
+#: redis-py's asyncio cluster client answers every ``reinitialize_steps``-th MOVED (5 by default) with its own
+#: ``aclose()``: every connection closed, those of other tasks' calls in flight too, which fail (or are retried after
+#: the server ran them: a release retried so finds its lock gone, and reports it lost). Under tasks at once, a slot
+#: migration or a failover brings that many MOVED answers. With 0 it follows each MOVED (the slot's new master is
+#: learnt from it, as after a failover), which is all a change of the layout needs; a node out of reach still makes
+#: it learn the whole layout again.
+CLUSTER_CLIENT_OPTIONS: dict[str, Any] = {"reinitialize_steps": 0}
 
 
 async def cluster_ready(client: Any) -> None:

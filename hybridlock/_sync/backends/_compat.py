@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "CLUSTER_CLIENT_OPTIONS",
     "cluster_ready",
     "cluster_routes_by_key",
     "connection_ready",
@@ -16,6 +17,10 @@ __all__ = [
     "node_pubsub_client",
     "pipeline_on_node",
 ]
+
+
+#: None: the blocking client learns the layout again at a MOVED without closing the connections in use.
+CLUSTER_CLIENT_OPTIONS: dict[str, Any] = {}
 
 
 def cluster_ready(client: Any) -> None:
