@@ -699,6 +699,168 @@ async def test_asyncio_waiters_wake_over_sharded_pubsub(cluster, cluster_url):
         assert len(theirs.backend.subscribers) == len(cluster.masters)  # one subscriber per node, no more
 
 
+def _reset_statistics(cluster: EmbeddedCluster) -> None:
+    for master in cluster.masters:
+        cluster.command(master, "CONFIG", "RESETSTAT")
+
+
+def _moved_replies(cluster: EmbeddedCluster) -> int:
+    """How many calls the masters answered MOVED (sent to a master not serving their slot) since the reset."""
+    stats = [cluster.command(master, "INFO", "errorstats") for master in cluster.masters]
+    return sum(int(stat.get("errorstat_MOVED", {}).get("count", 0)) for stat in stats)
+
+
+async def _tasks_at_once(registry: hybridlock.AsyncLockRegistry, key: str) -> int:
+    """8 tasks at once, each 3 times through a semaphore of 2 permits then a lock; the most inside it at once."""
+    semaphore = registry.obtain_semaphore(key, 2)
+    lock = registry.obtain(f"{key}-lock")
+    inside: list[int] = []
+    peak = 0
+
+    async def worker() -> None:
+        nonlocal peak
+        for _ in range(3):
+            assert await semaphore.acquire(timeout=20)
+            inside.append(1)
+            peak = max(peak, len(inside))
+            await asyncio.sleep(0.002)
+            inside.pop()
+            await semaphore.release()
+            assert await lock.acquire(timeout=20)
+            await lock.release()
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(8))), 60)
+    return peak
+
+
+async def test_asyncio_tasks_at_once_on_a_new_registry_route_by_slot_and_fail_nothing(cluster, cluster_url):
+    # redis-py's asyncio cluster client (8.x) picks a command's node before it learns the cluster's layout: on a new
+    # client, the scripts of tasks started together went to random masters and were answered MOVED, and every fifth
+    # MOVED made the client close all its connections, cutting off the other tasks' calls in flight ("Connection
+    # closed by server"). Several new registries, 8 tasks at once on each: no error, the limit kept, and no call
+    # sent to a master not serving its slot.
+    _reset_statistics(cluster)
+    for round_ in range(4):
+        async with hybridlock.AsyncLockRegistry(cluster_url) as registry:
+            assert await _tasks_at_once(registry, f"first-contact{round_}") <= 2
+    assert _moved_replies(cluster) == 0
+
+
+async def test_asyncio_tasks_on_a_slot_being_migrated_fail_nothing(cluster, cluster_url):
+    # Locks of one slot, taken and given back by 8 tasks of one registry at once while the slot moves between
+    # masters: the calls on their way to the old master are answered MOVED, and redis-py's asyncio cluster client
+    # closed all its connections at every fifth MOVED (its reinitialize_steps), cutting off the other tasks' calls
+    # in flight (a release then retried found its lock gone: LockLostError; or a raw AttributeError). The client
+    # hybridlock makes follows each MOVED instead (reinitialize_steps=0): nothing fails, nothing is closed.
+    async with hybridlock.AsyncLockRegistry(cluster_url) as registry:
+        client = registry.backend.client
+        closed = 0
+        close = client.aclose
+
+        async def counted_close() -> None:
+            nonlocal closed
+            closed += 1
+            await close()
+
+        client.aclose = counted_close
+        locks = [registry.obtain(f"moving}}{index}") for index in range(8)]
+        slot = slot_of(locks[0].key)
+        running = True
+
+        async def worker(lock: Any) -> int:
+            cycles = 0
+            while running:
+                assert await lock.acquire(timeout=20)
+                await asyncio.sleep(0.001)
+                await lock.release()
+                cycles += 1
+            return cycles
+
+        tasks = [asyncio.create_task(worker(lock)) for lock in locks]
+        for move in range(4):
+            await asyncio.sleep(0.1)
+            target = [master for master in cluster.masters if master is not cluster.owner_of(slot)][move % 2]
+            await asyncio.to_thread(cluster.migrate_slot, slot, target)
+        await asyncio.sleep(0.1)
+        running = False
+        cycles = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert min(cycles) > 0
+        assert closed == 0
+
+
+def test_threads_on_a_slot_being_migrated_fail_nothing(cluster, cluster_url):
+    # The blocking twin: its client learns the layout again at a MOVED without closing the connections in use.
+    with hybridlock.LockRegistry(cluster_url) as registry:
+        locks = [registry.obtain(f"moving-threads}}{index}") for index in range(8)]
+        slot = slot_of(locks[0].key)
+        running = threading.Event()
+        running.set()
+        failures: list[BaseException] = []
+        cycles = [0] * len(locks)
+
+        def worker(index: int) -> None:
+            try:
+                while running.is_set():
+                    assert locks[index].acquire(timeout=20)
+                    time.sleep(0.001)
+                    locks[index].release()
+                    cycles[index] += 1
+            except BaseException as exc:  # reported by the test, in its own thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(index,)) for index in range(len(locks))]
+        for thread in threads:
+            thread.start()
+        for move in range(4):
+            time.sleep(0.1)
+            target = [master for master in cluster.masters if master is not cluster.owner_of(slot)][move % 2]
+            cluster.migrate_slot(slot, target)
+        time.sleep(0.1)
+        running.clear()
+        for thread in threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in threads)
+        assert failures == []
+        assert min(cycles) > 0
+
+
+def _threads_at_once(registry: hybridlock.LockRegistry, key: str) -> list[BaseException]:
+    """The blocking twin of ``_tasks_at_once``: 8 threads started together; what they raised."""
+    semaphore = registry.obtain_semaphore(key, 2)
+    lock = registry.obtain(f"{key}-lock")
+    start = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            start.wait(10)
+            for _ in range(3):
+                assert semaphore.acquire(timeout=20)
+                time.sleep(0.002)
+                semaphore.release()
+                assert lock.acquire(timeout=20)
+                lock.release()
+        except BaseException as exc:  # reported by the test, in its own thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    return failures
+
+
+def test_threads_at_once_on_a_new_registry_route_by_slot_and_fail_nothing(cluster, cluster_url):
+    # The blocking twin: its client learns the layout when it is made, before any thread calls.
+    _reset_statistics(cluster)
+    for round_ in range(2):
+        with hybridlock.LockRegistry(cluster_url) as registry:
+            assert _threads_at_once(registry, f"first-contact{round_}") == []
+    assert _moved_replies(cluster) == 0
+
+
 # -- the ACL ---------------------------------------------------------------------------------------------------------
 
 

@@ -40,3 +40,52 @@ async def test_an_acquire_cancelled_in_flight_leaves_no_permit_behind(own_server
         # the lease (30 s).
         assert await rival.acquire(blocking=False), "the permit granted to the cancelled acquire was left held"
         await rival.release()
+
+
+def sleeping(semaphore) -> bool:
+    """Whether every acquire of ``semaphore`` here sleeps between attempts, where a release can wake it (True before
+    hand-overs, which keep no such record)."""
+    waiters = getattr(semaphore, "_waiters", None)
+    return waiters is None or all(w.watch is not None and w.state == 0 for w in waiters)  # (0: _IDLE)
+
+
+async def test_a_waiter_cancelled_while_a_release_attempts_for_it_leaves_no_permit_behind(own_server) -> None:
+    # A release attempts for a waiting task of its process (tests/_async/test_semaphore_transfer.py), and the task is
+    # cancelled before the answer comes (the request is held up until it has ended): the permit taken for it is
+    # given back by the release, not left held by nobody until its lease ends.
+    async with (
+        hybridlock.AsyncLockRegistry(own_server.url) as registry,
+        hybridlock.AsyncLockRegistry(own_server.url) as other,
+    ):
+        semaphore = registry.obtain_semaphore("handed", 1)
+        assert await semaphore.acquire(blocking=False)
+        backend = registry.backend
+        transfer = getattr(backend, "transfer_permit", None)  # (None before hand-overs: the test then fails)
+        offered = asyncio.Event()
+        task = asyncio.ensure_future(awaited(semaphore.acquire))
+
+        async def held_up(*args, **kwargs):
+            offered.set()
+            await asyncio.wait((task,))  # (the waiter has ended: cancelled meanwhile)
+            return await transfer(*args, **kwargs)
+
+        backend.transfer_permit = held_up
+        deadline = asyncio.get_running_loop().time() + 10
+        while not (await backend.client.zcard(semaphore._names.queue) and sleeping(semaphore)):
+            assert asyncio.get_running_loop().time() < deadline, "the waiter did not queue"
+            await asyncio.sleep(0.005)
+
+        async def cancel_when_offered() -> None:
+            await offered.wait()
+            task.cancel()
+
+        canceller = asyncio.ensure_future(cancel_when_offered())
+        await semaphore.release()  # (this task's permit: released here; bounded by the test's timeout)
+        assert offered.is_set(), "the release did not attempt for the waiter"
+        await canceller
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert semaphore.held_here == 0
+        rival = other.obtain_semaphore("handed", 1)
+        assert await rival.acquire(blocking=False), "the permit taken for the cancelled waiter was left held"
+        await rival.release()

@@ -1262,3 +1262,114 @@ announce(ARGV[4], ARGV[3], 'released')
 return old
 """
 )
+
+TRANSFER_PERMIT = (
+    """
+-- TRANSFER_PERMIT: give back a permit slot if it is still ours (as RELEASE_PERMIT) and, in the same step, attempt
+-- for the tasks of ours that wait for this semaphore, by ACQUIRE_PERMIT's own rule for each one's place and tag: with
+-- R permits free, a waiter takes one only if its place is among the first R live places of the queue (a place not
+-- in the queue counts as behind them all), never a slot in the skip list, never for a tag given up
+-- (GIVE_BACK_ATTEMPT). The first waiter (in the order given) the rule admits takes the permit; the others' places
+-- are neither taken nor kept (their own attempts do that). The waiters owed a permit still free afterwards are woken
+-- as RELEASE_PERMIT wakes them: a permit handed over wakes nobody.
+-- KEYS[1]  the permit's slot key KEYS[2]  the semaphore's config (hash: limit, span)   KEYS[3]  fencing counter key
+-- KEYS[4]  queue (zset)          KEYS[5]  queue expiries (zset)
+-- ARGV[1]  owner (client_id)     ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
+-- ARGV[4]  the slot keys' prefix ARGV[5]  lease in ms ("0": no expiry)     ARGV[6]  counter TTL in ms
+-- ARGV[7]  the limit to store if none is                                   ARGV[8]  how many waiters (k)
+-- ARGV[9..8+2k]  each waiter's place and tag, in turn                      ARGV[9+2k..] slots not to take (as
+--          ACQUIRE_PERMIT's ARGV[8..])
+-- returns  {0}                   the slot was gone or another owner's (lost): nothing released, nothing taken
+--          {1, -1}               released; the waiter was not admitted (or the counter is out of range: its own
+--                                attempt will say so)
+--          {1, slot, token, i}   released, and slot ``slot`` taken for the i-th waiter (from 0) under its tag
+"""
+    + _ANNOUNCE_LIB
+    + _KEYS_LIB
+    + _FENCE_LIB
+    + _SEMAPHORE_LIB
+    + """
+if string_at(KEYS[1]) ~= ARGV[1] then
+  return {0}
+end
+redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, span = limits(KEYS[2], ARGV[7], ARGV[6])
+local k = tonumber(ARGV[8])
+local skip = {}
+for i = 9 + 2 * k, #ARGV do
+  skip[ARGV[i]] = true
+end
+local held, free = 0, nil
+for i = 0, span - 1 do
+  local slot = ARGV[4] .. i
+  local ttl = redis.call('PTTL', slot)
+  if ttl ~= -2 and not string_at(slot) then
+    redis.call('DEL', slot)
+    ttl = -2
+  end
+  if ttl == -2 then
+    if not free and i < limit and not skip[tostring(i)] then
+      free = i
+    end
+  else
+    held = held + 1
+  end
+end
+local queue, expiries = zset_at(KEYS[4]), zset_at(KEYS[5])
+if redis.call('EXISTS', expiries) == 0 then
+  redis.call('DEL', queue)
+else
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
+    redis.call('ZREM', queue, gone)
+    redis.call('ZREM', expiries, gone)
+  end
+end
+local room = limit - held
+local granted = nil
+for j = 0, k - 1 do
+  if not free or room <= 0 then
+    break
+  end
+  local place, tag = ARGV[9 + 2 * j], ARGV[10 + 2 * j]
+  local rank = redis.call('ZRANK', queue, place)
+  if not rank then
+    rank = redis.call('ZCARD', queue)
+  end
+  if rank < room and redis.call('EXISTS', ARGV[4] .. 'cancelled:' .. tag) == 0 then
+    local token = mint(KEYS[3], ARGV[6], t)
+    if token then
+      redis.call('ZREM', queue, place)
+      redis.call('ZREM', expiries, place)
+      local slot = ARGV[4] .. free
+      if ARGV[5] == '0' then
+        redis.call('SET', slot, ARGV[1])
+        redis.call('SET', slot .. ':tag', tag)
+      else
+        redis.call('SET', slot, ARGV[1], 'PX', ARGV[5])
+        redis.call('SET', slot .. ':tag', tag, 'PX', ARGV[5])
+      end
+      granted = {1, free, string.format('%.0f', token), j}
+      room = room - 1
+    end
+    break
+  end
+end
+if room > 0 then
+  local places = redis.call('ZRANGE', queue, 0, room - 1)
+  local woken = {}
+  for _, waiting in ipairs(places) do
+    local waiter = string.match(waiting, '^([^|]+)|')
+    if waiter and not woken[waiter] then
+      woken[waiter] = true
+      announce(ARGV[3], ARGV[2], 'released:' .. waiter)
+    end
+  end
+  if room > #places then
+    announce(ARGV[3], ARGV[2], 'released')
+  end
+end
+return granted or {1, -1}
+"""
+)

@@ -8,8 +8,11 @@ counter. To the registry a permit is one more held lease (``_Permit``): the one 
 as for a lock (``lost``, ``on_lost``, ``LockLostError`` at release), ``close()`` warns about it, and a holder that
 ends without releasing has its permit left to run out.
 
-Each acquire is one round trip, for threads of one process too: permits are not shared between the tasks of a
-process (each takes its own; a task may take several, as with ``threading.Semaphore``). Waiters are served in
+Each permit belongs to the task that took it (a task may take several, as with ``threading.Semaphore``), but the
+tasks of a process share its permits without a round trip of their own where it is safe: a release made while other
+tasks here wait gives the permit back and, in the same round trip, takes it for the first of them the server's own
+rule admits (``_hand_over``, ``scripts.TRANSFER_PERMIT``), so fairness across processes and the limit hold as for
+their own attempts; only a permit still free after that wakes anyone. Waiters are served in
 arrival order across processes: a blocking attempt that is refused takes a place in the semaphore's queue in the
 server, and with R permits free only the first R places may take one (an attempt without a place, a non-blocking
 one, counts as behind them all), so a stream of newcomers cannot starve a waiter. A waiter then waits for a
@@ -26,6 +29,10 @@ Failure modes
   ``on_lost``); its ``release`` raises ``LockLostError``. Another owner may hold that permit meanwhile.
 * The limit is lowered (``set_permits``) below the permits held: none is revoked; they stay valid and renewed until
   released, and no permit is given out until fewer than the new limit are held.
+* A waiter that gives up (out of time, cancelled) while a release here attempts for it: the release gives back the
+  permit it took for it as soon as it hears (a waiter makes no attempt of its own meanwhile, so it is never granted
+  two). If the release's request fails, what it may have taken under the waiter's tag is given back the same way as
+  an interrupted attempt's (below), and the waiter goes on under a new tag.
 * An acquire interrupted (cancelled; ``KeyboardInterrupt`` on threads) while its attempt was in flight may have been
   granted a permit it never learns of: each acquire is tagged, the tag is written beside the permit it is granted,
   and the interrupted acquire gives back the permit of its tag, or marks the tag given up so that the attempt takes
@@ -48,6 +55,7 @@ from .._core.results import AcquireResult, PermitResult
 from .._protocol.scripts import MAX_PERMITS
 from ..errors import HybridLockError, InvalidArgumentError, LockNotOwnedError, LockTimeoutError
 from ._compat import (
+    Event,
     asking_owner,
     current_owner,
     monotonic,
@@ -68,6 +76,7 @@ from .waiting import acquire_remote
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .backends.base import ReleaseWatch
     from .context import LockContext
     from .scope import WatchedLease
 
@@ -80,6 +89,29 @@ logger = logging.getLogger("hybridlock.lock")
 _PLACE_REFRESH = QUEUE_PLACE_KEEP_MS / 3000.0
 
 _wait_ids = itertools.count(1)  # (a place is named "<client_id>|<wait id>": unique in this owner)
+
+# What a waiter of this process is doing (``_Waiter.state``): between attempts (a release here may attempt for it),
+# attempting itself, attempted for by a release (it makes no attempt of its own until told the outcome), handed a
+# permit it has not taken up yet, done (holding, or gone: a release that attempted for it gives back what it took).
+_IDLE, _ATTEMPTING, _OFFERED, _HANDED, _DONE = range(5)
+#: The most waiters one release attempts for (each costs the script a look at its place in the queue).
+_HAND_OVER_TO = 16
+
+
+class _Waiter:
+    """A blocking acquire of this process waiting for a permit (see ``Semaphore._hand_over``). Its state is
+    read and written under the semaphore's guard only."""
+
+    __slots__ = ("decided", "handed", "place", "sent_at", "state", "tag", "watch")
+
+    def __init__(self, place: str, tag: str) -> None:
+        self.place = place
+        self.tag = tag  # (a new one after an attempt for it whose outcome is unknown: see _hand_over)
+        self.state = _IDLE
+        self.watch: ReleaseWatch | None = None  # what it sleeps on between attempts (None: it polls)
+        self.decided = Event()  # set when the release attempting for it knows the outcome (one per attempt)
+        self.handed: PermitResult | None = None  # the permit a release took for it (``_HANDED``)
+        self.sent_at = 0.0  # when that release's request was sent: the permit's lease counts from there
 
 
 def validate_permits(permits: object) -> int:
@@ -146,17 +178,15 @@ class _Permit(ServerLease):
             self._context.leases.report_lost(self._semaphore, list(self._callbacks))
 
     def _give_back(self) -> None:
-        """Release the permit in the server (shielded from a cancel) and end its tenancy. Raises ``LockLostError``
+        """Release the permit in the server (shielded from a cancel), handing it to a waiter of this process where
+        the server's rule admits it (``Semaphore._hand_over``), and end its tenancy. Raises ``LockLostError``
         when its lease had ended (the permit is given up all the same), ``BackendUnavailableError`` when the server
         could not be told (the slot ends with its lease)."""
-        context = self._context
         was_lost = self._give_back_lease()
         released = False
         unreachable: HybridLockError | None = None
         try:
-            released = shielded(
-                partial(context.backend.release_permit, self._semaphore._names, self.slot, context.client_id)
-            )
+            released = shielded(partial(self._semaphore._hand_over, self.slot))
         except HybridLockError as exc:
             if not was_lost:
                 raise
@@ -190,6 +220,7 @@ class Semaphore(JavaStyleLock, LossWatching):
         self._permits = permits
         self._guard = new_guard()
         self._held: dict[object, list[_Permit]] = {}  # the permits each task here holds, oldest first
+        self._waiters: dict[_Waiter, None] = {}  # the blocking acquires here, in arrival order
         self._callbacks: list[LostCallback] = []
 
     # -- what the semaphore is ------------------------------------------------------------------------------------
@@ -310,47 +341,173 @@ class Semaphore(JavaStyleLock, LossWatching):
         refuse_a_task_of_its_own("permit of this semaphore", self.key, context)
         site = caller_site(caller)
         deadline = None if wait is None else monotonic() + wait
-        won: list[PermitResult] = []
+        won: list[tuple[PermitResult, float | None]] = []  # (the permit, when the release handing it was sent)
         backend = context.backend
         tag = f"{context.client_id}|{next(_wait_ids)}"
-        place = tag if blocking else None
+        # A blocking acquire is a waiter a release here may attempt for (see _hand_over): it then makes no attempt
+        # of its own until told the outcome, so that never two attempts are in flight for it.
+        waiter = _Waiter(tag, tag) if blocking else None
+        guard = self._guard
 
         def attempt() -> AcquireResult:
+            if waiter is not None:
+                while True:
+                    with guard:
+                        if waiter.state == _HANDED:
+                            handed, waiter.handed, waiter.state = waiter.handed, None, _DONE
+                            assert handed is not None
+                            won.append((handed, waiter.sent_at))
+                            return AcquireResult(True, handed.fencing_token)
+                        if waiter.state != _OFFERED:
+                            waiter.state = _ATTEMPTING
+                            break
+                        decided = waiter.decided
+                    # (The release's round trip; at our deadline we leave it: what it takes for us it gives back.)
+                    left = None if deadline is None else max(0.0, deadline - monotonic())
+                    if not decided.wait(left):
+                        with guard:
+                            if waiter.state == _OFFERED:
+                                waiter.state = _DONE
+                                return AcquireResult(False)
             result = backend.try_acquire_permit(
-                self._names, context.client_id, context.config.lease_ms, self._permits, self._slots_here(), place, tag
+                self._names,
+                context.client_id,
+                context.config.lease_ms,
+                self._permits,
+                self._slots_here(),
+                None if waiter is None else waiter.place,
+                tag if waiter is None else waiter.tag,
             )
+            if waiter is not None:
+                with guard:
+                    waiter.state = _DONE if result.acquired else _IDLE
             if not result.acquired:
                 # Come back before our place lapses (and never past the soonest end of a held permit's lease).
                 ttl = result.holder_ttl
                 return AcquireResult(False, None, _PLACE_REFRESH if ttl is None else min(ttl, _PLACE_REFRESH))
-            won.append(result)
+            won.append((result, None))
             return AcquireResult(True, result.fencing_token)
 
         def give_up() -> None:
-            if place is not None:
-                backend.leave_permit_queue(self._names, place)
+            if waiter is not None:
+                backend.leave_permit_queue(self._names, waiter.place)
 
         def undo() -> object:
-            return backend.give_back_attempt(self._names, context.client_id, tag, context.config.lease_ms)
+            if waiter is not None:
+                with guard:
+                    if waiter.state == _OFFERED:
+                        waiter.state = _DONE  # (the release attempting for us gives back what it takes)
+                        return None
+            return backend.give_back_attempt(
+                self._names, context.client_id, tag if waiter is None else waiter.tag, context.config.lease_ms
+            )
 
-        grant = acquire_remote(
-            context,
-            self._names.waiting,
-            blocking,
-            deadline,
-            attempt=attempt,
-            give_up=give_up,  # (leaves our place in the queue: out of time, cancelled, or an error)
-            undo=undo,  # (an attempt cut off in flight: what it may have been granted is given back)
-            queues=False,  # (each attempt keeps our place: no wait keeper)
-        )
+        def on_watch(watch: ReleaseWatch | None) -> None:
+            if waiter is not None:
+                with guard:
+                    waiter.watch = watch
+
+        if waiter is not None:
+            with guard:
+                self._waiters[waiter] = None
+        try:
+            grant = acquire_remote(
+                context,
+                self._names.waiting,
+                blocking,
+                deadline,
+                attempt=attempt,
+                give_up=give_up,  # (leaves our place in the queue: out of time, cancelled, or an error)
+                undo=undo,  # (an attempt cut off in flight: what it may have been granted is given back)
+                queues=False,  # (each attempt keeps our place: no wait keeper)
+                on_watch=on_watch,  # (a release handing us a permit wakes us: see _hand_over)
+            )
+        finally:
+            unclaimed = None
+            if waiter is not None:
+                with guard:
+                    del self._waiters[waiter]
+                    if waiter.state == _HANDED:
+                        unclaimed = waiter.handed  # handed to us after our last look: not ours to keep
+                    waiter.state, waiter.handed, waiter.watch = _DONE, None, None
+            if unclaimed is not None:
+                shielded(partial(self._give_back_quietly, unclaimed.slot))
         if grant is None:
             return False
-        taken = won[-1]
+        taken, handed_at = won[-1]
         permit = _Permit(self, taken.slot, me, site)
         with self._guard:
             self._held.setdefault(me, []).append(permit)
-        permit._begin_lease(taken.fencing_token, grant.sent_at)
+        # (A permit handed over by a release here counts its lease from that release's request.)
+        permit._begin_lease(taken.fencing_token, grant.sent_at if handed_at is None else handed_at)
         return True
+
+    def _give_back_quietly(self, slot: int) -> None:
+        """Give back a permit slot taken for a waiter that did not take it up (best effort: else it lapses)."""
+        context = self._context
+        try:
+            context.backend.release_permit(self._names, slot, context.client_id)
+        except HybridLockError as exc:
+            logger.debug("hybridlock: could not give back a permit of %r handed to a waiter gone: %s", self.key, exc)
+
+    def _hand_over(self, slot: int) -> bool:
+        """Release permit slot ``slot`` (ours) in the server and, in the same round trip, attempt for the waiters of
+        this process that are between attempts (the first ``_HAND_OVER_TO``, in arrival order), by the server's own
+        rule for each one's place (fairness across processes and the limit hold as for their own attempts): the
+        first one it admits is handed the permit and woken, and only a permit still free wakes anyone else
+        (``scripts.TRANSFER_PERMIT``). The waiters attempted for make no attempt of their own meanwhile. Without
+        such a waiter (or with waits that cannot be woken here: they poll), a plain release. Returns whether the
+        slot was still ours."""
+        context = self._context
+        backend = context.backend
+        decided = Event()
+        if context.config.lock_type != "pubsub":  # (waiters poll: a permit handed over would wait for their next look)
+            return backend.release_permit(self._names, slot, context.client_id)
+        with self._guard:
+            # (A waiter without a watch yet attempts as soon as it has one, and finds the permit then.)
+            offered = [w for w in self._waiters if w.state == _IDLE and (w.watch is None or w.watch.pokes)]
+            del offered[_HAND_OVER_TO:]
+            for waiter in offered:
+                waiter.state, waiter.decided = _OFFERED, decided
+            skip = [permit.slot for permits in self._held.values() for permit in permits]
+            asked = [(waiter.place, waiter.tag) for waiter in offered]
+        if not offered:
+            return backend.release_permit(self._names, slot, context.client_id)
+        outcome: tuple[bool, PermitResult, int] | None = None
+        sent_at = monotonic()
+        try:
+            outcome = backend.transfer_permit(
+                self._names, slot, context.client_id, context.config.lease_ms, self._permits, skip, asked
+            )
+        finally:
+            handed, to = (None, -1) if outcome is None else (outcome[1], outcome[2])
+            gone = False
+            watch: ReleaseWatch | None = None
+            with self._guard:
+                for index, waiter in enumerate(offered):
+                    if waiter.state != _OFFERED:  # it left meanwhile: what was taken for it is given back below
+                        gone = gone or index == to
+                    elif index == to and handed is not None:
+                        waiter.state, waiter.handed, waiter.sent_at, watch = _HANDED, handed, sent_at, waiter.watch
+                    else:
+                        waiter.state = _IDLE
+                        if outcome is None:
+                            # The outcome is unknown (the request failed): what it may have taken under the tag is
+                            # given back below, which retires the tag; the waiter goes on under a new one.
+                            waiter.tag = f"{context.client_id}|{next(_wait_ids)}"
+            decided.set()
+            if outcome is None:
+                for _, tag in asked:
+                    try:
+                        backend.give_back_attempt(self._names, context.client_id, tag, context.config.lease_ms)
+                    except HybridLockError as exc:  # (best effort: a permit it may have taken lapses with its lease)
+                        logger.debug("hybridlock: could not undo a hand-over of a permit of %r: %s", self.key, exc)
+            elif handed is not None and handed.acquired:
+                if gone:
+                    self._give_back_quietly(handed.slot)
+                elif watch is not None:
+                    watch.poke()  # (a waiter that no longer sleeps on it finds the permit at its next look)
+        return outcome[0]
 
     def _slots_here(self) -> list[int]:
         """The slots some task here holds a permit in, lost ones included: not to be taken again under our id."""
@@ -424,6 +581,7 @@ class Semaphore(JavaStyleLock, LossWatching):
         self._context = context
         self._guard = new_guard()
         self._held = {}
+        self._waiters = {}
 
 
 class _TimedPermit(TimedHold[Semaphore]):

@@ -109,6 +109,7 @@ def acquire_remote(
     queues: bool = True,
     probe: AcquireProbe | None = None,
     hint: WaitHint | None = None,
+    on_watch: Callable[[ReleaseWatch | None], None] | None = None,
 ) -> Grant | None:
     """Take the server lock, waiting (for a wake-up, the holder's lease end, or a backoff) until ``deadline``.
 
@@ -120,8 +121,9 @@ def acquire_remote(
     ``blocked_on()`` names (for the write half of a read-write lock, ``names`` is ``rw_names.write``), which
     the wait keeper keeps alive while this wait lasts; False for attempts that take none (readers). ``probe``
     (only when the registry has an observer) counts the attempts. ``hint``: the lock's ``WaitHint``, read and updated
-    here. Returns the successful result with the time its request was sent (``Grant``), or None when not blocking or
-    out of time."""
+    here. ``on_watch(watch)`` is told of each subscription the wait sleeps on (None once it no longer does), for a
+    caller that may wake it (``ReleaseWatch.poke``). Returns the successful result with the time its request
+    was sent (``Grant``), or None when not blocking or out of time."""
     backend = context.backend
     # A plain lock's blocking wait on a server that grants: our place is named after this wait, and a release that
     # finds it at the head of the queue grants us the lock (see the module docstring).
@@ -190,7 +192,9 @@ def acquire_remote(
         return result
 
     try:
-        result = _wait_for_lock(context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait)
+        result = _wait_for_lock(
+            context, names, blocking, deadline, tracked_attempt, blocked_on, grant_wait, on_watch
+        )
         if result is not None:
             in_flight = True  # (taken, by an attempt or a grant: given back below if we were cancelled meanwhile)
             raise_swallowed_cancel(cancels)
@@ -322,6 +326,7 @@ def _wait_for_lock(
     attempt: Thunk[AcquireResult],
     blocked_on: Callable[[], LockNames] | None,
     wait_for_grant: _GrantWait | None = None,
+    on_watch: Callable[[ReleaseWatch | None], None] | None = None,
 ) -> AcquireResult | None:
     backend = context.backend
     policy = context.config.wait_policy
@@ -360,6 +365,8 @@ def _wait_for_lock(
                 if watch is not None:
                     watch.close()
                 watch, watching = backend.watch(target, context.client_id), target.channel
+                if on_watch is not None:
+                    on_watch(watch)
                 if watch is not None:
                     # Subscribed now: try once more before sleeping, or a release that landed between the
                     # failed attempt and the subscription would never wake us.
@@ -386,6 +393,8 @@ def _wait_for_lock(
             context.check_open(names.key)
     finally:
         if watch is not None:
+            if on_watch is not None:
+                on_watch(None)
             watch.close()
 
 

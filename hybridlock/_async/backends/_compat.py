@@ -1,8 +1,11 @@
 """Hand-written, asyncio side: what the cluster backend needs of a cluster client that the asyncio and blocking
 clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backends/_compat.py`` is the twin.
 
+* ``CLUSTER_CLIENT_OPTIONS``: what the cluster clients hybridlock makes are given besides its timeouts and retry.
 * ``cluster_ready``: the asyncio client learns the cluster's layout at its first command (or ``initialize()``);
   the blocking one did at construction.
+* ``cluster_routes_by_key``: the asyncio client must have learnt the layout before a keyed command is sent through
+  it, or it sends it to a random master (see there); the blocking one always has.
 * ``node_for_slot``: the master serving a slot, from the client's own slot table (no I/O).
 * ``pipeline_on_node``: several commands to one node in one round trip, each reply or error in order. The cluster
   clients' own pipelines cannot carry EVALSHA (the blocking one refuses it, and both would ask the server for the
@@ -19,12 +22,44 @@ from typing import Any
 
 import redis.asyncio
 
-__all__ = ["cluster_ready", "connection_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
+__all__ = [
+    "CLUSTER_CLIENT_OPTIONS",
+    "cluster_ready",
+    "cluster_routes_by_key",
+    "connection_ready",
+    "node_for_slot",
+    "node_pubsub_client",
+    "pipeline_on_node",
+]
+
+
+#: redis-py's asyncio cluster client answers every ``reinitialize_steps``-th MOVED (5 by default) with its own
+#: ``aclose()``: every connection closed, those of other tasks' calls in flight too, which fail (or are retried after
+#: the server ran them: a release retried so finds its lock gone, and reports it lost). Under tasks at once, a slot
+#: migration or a failover brings that many MOVED answers. With 0 it follows each MOVED (the slot's new master is
+#: learnt from it, as after a failover), which is all a change of the layout needs; a node out of reach still makes
+#: it learn the whole layout again.
+CLUSTER_CLIENT_OPTIONS: dict[str, Any] = {"reinitialize_steps": 0}
 
 
 async def cluster_ready(client: Any) -> None:
     """Make sure ``client`` knows the cluster's slot table (one round trip the first time, none after)."""
     await client.initialize()
+
+
+async def cluster_routes_by_key(client: Any) -> None:
+    """Make sure a keyed command sent through ``client`` next goes to the master serving its key's slot (no I/O
+    unless the client knows no layout).
+
+    redis-py's asyncio cluster client (8.x) chooses a command's node *before* its retry loop learns the cluster's
+    layout, and with no layout known (a new client, or one its own ``aclose()`` emptied: it does so at every fifth
+    MOVED, and on CLUSTERDOWN) it takes a keyed command for a keyless one, sent to a random master. Alone, that costs
+    a MOVED and a second round trip; from several tasks at once, the MOVED answers add up to a fifth, and the
+    ``aclose()`` it sets off closes every connection of the client, the other tasks' calls in flight with them
+    ("Connection closed by server"), whose failures make the client learn the layout again, and so on. Learning it
+    first (the client's own lock lets one task do it while the others wait) routes every call by its slot."""
+    if client.get_default_node() is None:  # (what the client looks at to tell whether it can route by key)
+        await client.initialize()
 
 
 def node_for_slot(client: Any, slot: int) -> Any:

@@ -58,6 +58,15 @@ class AsyncReleaseWatch(abc.ABC):
         (waiting would cost every caller the whole timeout)."""
         return True
 
+    #: Whether ``poke`` wakes the waiter (else it does nothing: the waiter finds out at its next look).
+    pokes: bool = False
+
+    def poke(self) -> None:
+        """Make the wait in progress, or the next one, return True at once: a task of this process has news for the
+        waiter (a semaphore's permit handed to it by a release, see ``AsyncSemaphore``). Never does I/O; may be
+        called from another task (thread)."""
+        return None  # (this watch cannot be woken so: pokes is False)
+
     @abc.abstractmethod
     def close(self) -> None:
         """Stop watching; idempotent. Never does I/O (a channel nobody watches is dropped later, by the
@@ -243,6 +252,24 @@ class AsyncLockBackend(abc.ABC):
     async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         """Give back ``owner``'s permit slot ``slot`` and wake the semaphore's waiters; False if it had already ended
         (lost)."""
+        raise NotImplementedError
+
+    async def transfer_permit(
+        self,
+        names: SemaphoreNames,
+        slot: int,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        waiters: Sequence[tuple[str, str]],
+    ) -> tuple[bool, PermitResult, int]:
+        """``release_permit`` of ``owner``'s slot ``slot`` and, in the same atomic step, ``try_acquire_permit`` for
+        the first of ``owner``'s ``waiters`` (each a place and a tag, in that order; with ``skip``) the semaphore's
+        rule admits; a place refused is neither taken nor kept. The waiters owed a permit still free afterwards are
+        woken (a permit handed over wakes nobody). One round trip. Returns whether the slot was released (False: it
+        had ended; nothing taken), the result (refused without ``holder_ttl``) and the index of the waiter it was
+        taken for (-1: none)."""
         raise NotImplementedError
 
     async def set_permits(self, names: SemaphoreNames, permits: int) -> int:

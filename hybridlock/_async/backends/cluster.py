@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -66,7 +66,14 @@ from ...backends.clients import (
 )
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from .._compat import AsyncCondition, AsyncFanOut, monotonic, new_guard, sleep
-from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
+from ._compat import (
+    CLUSTER_CLIENT_OPTIONS,
+    cluster_ready,
+    cluster_routes_by_key,
+    node_for_slot,
+    node_pubsub_client,
+    pipeline_on_node,
+)
 from .base import AsyncReleaseWatch
 from .pubsub import Subscriber
 from .redis import About, AsyncRedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
@@ -102,8 +109,9 @@ _CLUSTER_URL = re.compile(r"^(?P<scheme>[^:]+)://(?P<userinfo>[^?#]*@)?(?P<hosts
 def redis_cluster_client_from_url(url: str, *, decode_responses: bool = False) -> redis.asyncio.cluster.RedisCluster:
     """A cluster client for ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` for TLS; user,
     password and query options as in a ``redis://`` URL), with hybridlock's defaults: 5 s timeouts and one
-    immediate retry, so a dead node costs about one connect timeout, not several. Every host given is a node to
-    start from; the client learns the rest of the cluster from them. The asyncio client does no I/O here; the
+    immediate retry, so a dead node costs about one connect timeout, not several; and ``CLUSTER_CLIENT_OPTIONS``
+    (the asyncio client follows a MOVED instead of closing every connection at every fifth). Every host given is a
+    node to start from; the client learns the rest of the cluster from them. The asyncio client does no I/O here; the
     blocking one connects to learn the cluster's layout (a ``BackendUnavailableError`` when it cannot).
     ``decode_responses`` as redis-py's (the command line reads text)."""
     from redis.asyncio import retry as retries
@@ -129,6 +137,7 @@ def redis_cluster_client_from_url(url: str, *, decode_responses: bool = False) -
             socket_connect_timeout=5.0,
             retry=retry,
             decode_responses=decode_responses,
+            **CLUSTER_CLIENT_OPTIONS,  # (the asyncio client's own: see there)
         )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # (Only the blocking client gets here: it connects at once.)
@@ -348,6 +357,15 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
 
     async def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
+
+    @contextlib.asynccontextmanager
+    async def _translated(self, about: About, operation: str) -> AsyncIterator[None]:
+        async with super()._translated(about, operation):
+            # Every command that the cluster client routes itself (a script, a pop, a query) is sent in here: the
+            # client must know the cluster's layout first, or it sends them to random masters (see
+            # cluster_routes_by_key), which fails the calls of other tasks when many start at once.
+            await cluster_routes_by_key(self.client)
+            yield
 
     @property
     def pipelines_waits(self) -> bool:

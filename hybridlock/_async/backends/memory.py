@@ -305,43 +305,58 @@ class AsyncMemoryBackend(AsyncLockBackend):
         place: str | None = None,
         tag: str = "",
     ) -> PermitResult:
-        now = monotonic()
         with self._cond:  # as scripts.ACQUIRE_PERMIT
-            if tag and tag in self._given_up:
-                return PermitResult(False)
-            limits = self._semaphores.setdefault(names.config, [permits, permits])
-            limit, span = limits
-            held, free, soonest, last = 0, None, None, -1
-            for index in range(span):
-                entry = self._live_entry(names.slot(index), now)
-                if entry is None:
-                    if free is None and index < limit and index not in skip:
-                        free = index
-                    continue
-                held += 1
-                last = index
-                if entry.expires_at is not None and (soonest is None or entry.expires_at - now < soonest):
-                    soonest = entry.expires_at - now
-            if span > limit and last < span - 1:
-                limits[1] = max(limit, last + 1)
-            # The queue (place -> lapse, in arrival order): with R permits free, only its first R live places may
-            # take one; an attempt without a place counts as behind them all.
-            queue = self._queues.setdefault(names.queue, {})
-            for waiter, until in list(queue.items()):
-                if until <= now:
-                    del queue[waiter]
-            rank = list(queue).index(place) if place is not None and place in queue else len(queue)
-            if held >= limit or free is None or rank >= limit - held:
-                if place is not None:
-                    queue[place] = now + _PLACE_KEEP  # (a refreshed place keeps its position)
-                return PermitResult(False, holder_ttl=soonest)
-            if place is not None:
-                queue.pop(place, None)
-            self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
-            self._permit_tags[names.slot(free)] = tag
-            token = self._fences.get(names.fence, 0) + 1
-            self._fences[names.fence] = token
-            return PermitResult(True, free, token)
+            return self._admit_permit(names, owner, lease_ms, permits, skip, place, tag, monotonic(), queue=True)
+
+    def _admit_permit(
+        self,
+        names: SemaphoreNames,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        place: str | None,
+        tag: str,
+        now: float,
+        queue: bool,
+    ) -> PermitResult:
+        """ACQUIRE_PERMIT's step, under ``self._cond``; ``queue``: whether a refused ``place`` takes or keeps its
+        place (False for a transfer's attempt)."""
+        if tag and tag in self._given_up:
+            return PermitResult(False)
+        limits = self._semaphores.setdefault(names.config, [permits, permits])
+        limit, span = limits
+        held, free, soonest, last = 0, None, None, -1
+        for index in range(span):
+            entry = self._live_entry(names.slot(index), now)
+            if entry is None:
+                if free is None and index < limit and index not in skip:
+                    free = index
+                continue
+            held += 1
+            last = index
+            if entry.expires_at is not None and (soonest is None or entry.expires_at - now < soonest):
+                soonest = entry.expires_at - now
+        if span > limit and last < span - 1:
+            limits[1] = max(limit, last + 1)
+        # The queue (place -> lapse, in arrival order): with R permits free, only its first R live places may
+        # take one; an attempt without a place counts as behind them all.
+        waiting = self._queues.setdefault(names.queue, {})
+        for waiter, until in list(waiting.items()):
+            if until <= now:
+                del waiting[waiter]
+        rank = list(waiting).index(place) if place is not None and place in waiting else len(waiting)
+        if held >= limit or free is None or rank >= limit - held:
+            if place is not None and queue:
+                waiting[place] = now + _PLACE_KEEP  # (a refreshed place keeps its position)
+            return PermitResult(False, holder_ttl=soonest)
+        if place is not None:
+            waiting.pop(place, None)
+        self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
+        self._permit_tags[names.slot(free)] = tag
+        token = self._fences.get(names.fence, 0) + 1
+        self._fences[names.fence] = token
+        return PermitResult(True, free, token)
 
     async def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
         with self._cond:  # as scripts.GIVE_BACK_ATTEMPT (a mark that lives as long as the backend)
@@ -363,21 +378,53 @@ class AsyncMemoryBackend(AsyncLockBackend):
 
     async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
         with self._cond:
-            entry = self._live_entry(names.slot(slot), monotonic())
-            if entry is None or entry.owner != owner:
+            if not self._drop_permit(names, slot, owner):
                 return False
-            del self._entries[names.slot(slot)]
-            self._permit_tags.pop(names.slot(slot), None)
-            # Wake the owners of the first R live places, R the permits free (as scripts.RELEASE_PERMIT).
-            now = monotonic()
-            limit, span = self._semaphores.get(names.config, [1, 1])
-            room = limit - sum(1 for index in range(span) if self._live_entry(names.slot(index), now) is not None)
-            live = [place for place, until in self._queues.get(names.queue, {}).items() if until > now]
-            for owner in dict.fromkeys(place.partition("|")[0] for place in live[: max(room, 0)]):
-                self._announce_release(names.channel, owner)
-            if room > len(live):
-                self._announce_release(names.channel)
+            self._wake_permit_waiters(names, monotonic())
             return True
+
+    async def transfer_permit(
+        self,
+        names: SemaphoreNames,
+        slot: int,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        waiters: Sequence[tuple[str, str]],
+    ) -> tuple[bool, PermitResult, int]:
+        with self._cond:  # as scripts.TRANSFER_PERMIT
+            if not self._drop_permit(names, slot, owner):
+                return False, PermitResult(False), -1
+            now = monotonic()
+            taken, index = PermitResult(False), -1
+            for at, (place, tag) in enumerate(waiters):
+                result = self._admit_permit(names, owner, lease_ms, permits, skip, place, tag, now, queue=False)
+                if result.acquired:
+                    taken, index = PermitResult(True, result.slot, result.fencing_token), at
+                    break
+            self._wake_permit_waiters(names, now)
+            return True, taken, index
+
+    def _drop_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+        """Under ``self._cond``: end ``owner``'s permit slot ``slot``; False if it was not ``owner``'s."""
+        entry = self._live_entry(names.slot(slot), monotonic())
+        if entry is None or entry.owner != owner:
+            return False
+        del self._entries[names.slot(slot)]
+        self._permit_tags.pop(names.slot(slot), None)
+        return True
+
+    def _wake_permit_waiters(self, names: SemaphoreNames, now: float) -> None:
+        """Under ``self._cond``: wake the owners of the first R live places, R the permits free (as
+        scripts.RELEASE_PERMIT)."""
+        limit, span = self._semaphores.get(names.config, [1, 1])
+        room = limit - sum(1 for index in range(span) if self._live_entry(names.slot(index), now) is not None)
+        live = [place for place, until in self._queues.get(names.queue, {}).items() if until > now]
+        for owner in dict.fromkeys(place.partition("|")[0] for place in live[: max(room, 0)]):
+            self._announce_release(names.channel, owner)
+        if room > len(live):
+            self._announce_release(names.channel)
 
     async def set_permits(self, names: SemaphoreNames, permits: int) -> int:
         with self._cond:
@@ -423,6 +470,7 @@ class _MemoryWatch(AsyncReleaseWatch):
         self._channel = channel
         self._owner = owner
         self._closed = False
+        self._poked = False  # (see poke)
         with backend._cond:
             backend._watchers[channel] = backend._watchers.get(channel, 0) + 1
             backend._release_counts.setdefault(channel, 0)
@@ -446,10 +494,18 @@ class _MemoryWatch(AsyncReleaseWatch):
 
     async def wait(self, timeout: float) -> bool:
         with self._backend._cond:
-            await self._backend._cond.wait_for(lambda: self._releases() != self._seen, timeout)
+            await self._backend._cond.wait_for(lambda: self._poked or self._releases() != self._seen, timeout)
             current = self._releases()
-            woken, self._seen = current != self._seen, current
+            woken, self._seen = self._poked or current != self._seen, current
+            self._poked = False
             return woken
+
+    pokes = True
+
+    def poke(self) -> None:
+        with self._backend._cond:
+            self._poked = True
+            self._backend._cond.notify_all()
 
     def close(self) -> None:
         backend = self._backend

@@ -8,11 +8,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["cluster_ready", "connection_ready", "node_for_slot", "node_pubsub_client", "pipeline_on_node"]
+__all__ = [
+    "CLUSTER_CLIENT_OPTIONS",
+    "cluster_ready",
+    "cluster_routes_by_key",
+    "connection_ready",
+    "node_for_slot",
+    "node_pubsub_client",
+    "pipeline_on_node",
+]
+
+
+#: None: the blocking client learns the layout again at a MOVED without closing the connections in use.
+CLUSTER_CLIENT_OPTIONS: dict[str, Any] = {}
 
 
 def cluster_ready(client: Any) -> None:
     """The blocking client learnt the cluster's slot table at construction: nothing to do."""
+
+
+def cluster_routes_by_key(client: Any) -> None:
+    """The blocking client routes every keyed command by its slot (it learnt the layout at construction, and learns
+    it again before it routes after a failure): nothing to do."""
 
 
 def node_for_slot(client: Any, slot: int) -> Any:

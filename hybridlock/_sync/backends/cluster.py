@@ -67,7 +67,14 @@ from ...backends.clients import (
 )
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from .._compat import Condition, FanOut, monotonic, new_guard, sleep
-from ._compat import cluster_ready, node_for_slot, node_pubsub_client, pipeline_on_node
+from ._compat import (
+    CLUSTER_CLIENT_OPTIONS,
+    cluster_ready,
+    cluster_routes_by_key,
+    node_for_slot,
+    node_pubsub_client,
+    pipeline_on_node,
+)
 from .base import ReleaseWatch
 from .pubsub import Subscriber
 from .redis import About, RedisBackend, ScriptRunner, Unreached, blocking_slice, keys_of
@@ -103,8 +110,9 @@ _CLUSTER_URL = re.compile(r"^(?P<scheme>[^:]+)://(?P<userinfo>[^?#]*@)?(?P<hosts
 def redis_cluster_client_from_url(url: str, *, decode_responses: bool = False) -> redis.cluster.RedisCluster:
     """A cluster client for ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` for TLS; user,
     password and query options as in a ``redis://`` URL), with hybridlock's defaults: 5 s timeouts and one
-    immediate retry, so a dead node costs about one connect timeout, not several. Every host given is a node to
-    start from; the client learns the rest of the cluster from them. The asyncio client does no I/O here; the
+    immediate retry, so a dead node costs about one connect timeout, not several; and ``CLUSTER_CLIENT_OPTIONS``
+    (the asyncio client follows a MOVED instead of closing every connection at every fifth). Every host given is a
+    node to start from; the client learns the rest of the cluster from them. The asyncio client does no I/O here; the
     blocking one connects to learn the cluster's layout (a ``BackendUnavailableError`` when it cannot).
     ``decode_responses`` as redis-py's (the command line reads text)."""
     from redis import retry as retries
@@ -130,6 +138,7 @@ def redis_cluster_client_from_url(url: str, *, decode_responses: bool = False) -
             socket_connect_timeout=5.0,
             retry=retry,
             decode_responses=decode_responses,
+            **CLUSTER_CLIENT_OPTIONS,  # (the asyncio client's own: see there)
         )
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # (Only the blocking client gets here: it connects at once.)
@@ -349,6 +358,15 @@ class RedisClusterBackend(RedisBackend):
 
     def _slot_of(self, name: str) -> int:
         return key_slot(name.encode())
+
+    @contextlib.contextmanager
+    def _translated(self, about: About, operation: str) -> Iterator[None]:
+        with super()._translated(about, operation):
+            # Every command that the cluster client routes itself (a script, a pop, a query) is sent in here: the
+            # client must know the cluster's layout first, or it sends them to random masters (see
+            # cluster_routes_by_key), which fails the calls of other tasks when many start at once.
+            cluster_routes_by_key(self.client)
+            yield
 
     @property
     def pipelines_waits(self) -> bool:

@@ -438,6 +438,7 @@ class _RedisWatch(ReleaseWatch):
         # see heard()). Another one (a reconnection) means announcements may have gone unheard in between.
         self._heard_epoch = self._state
         self._closed = False
+        self._poked = False  # (see poke)
 
     def _releases(self) -> tuple[int, int]:
         # Called under the subscriber's guard; a channel dropped meanwhile reads as unchanged.
@@ -479,14 +480,28 @@ class _RedisWatch(ReleaseWatch):
         sub = self._subscriber
 
         def changed() -> bool:
-            return self._releases() != self._seen or sub._channel_epoch(self._channel) != self._state or sub._stopped
+            return (
+                self._poked
+                or self._releases() != self._seen
+                or sub._channel_epoch(self._channel) != self._state
+                or sub._stopped
+            )
 
         with sub._cond:
             sub._cond.wait_for(changed, timeout)
             woken = changed()
             self._seen = self._releases()
             self._state = sub._channel_epoch(self._channel)
+            self._poked = False
             return woken
+
+    pokes = True
+
+    def poke(self) -> None:
+        sub = self._subscriber
+        with sub._cond:
+            self._poked = True
+            sub._cond.notify_all()
 
     def close(self) -> None:
         if not self._closed:

@@ -1040,6 +1040,47 @@ class RedisBackend(LockBackend):
             )
         return bool(released)
 
+    def transfer_permit(
+        self,
+        names: SemaphoreNames,
+        slot: int,
+        owner: str,
+        lease_ms: int | None,
+        permits: int,
+        skip: Sequence[int],
+        waiters: Sequence[tuple[str, str]],
+    ) -> tuple[bool, PermitResult, int]:
+        reply, acknowledged = self._run_write(
+            names.waiting,
+            "semaphore release",
+            scripts.TRANSFER_PERMIT,
+            (names.slot(slot), names.config, names.fence, names.queue, names.queue_until),
+            (
+                owner,
+                names.channel,
+                self._announcement(),
+                names.slot_prefix,
+                lease_ms or 0,
+                self._fence_retention_ms,
+                permits,
+                len(waiters),
+                *(part for waiter in waiters for part in waiter),
+                *skip,
+            ),
+        )
+        if not reply[0]:
+            return False, PermitResult(False), -1
+        if reply[1] < 0:
+            return True, PermitResult(False), -1
+        taken = int(reply[1])
+        if not self._confirmed(acknowledged):
+            # (The release is done. The waiter's own attempt meets the same confirmation, and raises if it fails.)
+            self._given_back(
+                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, taken, owner)
+            )
+            return True, PermitResult(False), -1
+        return True, PermitResult(True, taken, int(reply[2])), int(reply[3])
+
     def set_permits(self, names: SemaphoreNames, permits: int) -> int:
         with self._translated(names.waiting, "change of a semaphore's permits"):
             old = self._scripts.run(
