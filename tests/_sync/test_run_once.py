@@ -148,6 +148,26 @@ def test_at_most_for_ends_the_hold_while_the_function_overruns(
 
 
 @pytest.mark.parametrize("backend", LEASED, indirect=True)
+def test_a_function_that_ends_as_soon_as_it_is_told_of_the_bound_is_told_it_ran_past_at_most_for(
+    backend: Backend,
+) -> None:
+    # The lease is found lost at its valid_until, a drift margin before the bound: a job that stops the moment it is
+    # told (as the command line's runner does, by --lost-signal) ends inside that margin, and ran to the bound all
+    # the same. (CI once saw a plain "lease lost" here.)
+    with backend:
+        mine = backend.registry(expire_after=10.0)
+
+        def told() -> None:
+            lock = mine.obtain("told")
+            while not lock.lost:
+                sleep(0.001)
+
+        for _ in range(3):
+            with pytest.raises(LockLostError, match="past at_most_for"):
+                mine.run_once("told", told, at_least_for=0.1, at_most_for=0.5)
+
+
+@pytest.mark.parametrize("backend", LEASED, indirect=True)
 def test_a_task_here_handed_the_lock_as_a_run_ends_holds_it_past_the_runs_bound(backend: Backend) -> None:
     # A run that outlasts at_least_for is released as a lock is: to a task of this process queued for the key's
     # lock, with the lease (local hand-off). The run's at_most_for must not go with it.
