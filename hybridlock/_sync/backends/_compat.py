@@ -5,8 +5,11 @@ the why there).
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from typing import Any
+
+import redis.connection
 
 __all__ = [
     "CLUSTER_CLIENT_OPTIONS",
@@ -15,6 +18,7 @@ __all__ = [
     "connection_ready",
     "node_for_slot",
     "node_pubsub_client",
+    "packs_like_us",
     "pipeline_on_node",
 ]
 
@@ -65,3 +69,23 @@ def connection_ready(connection: Any, unavailable: tuple[type[BaseException], ..
     if stale:
         connection.disconnect()
         connection.connect()
+
+
+def packs_like_us(connection: Any) -> bool:
+    """Whether ``connection`` packs a command exactly as ``_protocol.resp.pack_commands`` does: redis-py's own
+    pure-Python packer (not hiredis's, nor a subclass's or another library's) with the default encoder."""
+    encoder = getattr(connection, "encoder", None)
+    return (
+        type(getattr(connection, "_command_packer", None)) is redis.connection.PythonRespSerializer
+        and getattr(type(connection), "pack_command", None) is redis.connection.Connection.pack_command
+        and encoder is not None
+        and getattr(encoder, "encoding_errors", None) == "strict"
+        and _is_utf8(getattr(encoder, "encoding", None))
+    )
+
+
+def _is_utf8(encoding: object) -> bool:
+    try:
+        return isinstance(encoding, str) and codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
