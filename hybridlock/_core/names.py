@@ -21,7 +21,8 @@ The fencing counter ``R:{key}:fence`` is shared with the plain lock of the same 
 and a semaphore on ``key`` (``registry.obtain_semaphore``) these, apart from the shared fencing counter::
 
     R:{key}:permits    a hash: "limit" (how many permits may be held), "span" (how many permit slots to look at:
-                       at least the limit, more while holders of a larger limit drain)
+                       at least the limit, more while holders of a larger limit drain); kept ``fence_retention``
+                       after the last acquire attempt, ``set_permits`` or renewal of a permit
     R:{key}:permit:<i> permit slot i (0 <= i < span): a string whose value is its holder's client_id, with the
                        holder's lease as its TTL, exactly as a plain lock key (so the renewer renews it as one)
     R:{key}:permit:<i>:tag  the tag of the acquire slot i was granted to (for the first lease only), so that an
@@ -75,6 +76,15 @@ class LockNames:
 
 
 @dataclass(frozen=True)
+class PermitNames(LockNames):
+    """A semaphore's permit slot as the lease table and the renewer see it (``SemaphoreNames.permit``): a plain lock
+    key (``lock``, the slot), and the semaphore's ``config``, which each renewal keeps alive too (its limit must
+    outlive the permits held under it)."""
+
+    config: str
+
+
+@dataclass(frozen=True)
 class ReadWriteNames:
     """The server names of one read-write lock; ``read`` and ``write`` are the views the renewer uses."""
 
@@ -109,10 +119,12 @@ class SemaphoreNames:
     def slot(self, index: int) -> str:
         return f"{self.slot_prefix}{index}"
 
-    def permit(self, index: int) -> LockNames:
+    def permit(self, index: int) -> PermitNames:
         """The view of permit slot ``index`` the lease table and the renewer use: a plain lock key (the slot), and
-        the semaphore's fence, channel and queue."""
-        return LockNames(self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until)
+        the semaphore's fence, channel, queue and config."""
+        return PermitNames(
+            self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until, self.config
+        )
 
     @property
     def waiting(self) -> LockNames:

@@ -692,16 +692,21 @@ return result
 )
 
 RENEW = """
--- RENEW: reset the lease of every given hold that is still ours.
+-- RENEW: reset the lease of every given hold that is still ours, and keep alive what must outlive them.
 -- KEYS[1..n]  lock keys (one cluster slot per call): a plain lock or a write hold (a string whose value is the
 --             owner), or the readers of a read-write lock (a sorted set: owner -> expiry in server ms)
+-- KEYS[n+1..] keys to keep (the configs of the semaphores whose permits are among KEYS[1..n]): each one that exists
+--             is given ARGV[4] ms to live if it has less (never cut short; none is created)
 -- ARGV[1]     owner (client_id)   ARGV[2]  new lease in ms
+-- ARGV[3]     n (absent: every key is a lock key)                       ARGV[4]  the kept keys' TTL in ms
 -- returns     {r1, ..., rn}       ri = 1 renewed, 0 lost (gone, expired or another owner's)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
+local n = tonumber(ARGV[3]) or #KEYS
 local result = {}
-for i, key in ipairs(KEYS) do
+for i = 1, n do
+  local key = KEYS[i]
   result[i] = 0
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'string' then
@@ -717,6 +722,14 @@ for i, key in ipairs(KEYS) do
         redis.call('PEXPIRE', key, lease)
       end
       result[i] = 1
+    end
+  end
+end
+if n < #KEYS then
+  local keep = tonumber(ARGV[4])
+  for i = n + 1, #KEYS do
+    if redis.call('PTTL', KEYS[i]) < keep then  -- (-1, no expiry, gets one, as ACQUIRE_PERMIT gives it; -2: gone)
+      redis.call('PEXPIRE', KEYS[i], keep)
     end
   end
 end
@@ -992,9 +1005,11 @@ return 1
 # ``<prefix><i>`` holding its holder's client_id with the holder's lease as TTL, exactly as a plain lock key: the
 # renewer renews it with RENEW like any other, a holder that dies lets it expire, and an operator's DEL (or an
 # eviction) of it is found lost at the next renewal. The hash ``config`` keeps the limit and the span (the slots to
-# look at). The slot keys are the one exception, with the grant box, to "every key in KEYS": which slots exist is
-# known only to the script; they share the config's hash tag, so they live in its cluster slot. An acquire looks at
-# every slot of the span: its cost grows with the number of permits (at most ``MAX_PERMITS``).
+# look at), for the counter's TTL after each attempt or SET_PERMITS, and RENEW gives it as long again with each
+# renewal of a permit (it is among RENEW's kept keys): a limit lasts while permits are held under it. The slot keys
+# are the one exception, with the grant box, to "every key in KEYS": which slots exist is known only to the script;
+# they share the config's hash tag, so they live in its cluster slot. An acquire looks at every slot of the span: its
+# cost grows with the number of permits (at most ``MAX_PERMITS``).
 _SEMAPHORE_LIB = f"""
 local MAX_PERMITS = {MAX_PERMITS}
 -- The limit and span in the config hash, or the caller's ``permits`` when none is stored (a new semaphore, or a

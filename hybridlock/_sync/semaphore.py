@@ -232,7 +232,8 @@ class Semaphore(JavaStyleLock, LossWatching):
     @property
     def permits(self) -> int:
         """The limit this process asks for: stored in the server by the first acquire (or ``set_permits``) and used
-        by every owner from then on (while the server keeps it: an acquire that finds none stores its own)."""
+        by every owner from then on (while the server keeps it, ``fence_retention`` after the last acquire attempt,
+        ``set_permits`` or renewal of a permit: an acquire that finds none stores its own)."""
         return self._permits
 
     @property

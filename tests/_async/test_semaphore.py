@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from hybridlock._cli.common import open_server
+from hybridlock._cli.inspection import read_locks
 from hybridlock.backends import AsyncMemoryBackend
 from hybridlock.errors import (
     InvalidArgumentError,
@@ -30,6 +32,7 @@ WITHIN = LEASE + LEASE / 3 + 2.5
 
 HAVE_SEMAPHORES = [param for param in BACKENDS if param.values[0] != "quorum"]
 QUORUM = [param for param in BACKENDS if param.values[0] == "quorum"]
+ON_ONE_SERVER_AND_A_CLUSTER = [param for param in BACKENDS if param.values[0] in ("redis", "cluster")]
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -262,6 +265,45 @@ async def test_set_permits_drains_and_never_revokes(backend: Backend) -> None:
         assert await waiter.join()
         await semaphore.release()
         assert semaphore.held_here == 0
+
+
+@pytest.mark.parametrize("backend", ON_ONE_SERVER_AND_A_CLUSTER, indirect=True)
+async def test_the_limit_set_outlives_fence_retention_while_a_permit_is_renewed(backend: Backend) -> None:
+    # The config (limit, span) is kept fence_retention after the last acquire attempt, set_permits or renewal of a
+    # permit: a semaphore whose permits are held and renewed for longer than that, with no attempt meanwhile, still
+    # has the limit set_permits gave it. (It used to lapse: the next attempt stored its own permits, over the limit
+    # set, and inspect showed no limit.) The next grant's token is above the held permit's.
+    async with backend:
+        retention = 0.9  # (the least fence_retention is the lease: renewed every 0.3 s)
+        options = {"expire_after": retention, "fence_retention": retention}
+        registry = backend.registry(**options)
+        semaphore = registry.obtain_semaphore("kept", 3)
+        rival = backend.registry(**options).obtain_semaphore("kept", 3)
+        assert await semaphore.acquire(blocking=False)
+        held_token = semaphore.fencing_token
+        assert held_token is not None
+        assert await semaphore.set_permits(1) == 3
+        await sleep(retention * 1.6)  # renewed meanwhile; no attempt, no set_permits
+        assert not semaphore.lost
+        server = open_server(backend.url, 2, 3)  # (what `hybridlock inspect --semaphore kept` reads)
+        try:
+            (shown,) = read_locks(server.client, "hybridlock", [("kept", "semaphore")])
+        finally:
+            server.close()
+        assert (shown["permits"], shown["held"]) == (1, 1), f"the limit set was forgotten: {shown}"
+
+        async def take() -> int | None:
+            if not await rival.acquire(blocking=False):
+                return None
+            token = rival.fencing_token
+            await rival.release()
+            return token
+
+        assert await in_other(take) is None, "a second holder was let in past the limit set (1)"
+        await semaphore.release()
+        next_token = await in_other(take)
+        assert next_token is not None
+        assert next_token > held_token
 
 
 @pytest.mark.parametrize("backend", [param for param in HAVE_SEMAPHORES if param.values[0] == "redis"], indirect=True)

@@ -41,7 +41,7 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from ..._core.config import FENCE_RETENTION, ReplicaConfirmation, checked_fence_retention, fence_retention_ms
-from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
+from ..._core.names import LockNames, PermitNames, ReadWriteNames, SemaphoreNames
 from ..._core.results import PermitResult
 from ..._core.urls import SentinelURL, is_sentinel_url, parse_sentinel_url
 from ..._protocol import scripts
@@ -883,11 +883,12 @@ class RedisBackend(LockBackend):
                 for group in self._by_slot(names)
                 for i in range(0, len(group), _RENEW_CHUNK)
             ]
-            calls = [(chunk, (owner, lease_ms)) for chunk in chunks]
+            configs = {n.lock: n.config for n in names if isinstance(n, PermitNames)}
+            calls = [self._renewal(chunk, configs, owner, lease_ms) for chunk in chunks]
             if self.confirmation is not None:
                 replies, acknowledged = self._scripts.run_confirmed(scripts.RENEW, calls, self.confirmation)
-            elif len(chunks) == 1:
-                replies = [self._scripts.run(scripts.RENEW, chunks[0], (owner, lease_ms))]
+            elif len(calls) == 1:
+                replies = [self._scripts.run(scripts.RENEW, *calls[0])]
             else:
                 replies = self._scripts.run_many(scripts.RENEW, calls)
         renewed: dict[str, bool | None] = {}
@@ -903,6 +904,18 @@ class RedisBackend(LockBackend):
             error.renewed = [renewed[n.lock] is not False for n in names]
             raise error
         return [renewed[n.lock] for n in names]
+
+    def _renewal(
+        self, chunk: list[str], configs: dict[str, str], owner: str, lease_ms: int
+    ) -> tuple[Sequence[str], Sequence[Any]]:
+        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``configs``: permit slot ->
+        its semaphore's config). A semaphore's config is kept alive by its permits' renewals (``fence_retention``
+        from the last), so that the limit set for it is not forgotten while they are held. (A config shares its
+        permits' hash tag: the call stays in one slot.)"""
+        kept = list(dict.fromkeys(configs[lock] for lock in chunk if lock in configs)) if configs else None
+        if not kept:
+            return chunk, (owner, lease_ms)
+        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms)
 
     def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
