@@ -21,6 +21,9 @@ _PACKED: dict[str, bytes] = {}
 _MOST_KEPT = 4096
 #: Longer strings (a script's source, sent once after NOSCRIPT) are packed each time and not kept.
 _LONGEST_KEPT = 256
+#: Longer arguments (a large ``fenced_set`` value) are left to the client library, which sends them without a copy
+#: (its own cutoff: redis-py's ``buffer_cutoff``).
+_LONGEST_PACKED = 6000
 
 
 def _bulk(argument: object) -> bytes | None:
@@ -33,6 +36,8 @@ def _bulk(argument: object) -> bytes | None:
         packed = _PACKED.get(text)
         if packed is None:
             encoded = text.encode()
+            if len(encoded) > _LONGEST_PACKED:
+                return None
             packed = b"$%d\r\n%b\r\n" % (len(encoded), encoded)
             if len(encoded) <= _LONGEST_KEPT:
                 if len(_PACKED) >= _MOST_KEPT:
@@ -41,6 +46,8 @@ def _bulk(argument: object) -> bytes | None:
         return packed
     if kind is bytes:
         raw = cast(bytes, argument)
+        if len(raw) > _LONGEST_PACKED:
+            return None
         return b"$%d\r\n%b\r\n" % (len(raw), raw)
     if kind is int or kind is float:
         encoded = repr(argument).encode()
@@ -50,9 +57,12 @@ def _bulk(argument: object) -> bytes | None:
 
 def pack_commands(commands: Sequence[Sequence[object]]) -> bytes | None:
     """``commands`` (each a command name without spaces, then its arguments: str, bytes, int or float) packed into
-    one buffer, to be sent in one write; None if an argument is of another type."""
+    one buffer, to be sent in one write; None if a command is empty or its name has spaces (the client library
+    splits those), or an argument is of another type or longer than ``_LONGEST_PACKED`` bytes."""
     pieces: list[bytes] = []
     for command in commands:
+        if not command or type(command[0]) is not str or command[0].split() != [command[0]]:
+            return None
         pieces.append(b"*%d\r\n" % len(command))
         for argument in command:
             packed = _bulk(argument)

@@ -20,6 +20,7 @@ clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backen
 from __future__ import annotations
 
 import codecs
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,22 +119,32 @@ async def connection_ready(connection: Any, unavailable: tuple[type[BaseExceptio
         await connection.connect()
 
 
-_LIBRARY_PACKING = redis.asyncio.connection.AbstractConnection.pack_command
+# redis-py's own packing and encoder, as imported (absent before redis-py 4.6: then nothing is packed here). A
+# connection is trusted only with these very functions: a subclass's, a patched one (a test's fault) or the user's
+# ``encoder_class`` may send other bytes.
+_LIBRARY_PACKING = getattr(getattr(redis.asyncio.connection, "AbstractConnection", None), "pack_command", None)
+_ENCODER = getattr(redis.asyncio.connection, "Encoder", None)
+_ENCODE = getattr(_ENCODER, "encode", None)
 
 
 def packs_like_us(connection: Any) -> bool:
     """Whether ``connection`` packs a command exactly as ``_protocol.resp.pack_commands`` does: redis-py's own
-    pure-Python packing (not a subclass's or another library's) with the default encoder (UTF-8, strict). Anything
-    else (valkey-py, an encoding of the user's) is left to pack its own commands."""
-    encoder = getattr(connection, "encoder", None)
+    pure-Python packing (not a subclass's, a patched one or another library's) with its own encoder, UTF-8 and
+    strict. Anything else (valkey-py, an encoder or encoding of the user's) packs its own commands."""
+    if _LIBRARY_PACKING is None or _ENCODER is None:
+        return False
+    encoder: Any = getattr(connection, "encoder", None)
     return (
         getattr(type(connection), "pack_command", None) is _LIBRARY_PACKING
-        and encoder is not None
-        and getattr(encoder, "encoding_errors", None) == "strict"
-        and _is_utf8(getattr(encoder, "encoding", None))
+        and "pack_command" not in getattr(connection, "__dict__", {})
+        and type(encoder) is _ENCODER
+        and getattr(_ENCODER, "encode", None) is _ENCODE
+        and encoder.encoding_errors == "strict"
+        and _is_utf8(encoder.encoding)
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _is_utf8(encoding: object) -> bool:
     try:
         return isinstance(encoding, str) and codecs.lookup(encoding).name == "utf-8"

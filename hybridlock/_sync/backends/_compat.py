@@ -6,6 +6,7 @@ the why there).
 from __future__ import annotations
 
 import codecs
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,19 +72,37 @@ def connection_ready(connection: Any, unavailable: tuple[type[BaseException], ..
         connection.connect()
 
 
+# redis-py's own packer and encoder, as imported (the packer is absent before redis-py 4.5: then nothing is packed
+# here); see the asyncio twin for why only these very functions are trusted.
+_PYTHON_PACKER = getattr(redis.connection, "PythonRespSerializer", None)
+_PACK = getattr(_PYTHON_PACKER, "pack", None)
+_LIBRARY_PACKING = getattr(getattr(redis.connection, "AbstractConnection", None), "pack_command", None)
+_ENCODER = getattr(redis.connection, "Encoder", None)
+_ENCODE = getattr(_ENCODER, "encode", None)
+
+
 def packs_like_us(connection: Any) -> bool:
     """Whether ``connection`` packs a command exactly as ``_protocol.resp.pack_commands`` does: redis-py's own
-    pure-Python packer (not hiredis's, nor a subclass's or another library's) with the default encoder."""
-    encoder = getattr(connection, "encoder", None)
+    pure-Python packer (not hiredis's, a subclass's, a patched one or another library's) with its own encoder, UTF-8
+    and strict, the one the packer encodes with."""
+    if _PYTHON_PACKER is None or _LIBRARY_PACKING is None or _ENCODER is None:
+        return False
+    encoder: Any = getattr(connection, "encoder", None)
+    packer = getattr(connection, "_command_packer", None)
     return (
-        type(getattr(connection, "_command_packer", None)) is redis.connection.PythonRespSerializer
-        and getattr(type(connection), "pack_command", None) is redis.connection.Connection.pack_command
-        and encoder is not None
-        and getattr(encoder, "encoding_errors", None) == "strict"
-        and _is_utf8(getattr(encoder, "encoding", None))
+        type(packer) is _PYTHON_PACKER
+        and getattr(_PYTHON_PACKER, "pack", None) is _PACK
+        and getattr(type(connection), "pack_command", None) is _LIBRARY_PACKING
+        and "pack_command" not in getattr(connection, "__dict__", {})
+        and type(encoder) is _ENCODER
+        and getattr(_ENCODER, "encode", None) is _ENCODE
+        and getattr(packer, "encode", None) == encoder.encode
+        and encoder.encoding_errors == "strict"
+        and _is_utf8(encoder.encoding)
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _is_utf8(encoding: object) -> bool:
     try:
         return isinstance(encoding, str) and codecs.lookup(encoding).name == "utf-8"
