@@ -1,0 +1,108 @@
+"""A semaphore script that ran in the server but whose reply was lost (the connection dropped after the server ran it)
+is run again by the client's retry (redis-py's ``Retry`` on the connection, on a new one): the retry must come to
+the same outcome, never take a second permit held by nobody. Written once: here tasks, in ``tests/_sync`` threads.
+
+One server, reached through a proxy that cuts the connection of one request as its reply comes back
+(``tests/_proxy.py``, ``cut_reply_to``): exactly one reply is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import redis
+
+import hybridlock
+from hybridlock._protocol import scripts
+from hybridlock.testing import EmbeddedServer
+
+from .._proxy import FaultProxy
+from ._compat import JOIN, spawn
+from .test_semaphore_transfer import until_waiting
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
+
+
+def request_of(client: redis.Redis, script: str) -> bytes:
+    """What marks a request running ``script``: its SHA-1, as EVALSHA sends it. The script is loaded here, so that
+    the request cut off runs it (not a NOSCRIPT refusal, followed by an EVAL)."""
+    sha = client.script_load(script)
+    assert sha == hashlib.sha1(script.encode()).hexdigest()
+    return sha.encode()
+
+
+def slots_held(client: redis.Redis, semaphore: Any) -> list[int]:
+    """The permit slots of ``semaphore`` held in the server by anyone."""
+    return [i for i in range(4) if client.exists(semaphore._names.slot(i))]
+
+
+async def test_a_retried_acquire_takes_one_permit(server: EmbeddedServer, redis_client: redis.Redis) -> None:
+    # The acquire's reply is lost and the acquire retried: it returns the permit its first run took (with a new
+    # token), instead of taking a second one that nobody holds, renews or gives back until its lease ends, and that
+    # counts against the limit meanwhile.
+    proxy = FaultProxy(server.port)
+    try:
+        async with (
+            hybridlock.AsyncLockRegistry(proxy.url) as registry,
+            hybridlock.AsyncLockRegistry(server.url) as other,
+        ):
+            semaphore = registry.obtain_semaphore("retried", 2)
+            rival = other.obtain_semaphore("retried", 2)
+            assert await semaphore.acquire(blocking=False)  # (a connection made)
+            first = semaphore.fencing_token
+            await semaphore.release()
+            proxy.cut_reply_to(request_of(redis_client, scripts.ACQUIRE_PERMIT))
+            assert await semaphore.acquire(blocking=False)
+            assert proxy.reply_cut, "no reply was cut off: the test did not test anything"
+            assert first is not None
+            assert (semaphore.fencing_token or 0) > first  # (minted after the lost reply's: tokens still increase)
+            assert slots_held(redis_client, semaphore) == [0], "the retried acquire took a second permit"
+            assert await rival.acquire(blocking=False), "the permit taken by the lost reply's run was left held"
+            await rival.release()
+            await semaphore.release()
+            assert slots_held(redis_client, semaphore) == []
+    finally:
+        proxy.close()
+
+
+async def test_a_retried_hand_over_hands_one_permit_and_reports_no_loss(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    # A release hands its permit (slot 1) to a task of its process that waits, in one request
+    # (scripts.TRANSFER_PERMIT), and the reply is lost: the first run released slot 1 and took slot 0, the lowest
+    # free, for the waiter. The retry must see that and return the same outcome: not report the released permit lost
+    # (it finds slot 1 gone), nor leave slot 0 held by nobody.
+    proxy = FaultProxy(server.port)
+    try:
+        async with (
+            hybridlock.AsyncLockRegistry(proxy.url) as registry,
+            hybridlock.AsyncLockRegistry(server.url) as other,
+        ):
+            semaphore = registry.obtain_semaphore("handed", 2)
+            rival = other.obtain_semaphore("handed", 2)
+            assert await rival.acquire(blocking=False)  # slot 0
+            assert await semaphore.acquire(blocking=False)  # slot 1
+            names = semaphore._names
+            # An earlier waiter of another owner, first in the queue (it never attempts: a place that does not lapse
+            # during the test), so that our waiter is refused while slot 0 is free.
+            redis_client.zadd(names.queue, {"ghost|1": 1})
+            redis_client.zadd(names.queue_until, {"ghost|1": 2**50})
+
+            async def wait_then_release() -> list[int]:
+                assert await semaphore.acquire(timeout=JOIN)
+                held = slots_held(redis_client, semaphore)
+                await semaphore.release()
+                return held
+
+            waiter = spawn(wait_then_release)
+            await rival.release()  # (slot 0 free: owed to the ghost's place, the waiter stays refused)
+            await until_waiting(registry, semaphore, 2)
+            proxy.cut_reply_to(request_of(redis_client, scripts.TRANSFER_PERMIT))
+            await semaphore.release()  # (a false loss: LockLostError)
+            assert proxy.reply_cut, "no reply was cut off: the test did not test anything"
+            assert await waiter.join() == [0], "a permit was left held by nobody"
+            assert slots_held(redis_client, semaphore) == []
+    finally:
+        proxy.close()
