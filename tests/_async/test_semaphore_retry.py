@@ -1,6 +1,7 @@
 """A semaphore script that ran in the server but whose reply was lost (the connection dropped after the server ran it)
-is run again by the client's retry (redis-py's ``Retry`` on the connection, on a new one): the retry must come to
-the same outcome, never take a second permit held by nobody. Written once: here tasks, in ``tests/_sync`` threads.
+is run again by the client's retry (redis-py's ``Retry`` on the connection, on a new one): the retry must never
+take a second permit held by nobody, and comes to the same outcome, but for a plain release, which reports a false
+loss (as a lock's does). Written once: here tasks, in ``tests/_sync`` threads.
 
 One server, reached through a proxy that cuts the connection of one request as its reply comes back
 (``tests/_proxy.py``, ``cut_reply_to``): exactly one reply is lost.
@@ -9,6 +10,7 @@ One server, reached through a proxy that cuts the connection of one request as i
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import pytest
@@ -16,11 +18,12 @@ import redis
 
 import hybridlock
 from hybridlock._protocol import scripts
+from hybridlock.errors import LockLostError
 from hybridlock.testing import EmbeddedServer
 
 from .._proxy import FaultProxy
-from ._compat import JOIN, spawn
-from .test_semaphore_transfer import until_waiting
+from ._compat import JOIN, sleep, spawn
+from .test_semaphore_transfer import _asleep
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
 
@@ -31,6 +34,30 @@ def request_of(client: redis.Redis, script: str) -> bytes:
     sha = client.script_load(script)
     assert sha == hashlib.sha1(script.encode()).hexdigest()
     return sha.encode()
+
+
+def watch_attempts(registry: Any, semaphore: Any) -> list[bool]:
+    """A list that gets an item after each attempt of ``semaphore``'s waiters here made on a subscription the server
+    had confirmed before and still has after: the waiter then sleeps until its place's refresh, a second later,
+    where a release attempts for it. (A confirmation, or a change of subscription, during or before an attempt
+    wakes the waiter for one more: see ``waiting._wait_for_lock``.)"""
+    backend = registry.backend
+    attempt = backend.try_acquire_permit
+    attempted: list[bool] = []
+
+    def epochs() -> list[int | None]:
+        with semaphore._guard:
+            return [None if w.watch is None else w.watch.epoch() for w in semaphore._waiters]
+
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        before = epochs()
+        result = await attempt(*args, **kwargs)
+        if before and None not in before and epochs() == before:
+            attempted.append(True)
+        return result
+
+    backend.try_acquire_permit = watched
+    return attempted
 
 
 def slots_held(client: redis.Redis, semaphore: Any) -> list[int]:
@@ -89,6 +116,8 @@ async def test_a_retried_hand_over_hands_one_permit_and_reports_no_loss(
             # during the test), so that our waiter is refused while slot 0 is free.
             redis_client.zadd(names.queue, {"ghost|1": 1})
             redis_client.zadd(names.queue_until, {"ghost|1": 2**50})
+            await rival.release()  # (slot 0 free, but owed to the ghost's place: the waiter is refused)
+            attempted = watch_attempts(registry, semaphore)
 
             async def wait_then_release() -> list[int]:
                 assert await semaphore.acquire(timeout=JOIN)
@@ -97,12 +126,35 @@ async def test_a_retried_hand_over_hands_one_permit_and_reports_no_loss(
                 return held
 
             waiter = spawn(wait_then_release)
-            await rival.release()  # (slot 0 free: owed to the ghost's place, the waiter stays refused)
-            await until_waiting(registry, semaphore, 2)
+            deadline = time.monotonic() + JOIN
+            while not (attempted and _asleep(semaphore)):  # (a thread's state reads asleep soon after its attempt)
+                assert time.monotonic() < deadline, "the waiter did not wait"
+                await sleep(0.002)
+            assert redis_client.zcard(names.queue) == 2
             proxy.cut_reply_to(request_of(redis_client, scripts.TRANSFER_PERMIT))
             await semaphore.release()  # (a false loss: LockLostError)
             assert proxy.reply_cut, "no reply was cut off: the test did not test anything"
             assert await waiter.join() == [0], "a permit was left held by nobody"
+            assert slots_held(redis_client, semaphore) == []
+    finally:
+        proxy.close()
+
+
+async def test_a_retried_release_gives_the_permit_back_and_reports_it_lost(
+    server: EmbeddedServer, redis_client: redis.Redis
+) -> None:
+    # What a retried plain release (scripts.RELEASE_PERMIT, no waiter here) does: the retry finds the permit gone and
+    # reports it lost, as a retried lock release does: a false alarm on the safe side, with nothing left held.
+    proxy = FaultProxy(server.port)
+    try:
+        async with hybridlock.AsyncLockRegistry(proxy.url) as registry:
+            semaphore = registry.obtain_semaphore("released", 1)
+            assert await semaphore.acquire(blocking=False)
+            proxy.cut_reply_to(request_of(redis_client, scripts.RELEASE_PERMIT))
+            with pytest.raises(LockLostError):
+                await semaphore.release()
+            assert proxy.reply_cut, "no reply was cut off: the test did not test anything"
+            assert semaphore.held_here == 0
             assert slots_held(redis_client, semaphore) == []
     finally:
         proxy.close()
