@@ -95,29 +95,37 @@ def test_a_retried_acquire_takes_one_permit(server: EmbeddedServer, redis_client
         proxy.close()
 
 
+@pytest.mark.parametrize("slot_taken", ["other-slot", "same-slot"])
 def test_a_retried_hand_over_hands_one_permit_and_reports_no_loss(
-    server: EmbeddedServer, redis_client: redis.Redis
+    server: EmbeddedServer, redis_client: redis.Redis, slot_taken: str
 ) -> None:
-    # A release hands its permit (slot 1) to a task of its process that waits, in one request
-    # (scripts.TRANSFER_PERMIT), and the reply is lost: the first run released slot 1 and took slot 0, the lowest
-    # free, for the waiter. The retry must see that and return the same outcome: not report the released permit lost
-    # (it finds slot 1 gone), nor leave slot 0 held by nobody.
+    # A release hands its permit to a task of its process that waits, in one request (scripts.TRANSFER_PERMIT), and
+    # the reply is lost: the first run released our slot and took one for the waiter. The retry must see that and
+    # return the same outcome: neither report the released permit lost nor leave the waiter's slot held by nobody
+    # (another slot: slot 1 released and slot 0, the lowest free, taken; the old script found slot 1 gone and
+    # raised LockLostError), nor release the waiter's permit as ours (the same slot, 0).
     proxy = FaultProxy(server.port)
+    permits = 2 if slot_taken == "other-slot" else 1
     try:
         with (
             hybridlock.LockRegistry(proxy.url) as registry,
             hybridlock.LockRegistry(server.url) as other,
         ):
-            semaphore = registry.obtain_semaphore("handed", 2)
-            rival = other.obtain_semaphore("handed", 2)
-            assert rival.acquire(blocking=False)  # slot 0
-            assert semaphore.acquire(blocking=False)  # slot 1
+            semaphore = registry.obtain_semaphore("handed", permits)
             names = semaphore._names
-            # An earlier waiter of another owner, first in the queue (it never attempts: a place that does not lapse
-            # during the test), so that our waiter is refused while slot 0 is free.
-            redis_client.zadd(names.queue, {"ghost|1": 1})
-            redis_client.zadd(names.queue_until, {"ghost|1": 2**50})
-            rival.release()  # (slot 0 free, but owed to the ghost's place: the waiter is refused)
+            queued = 1
+            if slot_taken == "other-slot":
+                rival = other.obtain_semaphore("handed", permits)
+                assert rival.acquire(blocking=False)  # slot 0
+                assert semaphore.acquire(blocking=False)  # slot 1
+                # An earlier waiter of another owner, first in the queue (it never attempts: a place that does not
+                # lapse during the test), so that our waiter is refused while slot 0 is free.
+                redis_client.zadd(names.queue, {"ghost|1": 1})
+                redis_client.zadd(names.queue_until, {"ghost|1": 2**50})
+                rival.release()  # (slot 0 free, but owed to the ghost's place: the waiter is refused)
+                queued = 2
+            else:
+                assert semaphore.acquire(blocking=False)  # slot 0
             attempted = watch_attempts(registry, semaphore)
 
             def wait_then_release() -> list[int]:
@@ -131,9 +139,9 @@ def test_a_retried_hand_over_hands_one_permit_and_reports_no_loss(
             while not (attempted and _asleep(semaphore)):  # (a thread's state reads asleep soon after its attempt)
                 assert time.monotonic() < deadline, "the waiter did not wait"
                 sleep(0.002)
-            assert redis_client.zcard(names.queue) == 2
+            assert redis_client.zcard(names.queue) == queued
             proxy.cut_reply_to(request_of(redis_client, scripts.TRANSFER_PERMIT))
-            semaphore.release()  # (a false loss: LockLostError)
+            semaphore.release()
             assert proxy.reply_cut, "no reply was cut off: the test did not test anything"
             assert waiter.join() == [0], "a permit was left held by nobody"
             assert slots_held(redis_client, semaphore) == []
