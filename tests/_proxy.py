@@ -6,6 +6,9 @@ when a network path fails without resetting anything (the client only learns it 
 ``heal()`` forwards again on new connections (connections open during the partition stay dead, as after a real
 one). ``deafen()`` drops only what the server sends back: requests still reach it and run, their replies are lost
 (a path that fails after the request went through); ``heal()`` ends that too.
+``cut_reply_to(marker)`` loses exactly one reply: the next request containing ``marker`` reaches the server and
+runs, and its connection is cut (both ends closed) as the reply comes back, which is then dropped; the client sees
+the connection closed, and a retry on a new connection goes through.
 ``delay`` adds latency to every chunk sent towards the server. Only the clients pointed at the proxy are
 affected; others talk to the server directly.
 """
@@ -27,6 +30,8 @@ class FaultProxy:
         self.delay = 0.0
         self._partitioned = threading.Event()
         self._deaf = threading.Event()
+        self._marker: bytes | None = None  # (see cut_reply_to)
+        self._doomed: set[socket.socket] = set()  # client ends whose next reply is cut off
         self._stopped = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)
@@ -45,6 +50,16 @@ class FaultProxy:
 
     def deafen(self) -> None:
         self._deaf.set()
+
+    def cut_reply_to(self, marker: bytes) -> None:
+        with self._lock:
+            self._marker = marker
+
+    @property
+    def reply_cut(self) -> bool:
+        """Whether the request ``cut_reply_to`` waits for has come (its reply is then cut off, or about to be)."""
+        with self._lock:
+            return self._marker is None
 
     def heal(self) -> None:
         # Connections that lived through the partition stay black holes: close them so clients reconnect.
@@ -110,6 +125,14 @@ class FaultProxy:
                         continue  # dropped on the floor
                     if sock is client and self.delay:
                         time.sleep(self.delay)
+                    if sock is client and self._marker is not None:
+                        with self._lock:
+                            if self._marker is not None and self._marker in data:
+                                self._marker = None
+                                self._doomed.add(client)
+                    elif sock is upstream and client in self._doomed:
+                        self._doomed.discard(client)
+                        return  # (the reply dropped; both ends are closed below)
                     target.sendall(data)
         except (OSError, ValueError):
             return

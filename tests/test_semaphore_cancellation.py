@@ -42,11 +42,18 @@ async def test_an_acquire_cancelled_in_flight_leaves_no_permit_behind(own_server
         await rival.release()
 
 
-def sleeping(semaphore) -> bool:
-    """Whether every acquire of ``semaphore`` here sleeps between attempts, where a release can wake it (True before
-    hand-overs, which keep no such record)."""
+def heard(semaphore) -> bool:
+    """Whether every acquire of ``semaphore`` here waits on a subscription the server has confirmed (True before
+    hand-overs, which keep no record of waiters)."""
     waiters = getattr(semaphore, "_waiters", None)
-    return waiters is None or all(w.watch is not None and w.state == 0 for w in waiters)  # (0: _IDLE)
+    return waiters is None or all(w.watch is not None and w.watch.epoch() is not None for w in waiters)
+
+
+def sleeping(semaphore) -> bool:
+    """Whether every acquire of ``semaphore`` here sleeps between attempts on a confirmed subscription, where a
+    release can wake it (True before hand-overs)."""
+    waiters = getattr(semaphore, "_waiters", None)
+    return heard(semaphore) and (waiters is None or all(w.state == 0 for w in waiters))  # (0: _IDLE)
 
 
 async def test_a_waiter_cancelled_while_a_release_attempts_for_it_leaves_no_permit_behind(own_server) -> None:
@@ -70,6 +77,21 @@ async def test_a_waiter_cancelled_while_a_release_attempts_for_it_leaves_no_perm
             return await transfer(*args, **kwargs)
 
         backend.transfer_permit = held_up
+        # The waiter must sleep where the release finds it: after an attempt made on a confirmed subscription. Until
+        # the server confirms it, the waiter polls, and the confirmation wakes it for one more attempt (see
+        # waiting._wait_for_lock); after that attempt it sleeps until its place's refresh, a second later.
+        attempt = backend.try_acquire_permit
+        settled = asyncio.Event()
+
+        async def watched_attempt(*args, **kwargs):
+            confirmed = heard(semaphore)  # (read as the attempt starts, as the waiter reads its epoch)
+            result = await attempt(*args, **kwargs)
+            if confirmed:
+                settled.set()
+            return result
+
+        backend.try_acquire_permit = watched_attempt
+        await asyncio.wait_for(settled.wait(), 10)
         deadline = asyncio.get_running_loop().time() + 10
         while not (await backend.client.zcard(semaphore._names.queue) and sleeping(semaphore)):
             assert asyncio.get_running_loop().time() < deadline, "the waiter did not queue"

@@ -1049,7 +1049,8 @@ ACQUIRE_PERMIT = (
 --          acquire whose tag was given up already (``<prefix>cancelled:<tag>`` exists) takes nothing
 -- ARGV[8..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
 --          holder has not released it yet must not be taken again under the same client_id)
--- returns  {1, slot, token}      acquired slot ``slot`` (our place, if any, is left)
+-- returns  {1, slot, token}      acquired slot ``slot`` (our place, if any, is left); also a slot of ours this
+--                                acquire was granted already, under its tag (see below), with a new token
 --          {0, wait_ms}          refused: the limit is reached, or the free permits are owed to the waiters queued
 --                                before us (wait_ms = the soonest end of a held permit's lease; -1 = none known).
 --                                With a place, we are queued (at the back if new), for PLACE_KEEP_MS from now
@@ -1061,6 +1062,10 @@ ACQUIRE_PERMIT = (
 -- A slot key that is not a string is not state we wrote: dropped, as if evicted. Slots at or past the limit (a
 -- limit lowered while they were held) are not given out again; they count until released or expired, and the span
 -- shrinks back to the limit once none is held.
+-- A slot that holds our client_id under this acquire's tag (not one to skip) was granted to this acquire by a run
+-- whose reply was lost (the client retries a request whose connection dropped): that slot is returned again, with
+-- a new token and its lease started again, rather than a second one taken and the first left held by nobody. A tag
+-- names one acquire, and an acquire granted a slot it learns of attempts no more.
 """
     + _KEYS_LIB
     + _FENCE_LIB
@@ -1076,13 +1081,17 @@ local skip = {}
 for i = 8, #ARGV do
   skip[ARGV[i]] = true
 end
-local held, free, soonest, last = 0, nil, -1, -1
+local held, free, soonest, last, granted = 0, nil, -1, -1, nil
 for i = 0, span - 1 do
   local slot = ARGV[5] .. i
   local ttl = redis.call('PTTL', slot)
-  if ttl ~= -2 and not string_at(slot) then
-    redis.call('DEL', slot)
-    ttl = -2
+  local holder = nil
+  if ttl ~= -2 then
+    holder = string_at(slot)
+    if not holder then
+      redis.call('DEL', slot)
+      ttl = -2
+    end
   end
   if ttl == -2 then
     if not free and i < limit and not skip[tostring(i)] then
@@ -1093,6 +1102,9 @@ for i = 0, span - 1 do
     last = i
     if ttl >= 0 and (soonest < 0 or ttl < soonest) then
       soonest = ttl
+    end
+    if holder == ARGV[1] and not granted and not skip[tostring(i)] and string_at(slot .. ':tag') == ARGV[7] then
+      granted = i
     end
   end
 end
@@ -1115,7 +1127,9 @@ local rank = place ~= '' and redis.call('ZRANK', queue, place) or nil
 if not rank then
   rank = redis.call('ZCARD', queue)
 end
-if held >= limit or not free or rank >= limit - held then
+if granted then
+  free = granted
+elseif held >= limit or not free or rank >= limit - held then
   if place ~= '' then
     redis.call('ZADD', queue, 'NX', now, place)
     redis.call('ZADD', expiries, now + PLACE_KEEP_MS, place)
@@ -1125,6 +1139,9 @@ if held >= limit or not free or rank >= limit - held then
 end
 local token, counter = mint(KEYS[2], ARGV[3], t)
 if not token then
+  if granted then  -- (the caller holds nothing: the slot granted before is given back)
+    redis.call('DEL', ARGV[5] .. granted, ARGV[5] .. granted .. ':tag')
+  end
   return {-1, counter}
 end
 if place ~= '' then
@@ -1298,24 +1315,68 @@ TRANSFER_PERMIT = (
 --          {1, -1}               released; the waiter was not admitted (or the counter is out of range: its own
 --                                attempt will say so)
 --          {1, slot, token, i}   released, and slot ``slot`` taken for the i-th waiter (from 0) under its tag
+-- A request run again by the client after its reply was lost (see ACQUIRE_PERMIT) finds what its first run did: our
+-- slot released, and a slot of ours (that one, or another) under a waiter's tag. That outcome is returned again, the
+-- slot with a new token and its lease started again, rather than the released permit reported lost, or the
+-- waiter's new permit released. A tag names one acquire, and a waiter attempted for makes no attempt of its own: a
+-- slot of ours under its tag was taken by this request.
 """
     + _ANNOUNCE_LIB
     + _KEYS_LIB
     + _FENCE_LIB
     + _SEMAPHORE_LIB
     + """
-if string_at(KEYS[1]) ~= ARGV[1] then
-  return {0}
-end
-redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit, span = limits(KEYS[2], ARGV[7], ARGV[6])
 local k = tonumber(ARGV[8])
-local skip = {}
+local skip, asked = {}, {}
 for i = 9 + 2 * k, #ARGV do
   skip[ARGV[i]] = true
 end
+for j = 0, k - 1 do
+  asked[ARGV[10 + 2 * j]] = j
+end
+local again, to = nil, nil
+if string_at(KEYS[1]) == ARGV[1] then
+  to = asked[string_at(KEYS[1] .. ':tag') or '']
+  if to then
+    again = tonumber(string.sub(KEYS[1], #ARGV[4] + 1))
+  end
+else
+  local span = tonumber(redis.pcall('HGET', KEYS[2], 'span')) or 0
+  for i = 0, math.min(span, MAX_PERMITS) - 1 do
+    local slot = ARGV[4] .. i
+    if not skip[tostring(i)] and string_at(slot) == ARGV[1] then
+      to = asked[string_at(slot .. ':tag') or '']
+      if to then
+        again = i
+        break
+      end
+    end
+  end
+  if not again then
+    return {0}
+  end
+end
+local t = redis.call('TIME')
+if again then
+  local slot = ARGV[4] .. again
+  local token = mint(KEYS[3], ARGV[6], t)
+  if not token then  -- (the waiter's own attempt will say so)
+    redis.call('DEL', slot, slot .. ':tag')
+    return {1, -1}
+  end
+  local tag = ARGV[10 + 2 * to]
+  if ARGV[5] == '0' then
+    redis.call('SET', slot, ARGV[1])
+    redis.call('SET', slot .. ':tag', tag)
+  else
+    redis.call('SET', slot, ARGV[1], 'PX', ARGV[5])
+    redis.call('SET', slot .. ':tag', tag, 'PX', ARGV[5])
+  end
+  return {1, again, string.format('%.0f', token), to}
+end
+redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, span = limits(KEYS[2], ARGV[7], ARGV[6])
 local held, free = 0, nil
 for i = 0, span - 1 do
   local slot = ARGV[4] .. i

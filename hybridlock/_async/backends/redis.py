@@ -6,7 +6,10 @@ Failure modes
   :class:`~hybridlock.BackendUnavailableError` naming the key and the server. Nothing retries forever.
 * A reply is lost after the server executed the command (a timeout, a dropped connection) and the client retries:
   a retried ACQUIRE finds our own ``client_id`` and takes the lock over (see ``scripts.ACQUIRE``); a retried
-  RELEASE finds the key gone and reports the lock as lost. That false alarm errs on the safe side.
+  RELEASE finds the key gone and reports the lock as lost. That false alarm errs on the safe side. A semaphore's
+  retried ACQUIRE_PERMIT returns the permit slot its first run took under the acquire's tag, and a retried
+  TRANSFER_PERMIT the hand-over its first run made (tests/_async/test_semaphore_retry.py); a retried
+  RELEASE_PERMIT reports the permit lost, as RELEASE does.
 * The server restarts without persistence: held keys vanish. Holders find out at their next renewal or release
   (``LockLostError``); fencing counters are re-seeded from the server clock and stay monotonic.
 * Some of a lock's keys vanish (eviction, an operator's ``DEL``) or are overwritten with another type: the scripts
