@@ -1033,6 +1033,17 @@ local function limits(config, permits, ttl)
   redis.call('PEXPIRE', config, ttl)
   return limit, span
 end
+-- Hold permit ``slot`` for ``owner``, with the tag of the acquire it is held for (what a retried request looks for:
+-- see ACQUIRE_PERMIT), for ``lease`` ms ("0": no expiry).
+local function hold_slot(slot, owner, tag, lease)
+  if lease == '0' then
+    redis.call('SET', slot, owner)
+    redis.call('SET', slot .. ':tag', tag)
+  else
+    redis.call('SET', slot, owner, 'PX', lease)
+    redis.call('SET', slot .. ':tag', tag, 'PX', lease)
+  end
+end
 """
 
 ACQUIRE_PERMIT = (
@@ -1148,14 +1159,7 @@ if place ~= '' then
   redis.call('ZREM', queue, place)
   redis.call('ZREM', expiries, place)
 end
-local slot = ARGV[5] .. free
-if ARGV[2] == '0' then
-  redis.call('SET', slot, ARGV[1])
-  redis.call('SET', slot .. ':tag', ARGV[7])
-else
-  redis.call('SET', slot, ARGV[1], 'PX', ARGV[2])
-  redis.call('SET', slot .. ':tag', ARGV[7], 'PX', ARGV[2])
-end
+hold_slot(ARGV[5] .. free, ARGV[1], ARGV[7], ARGV[2])
 return {1, free, string.format('%.0f', token)}
 """
 )
@@ -1364,14 +1368,7 @@ if again then
     redis.call('DEL', slot, slot .. ':tag')
     return {1, -1}
   end
-  local tag = ARGV[10 + 2 * to]
-  if ARGV[5] == '0' then
-    redis.call('SET', slot, ARGV[1])
-    redis.call('SET', slot .. ':tag', tag)
-  else
-    redis.call('SET', slot, ARGV[1], 'PX', ARGV[5])
-    redis.call('SET', slot .. ':tag', tag, 'PX', ARGV[5])
-  end
+  hold_slot(slot, ARGV[1], ARGV[10 + 2 * to], ARGV[5])
   return {1, again, string.format('%.0f', token), to}
 end
 redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
@@ -1418,14 +1415,7 @@ for j = 0, k - 1 do
     if token then
       redis.call('ZREM', queue, place)
       redis.call('ZREM', expiries, place)
-      local slot = ARGV[4] .. free
-      if ARGV[5] == '0' then
-        redis.call('SET', slot, ARGV[1])
-        redis.call('SET', slot .. ':tag', tag)
-      else
-        redis.call('SET', slot, ARGV[1], 'PX', ARGV[5])
-        redis.call('SET', slot .. ':tag', tag, 'PX', ARGV[5])
-      end
+      hold_slot(ARGV[4] .. free, ARGV[1], tag, ARGV[5])
       granted = {1, free, string.format('%.0f', token), j}
       room = room - 1
     end
