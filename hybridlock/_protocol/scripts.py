@@ -1046,6 +1046,58 @@ local function hold_slot(slot, owner, tag, lease)
 end
 """
 
+# What the acquire and the hand-over both do (after _KEYS_LIB, for string_at): look at every permit slot, and drop
+# the lapsed places of the queue.
+_PERMIT_SLOTS_LIB = """
+-- Look at every slot of the span (``prefix`` .. 0 to span - 1); a slot key that is not a string is not state we
+-- wrote: dropped, as if evicted. Returns how many are held, the first free one below ``limit`` and not in ``skip``,
+-- the soonest end of a held lease in ms (-1: none known), the last held one (-1: none), and the first held by
+-- ``owner`` under ``tag`` and not in ``skip`` (nil without a tag; see ACQUIRE_PERMIT on retried requests).
+local function scan_slots(prefix, span, limit, skip, owner, tag)
+  local held, free, soonest, last, ours = 0, nil, -1, -1, nil
+  for i = 0, span - 1 do
+    local slot = prefix .. i
+    local ttl = redis.call('PTTL', slot)
+    local holder = nil
+    if ttl ~= -2 then
+      holder = string_at(slot)
+      if not holder then
+        redis.call('DEL', slot)
+        ttl = -2
+      end
+    end
+    if ttl == -2 then
+      if not free and i < limit and not skip[tostring(i)] then
+        free = i
+      end
+    else
+      held = held + 1
+      last = i
+      if ttl >= 0 and (soonest < 0 or ttl < soonest) then
+        soonest = ttl
+      end
+      if tag and holder == owner and not ours and not skip[tostring(i)] and string_at(slot .. ':tag') == tag then
+        ours = i
+      end
+    end
+  end
+  return held, free, soonest, last, ours
+end
+-- Lapsed places leave the queue. Places are written to both sets at once, so a queue whose expiries are gone
+-- (evicted, deleted) holds places nobody can tell alive: it is dropped, and its waiters queue again at their next
+-- attempt.
+local function prune_queue(queue, expiries, now)
+  if redis.call('EXISTS', expiries) == 0 then
+    redis.call('DEL', queue)
+  else
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
+      redis.call('ZREM', queue, gone)
+      redis.call('ZREM', expiries, gone)
+    end
+  end
+end
+"""
+
 ACQUIRE_PERMIT = (
     """
 -- ACQUIRE_PERMIT: take a free permit slot if fewer than the limit are held and no earlier waiter is owed it,
@@ -1081,6 +1133,7 @@ ACQUIRE_PERMIT = (
     + _KEYS_LIB
     + _FENCE_LIB
     + _SEMAPHORE_LIB
+    + _PERMIT_SLOTS_LIB
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -1092,48 +1145,12 @@ local skip = {}
 for i = 8, #ARGV do
   skip[ARGV[i]] = true
 end
-local held, free, soonest, last, granted = 0, nil, -1, -1, nil
-for i = 0, span - 1 do
-  local slot = ARGV[5] .. i
-  local ttl = redis.call('PTTL', slot)
-  local holder = nil
-  if ttl ~= -2 then
-    holder = string_at(slot)
-    if not holder then
-      redis.call('DEL', slot)
-      ttl = -2
-    end
-  end
-  if ttl == -2 then
-    if not free and i < limit and not skip[tostring(i)] then
-      free = i
-    end
-  else
-    held = held + 1
-    last = i
-    if ttl >= 0 and (soonest < 0 or ttl < soonest) then
-      soonest = ttl
-    end
-    if holder == ARGV[1] and not granted and not skip[tostring(i)] and string_at(slot .. ':tag') == ARGV[7] then
-      granted = i
-    end
-  end
-end
+local held, free, soonest, last, granted = scan_slots(ARGV[5], span, limit, skip, ARGV[1], ARGV[7])
 if span > limit and last < span - 1 then
   redis.call('HSET', KEYS[1], 'span', math.max(limit, last + 1))
 end
--- The queue: lapsed places leave it. Places are written to both sets at once, so a queue whose expiries are gone
--- (evicted, deleted) holds places nobody can tell alive: it is dropped, and its waiters queue again at their next
--- attempt.
 local queue, expiries, place = zset_at(KEYS[3]), zset_at(KEYS[4]), ARGV[6]
-if redis.call('EXISTS', expiries) == 0 then
-  redis.call('DEL', queue)
-else
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
-    redis.call('ZREM', queue, gone)
-    redis.call('ZREM', expiries, gone)
-  end
-end
+prune_queue(queue, expiries, now)
 local rank = place ~= '' and redis.call('ZRANK', queue, place) or nil
 if not rank then
   rank = redis.call('ZCARD', queue)
@@ -1329,6 +1346,7 @@ TRANSFER_PERMIT = (
     + _KEYS_LIB
     + _FENCE_LIB
     + _SEMAPHORE_LIB
+    + _PERMIT_SLOTS_LIB
     + """
 local k = tonumber(ARGV[8])
 local skip, asked = {}, {}
@@ -1374,31 +1392,9 @@ end
 redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit, span = limits(KEYS[2], ARGV[7], ARGV[6])
-local held, free = 0, nil
-for i = 0, span - 1 do
-  local slot = ARGV[4] .. i
-  local ttl = redis.call('PTTL', slot)
-  if ttl ~= -2 and not string_at(slot) then
-    redis.call('DEL', slot)
-    ttl = -2
-  end
-  if ttl == -2 then
-    if not free and i < limit and not skip[tostring(i)] then
-      free = i
-    end
-  else
-    held = held + 1
-  end
-end
+local held, free = scan_slots(ARGV[4], span, limit, skip)
 local queue, expiries = zset_at(KEYS[4]), zset_at(KEYS[5])
-if redis.call('EXISTS', expiries) == 0 then
-  redis.call('DEL', queue)
-else
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', expiries, '-inf', now)) do
-    redis.call('ZREM', queue, gone)
-    redis.call('ZREM', expiries, gone)
-  end
-end
+prune_queue(queue, expiries, now)
 local room = limit - held
 local granted = nil
 for j = 0, k - 1 do
