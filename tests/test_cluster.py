@@ -218,6 +218,45 @@ def test_without_sharded_pubsub_nothing_is_announced_and_waiters_poll(cluster, c
         assert mine.backend._sharded is False
 
 
+def test_a_client_library_without_sharded_subscribe_polls(cluster_url, monkeypatch):
+    # As with redis-py before 5.0, whose PubSub has no ssubscribe: waiters poll. Four readers (two per owner) each
+    # wait inside for all the others, which ends only if all of them are admitted together.
+    monkeypatch.delattr(redis.client.PubSub, "ssubscribe")
+    with hybridlock.LockRegistry(cluster_url) as mine, hybridlock.LockRegistry(cluster_url) as theirs:
+        readers = [(mine, theirs)[i % 2].obtain_read_write("k").read_lock() for i in range(4)]
+        together = threading.Barrier(len(readers))
+
+        def read(lock: Any) -> None:
+            with lock:
+                together.wait(5)
+
+        threads = [threading.Thread(target=read, args=(lock,)) for lock in readers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert not together.broken
+        assert theirs.backend.subscribers == {}
+
+
+async def test_an_asyncio_client_library_without_sharded_subscribe_polls(cluster_url, monkeypatch):
+    # As with redis-py before 8.0, whose asyncio PubSub has no ssubscribe: before, the waiters listened on a
+    # subscriber failing at every connection, and two of these readers were never admitted (60 s) with redis-py 7.4.
+    import redis.asyncio.client
+
+    monkeypatch.delattr(redis.asyncio.client.PubSub, "ssubscribe")
+    async with hybridlock.AsyncLockRegistry(cluster_url) as mine, hybridlock.AsyncLockRegistry(cluster_url) as theirs:
+        readers = [(mine, theirs)[i % 2].obtain_read_write("k").read_lock() for i in range(4)]
+        together = asyncio.Barrier(len(readers))
+
+        async def read(lock: Any) -> None:
+            async with lock:
+                await asyncio.wait_for(together.wait(), 5)
+
+        await asyncio.gather(*(read(lock) for lock in readers))
+        assert theirs.backend.subscribers == {}
+
+
 # -- exclusion -------------------------------------------------------------------------------------------------------
 
 

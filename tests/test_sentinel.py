@@ -12,6 +12,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -116,6 +117,54 @@ def test_every_message_names_the_service(sentinel_url: str) -> None:
         assert not_owned.value.server == NAME
         assert not b.obtain("orders:1").acquire(blocking=False)
         lock.release()
+
+
+def _recorded_sentinels(monkeypatch: pytest.MonkeyPatch, sentinel_class: type) -> list[Any]:
+    """Every ``sentinel_class`` made from now on, with its ``close``/``aclose`` taken away as in redis-py before 8.1
+    (which has neither): what a registry must close by itself."""
+    made: list[Any] = []
+    init = sentinel_class.__init__
+
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(sentinel_class, "__init__", recording_init)
+    monkeypatch.delattr(
+        sentinel_class, "aclose" if sentinel_class is redis.asyncio.sentinel.Sentinel else "close", raising=False
+    )
+    return made
+
+
+def _open_sentinel_connections(managers: list[Any]) -> list[Any]:
+    pools = [sentinel.connection_pool for manager in managers for sentinel in manager.sentinels]
+    connections = [c for pool in pools for c in (*pool._available_connections, *pool._in_use_connections)]
+    # (a thread-side connection of redis-py before 6 has no is_connected, only its socket)
+    return [c for c in connections if (c.is_connected if hasattr(c, "is_connected") else c._sock is not None)]
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+def test_close_closes_the_sentinel_connections_of_a_sentinel_url(
+    monkeypatch: pytest.MonkeyPatch, sentinel_url: str
+) -> None:
+    managers = _recorded_sentinels(monkeypatch, redis.sentinel.Sentinel)
+    with hybridlock.LockRegistry(sentinel_url) as registry, registry.obtain("orders:1"):
+        assert len(managers) == 1
+        assert _open_sentinel_connections(managers)  # (it asked the sentinels where the master is)
+    assert not _open_sentinel_connections(managers)
+
+
+@pytest.mark.server
+@pytest.mark.sentinel
+async def test_aclose_closes_the_sentinel_connections_of_a_sentinel_url(
+    monkeypatch: pytest.MonkeyPatch, sentinel_url: str
+) -> None:
+    managers = _recorded_sentinels(monkeypatch, redis.asyncio.sentinel.Sentinel)
+    async with hybridlock.AsyncLockRegistry(sentinel_url) as registry, registry.obtain("orders:1"):
+        assert len(managers) == 1
+        assert _open_sentinel_connections(managers)
+    assert not _open_sentinel_connections(managers)
 
 
 @pytest.mark.server

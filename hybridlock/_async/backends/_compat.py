@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio
+import redis.asyncio.client
 import redis.asyncio.connection
 
 __all__ = [
@@ -90,6 +91,12 @@ async def pipeline_on_node(client: Any, node: Any, commands: Sequence[Sequence[A
     batch = [_Command(position, args) for position, args in enumerate(commands)]
     await node.execute_pipeline(batch)
     return [command.result for command in batch]
+
+
+def sharded_subscribe() -> bool:
+    """Whether the client of ``node_pubsub_client`` can listen on sharded pub/sub (SSUBSCRIBE): redis-py's asyncio
+    ``PubSub`` can from 8.0 only. Without, a cluster's waiters poll (the scripts still announce, for others)."""
+    return hasattr(redis.asyncio.client.PubSub, "ssubscribe")
 
 
 def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:

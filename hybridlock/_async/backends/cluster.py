@@ -73,6 +73,7 @@ from ._compat import (
     node_for_slot,
     node_pubsub_client,
     pipeline_on_node,
+    sharded_subscribe,
 )
 from .base import AsyncReleaseWatch
 from .pubsub import Subscriber
@@ -450,8 +451,8 @@ class AsyncRedisClusterBackend(AsyncRedisBackend):
 
     async def watch(self, names: LockNames, owner: str) -> AsyncReleaseWatch | None:
         async with self._translated(names, "subscription"):
-            if not await self._announcement():
-                return None  # no sharded pub/sub: the caller polls
+            if not await self._announcement() or not sharded_subscribe():
+                return None  # no sharded pub/sub (here, or in the client library): the caller polls
             subscriber = self._subscriber_of(key_slot(names.channel.encode()))
         return await subscriber.watch(names.channel, owner)
 

@@ -10,6 +10,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import redis.client
 import redis.connection
 
 __all__ = [
@@ -48,6 +49,12 @@ def pipeline_on_node(client: Any, node: Any, commands: Sequence[Sequence[Any]]) 
     for args in commands:
         pipe.execute_command(*args)
     return list(pipe.execute(raise_on_error=False))
+
+
+def sharded_subscribe() -> bool:
+    """Whether the client of ``node_pubsub_client`` can listen on sharded pub/sub (SSUBSCRIBE): redis-py's
+    ``PubSub`` can from 5.0. Without, a cluster's waiters poll (the scripts still announce, for others)."""
+    return hasattr(redis.client.PubSub, "ssubscribe")
 
 
 def node_pubsub_client(client: Any, node: Any) -> tuple[Any, bool]:

@@ -74,6 +74,7 @@ from ._compat import (
     node_for_slot,
     node_pubsub_client,
     pipeline_on_node,
+    sharded_subscribe,
 )
 from .base import ReleaseWatch
 from .pubsub import Subscriber
@@ -451,8 +452,8 @@ class RedisClusterBackend(RedisBackend):
 
     def watch(self, names: LockNames, owner: str) -> ReleaseWatch | None:
         with self._translated(names, "subscription"):
-            if not self._announcement():
-                return None  # no sharded pub/sub: the caller polls
+            if not self._announcement() or not sharded_subscribe():
+                return None  # no sharded pub/sub (here, or in the client library): the caller polls
             subscriber = self._subscriber_of(key_slot(names.channel.encode()))
         return subscriber.watch(names.channel, owner)
 

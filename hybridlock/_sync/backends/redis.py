@@ -1180,11 +1180,16 @@ class RedisBackend(LockBackend):
                 self._idle.wait_for(lambda: not self._in_flight, _CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 self.client.close()
-            # A client made from a sentinel URL also holds connections to the sentinels.
+            # A client made from a sentinel URL also holds connections to the sentinels. (Sentinel.close is new in
+            # redis-py 8.1: before, close each sentinel's connections, or they stay open until garbage collected.)
             manager = self._sentinel_manager()
             if manager is not None and hasattr(manager, "close"):
                 with contextlib.suppress(Exception):
                     manager.close()
+            else:
+                for sentinel in getattr(manager, "sentinels", ()):
+                    with contextlib.suppress(Exception):
+                        sentinel.connection_pool.disconnect()
 
 
 # What an operation is about: one lock, one read-write lock, several locks, or none in particular.
