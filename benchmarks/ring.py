@@ -17,13 +17,16 @@ Each process measures its own CPU time (``getrusage``: user + system, all its th
 thread's CPU split into acquire, GET, SET and release (``time.thread_time`` around each). Reported per contender:
 cycles/s (median over rounds, and each round's ratio to redis-py's), the client CPU per cycle summed over the
 processes, the server's main-thread CPU per cycle (``INFO cpu``), and the split per cycle of the process that held
-the lock. Rounds interleave the contenders, so round i of each ran under the same load. Its own module, not part of
-``benchmarks.run``.
+the lock, and the critical path split in two: the hand-off (a holder's release call to the next holder's acquire
+return, medians over the round, one clock for every process) and the holder's body (its acquire return to its
+release call: the GET and SET, and whatever else runs on the two cores meanwhile). Rounds interleave the
+contenders, so round i of each ran under the same load. Its own module, not part of ``benchmarks.run``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import resource
 import statistics
@@ -70,6 +73,7 @@ def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds:
         time.sleep(0.001)
     clock = time.thread_time
     split = [0.0, 0.0, 0.0, 0.0]
+    stamps: list[tuple[float, float]] = []  # (acquire returned, release called), monotonic: one clock for all
     cycles = 0
     before = resource.getrusage(resource.RUSAGE_SELF)
     # The ring's last holder must not keep the token past the end (the others would wait for it): stop a little early.
@@ -79,10 +83,12 @@ def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds:
         if not lock.acquire():
             break
         t1 = clock()
+        got = time.monotonic()
         value = int(client.get("bench-ring-counter") or 0)
         t2 = clock()
         client.set("bench-ring-counter", value + 1)
         t3 = clock()
+        stamps.append((got, time.monotonic()))
         lock.release()
         t4 = clock()
         cycles += 1
@@ -92,7 +98,7 @@ def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds:
         split[3] += t4 - t3
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    out.put((cycles, cpu, split))
+    out.put((cycles, cpu, split, stamps))
     if registry is not None:
         registry.close()
 
@@ -124,12 +130,19 @@ def _round(kind: str, url: str, processes: int, seconds: float) -> dict[str, Any
         for part in ("user", "sys")
     )
     split = [sum(r[2][i] for r in results) / cycles * 1e6 for i in range(4)]
+    # The critical path, from every process's stamps in one order: a cycle is the hand-off (one holder's release
+    # call to the next holder's acquire return) plus the next holder's body (its acquire return to its release call).
+    stamps = sorted(stamp for r in results for stamp in r[3])
+    handoffs = [later[0] - earlier[1] for earlier, later in itertools.pairwise(stamps)]
+    bodies = [released - got for got, released in stamps]
     return {
         "cycles_per_s": cycles / seconds,
         "client_cpu_us": sum(r[1] for r in results) / cycles * 1e6,
         # (includes the 1.5 s of start-up before the round, when nothing runs)
         "server_cpu_us": server / cycles * 1e6,
         "split_us": split,
+        "handoff_us": statistics.median(handoffs) * 1e6 if handoffs else 0.0,
+        "body_us": statistics.median(bodies) * 1e6 if bodies else 0.0,
     }
 
 
@@ -149,9 +162,9 @@ def main() -> None:
     print(f"{args.processes} processes x 1 thread, one key, {args.rounds} rounds of {args.seconds:g} s (medians)")
     print(
         "| contender | cycles/s | ÷ redis-py, round by round | client CPU µs/cycle | server CPU µs/cycle | "
-        "holder's acquire / GET / SET / release CPU µs |"
+        "holder's acquire / GET / SET / release CPU µs | hand-off / body µs (p50) |"
     )
-    print("|---|---:|---|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---|---|")
     baseline = rows["redis-py"]
     for kind in CONTENDERS:
         rounds = rows[kind]
@@ -162,7 +175,9 @@ def main() -> None:
         print(
             f"| {kind} | {statistics.median(r['cycles_per_s'] for r in rounds):,.0f} | {ratios} | "
             f"{statistics.median(r['client_cpu_us'] for r in rounds):,.0f} | "
-            f"{statistics.median(r['server_cpu_us'] for r in rounds):,.0f} | {split} |"
+            f"{statistics.median(r['server_cpu_us'] for r in rounds):,.0f} | {split} | "
+            f"{statistics.median(r['handoff_us'] for r in rounds):,.0f} / "
+            f"{statistics.median(r['body_us'] for r in rounds):,.0f} |"
         )
 
 
