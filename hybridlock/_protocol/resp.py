@@ -10,10 +10,12 @@ once and kept: a lock's calls differ only in a few numbers and ids.
 
 from __future__ import annotations
 
+import codecs
+import functools
 from collections.abc import Sequence
 from typing import cast
 
-__all__ = ["pack_commands"]
+__all__ = ["is_utf8", "pack_commands"]
 
 #: Packed bulk strings of recent string arguments; emptied when it reaches ``_MOST_KEPT`` entries (ids that never
 #: repeat, such as wait ids, would otherwise crowd out the ones that do).
@@ -70,3 +72,12 @@ def pack_commands(commands: Sequence[Sequence[object]]) -> bytes | None:
                 return None
             pieces.append(packed)
     return b"".join(pieces)
+
+
+@functools.lru_cache(maxsize=16)
+def is_utf8(encoding: object) -> bool:
+    """Whether ``encoding`` (a client's encoder setting) names UTF-8, the only encoding ``pack_commands`` writes."""
+    try:
+        return isinstance(encoding, str) and codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False

@@ -19,14 +19,14 @@ clients of redis-py (and valkey-py) spell differently. ``hybridlock/_sync/backen
 
 from __future__ import annotations
 
-import codecs
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio
 import redis.asyncio.client
 import redis.asyncio.connection
+
+from ..._protocol.resp import is_utf8
 
 __all__ = [
     "CLUSTER_CLIENT_OPTIONS",
@@ -147,13 +147,5 @@ def packs_like_us(connection: Any) -> bool:
         and type(encoder) is _ENCODER
         and getattr(_ENCODER, "encode", None) is _ENCODE
         and encoder.encoding_errors == "strict"
-        and _is_utf8(encoder.encoding)
+        and is_utf8(encoder.encoding)
     )
-
-
-@functools.lru_cache(maxsize=16)
-def _is_utf8(encoding: object) -> bool:
-    try:
-        return isinstance(encoding, str) and codecs.lookup(encoding).name == "utf-8"
-    except LookupError:
-        return False
