@@ -2,6 +2,7 @@
 
     python -m benchmarks.ring                        # 8 processes x 1 thread, 3 rounds of 4 s
     python -m benchmarks.ring --processes 16 --rounds 5 --seconds 6
+    python -m benchmarks.ring --asyncio              # the same, one task per process, with the asyncio clients
 
 Workload 15 (N single-threaded processes take turns on one key; the critical section is a non-atomic GET + SET of a
 Redis counter, which must come out exact), run in one session on one server for three contenders:
@@ -12,6 +13,9 @@ Redis counter, which must come out exact), run in one session on one server for 
   per hand-off, no scripts, no lease, no queue, no fencing). Nothing can be fairer or cheaper per hand-off, so a fair
   lock's throughput is bounded by it;
 * **hybridlock**'s ``LockRegistry`` (the direct grants of issue 20).
+
+With ``--asyncio``, each process runs one task in an event loop instead, with the asyncio twins: redis.asyncio's
+``Lock``, the ring over ``redis.asyncio`` and ``AsyncLockRegistry``.
 
 Each process measures its own CPU time (``getrusage``: user + system, all its threads) over its cycles, and its main
 thread's CPU split into acquire, GET, SET and release (``time.thread_time`` around each). Reported per contender:
@@ -36,6 +40,7 @@ from typing import Any
 import redis
 
 CONTENDERS = ("redis-py", "ring", "hybridlock")
+ASYNC_CONTENDERS = ("redis.asyncio", "ring (asyncio)", "hybridlock (asyncio)")
 
 
 class _Ring:
@@ -51,6 +56,82 @@ class _Ring:
 
     def release(self) -> None:
         self._client.lpush(self._next, 1)
+
+
+class _AsyncRing:
+    """The fair floor over redis.asyncio: as ``_Ring``."""
+
+    def __init__(self, client: Any, me: int, processes: int) -> None:
+        self._client = client
+        self._mine = f"ring:{me}"
+        self._next = f"ring:{(me + 1) % processes}"
+
+    async def acquire(self) -> bool:
+        return await self._client.blpop([self._mine], timeout=5) is not None
+
+    async def release(self) -> None:
+        await self._client.lpush(self._next, 1)
+
+
+def _async_worker(kind: str, url: str, me: int, processes: int, start: float, seconds: float, out: Any) -> None:
+    import asyncio
+
+    asyncio.run(_async_cycles(kind, url, me, processes, start, seconds, out))
+
+
+async def _async_cycles(kind: str, url: str, me: int, processes: int, start: float, seconds: float, out: Any) -> None:
+    """``_worker``'s loop in an event loop: one task, awaiting every call."""
+    import asyncio
+
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(url)
+    registry = None
+    if kind == "hybridlock (asyncio)":
+        import hybridlock
+
+        registry = hybridlock.AsyncLockRegistry(url)
+        lock: Any = registry.obtain("bench-ring")
+    elif kind == "redis.asyncio":
+        lock = client.lock("bench-ring-rp", timeout=10)
+    else:
+        lock = _AsyncRing(client, me, processes)
+    if kind != "ring (asyncio)":
+        for _ in range(3):
+            await lock.acquire()
+            await lock.release()
+    while time.time() < start:
+        await asyncio.sleep(0.001)
+    clock = time.thread_time
+    split = [0.0, 0.0, 0.0, 0.0]
+    stamps: list[tuple[float, float]] = []
+    cycles = 0
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    end = start + seconds - (0.05 if kind == "ring (asyncio)" else 0.0)
+    while time.time() < end:
+        t0 = clock()
+        if not await lock.acquire():
+            break
+        t1 = clock()
+        got = time.monotonic()
+        value = int(await client.get("bench-ring-counter") or 0)
+        t2 = clock()
+        await client.set("bench-ring-counter", value + 1)
+        t3 = clock()
+        stamps.append((got, time.monotonic()))
+        await lock.release()
+        t4 = clock()
+        cycles += 1
+        split[0] += t1 - t0
+        split[1] += t2 - t1
+        split[2] += t3 - t2
+        split[3] += t4 - t3
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    out.put((cycles, cpu, split, stamps))
+    if registry is not None:
+        await registry.aclose()
+    await client.aclose()
 
 
 def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds: float, out: Any) -> None:
@@ -106,15 +187,16 @@ def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds:
 def _round(kind: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     client.set("bench-ring-counter", 0)
-    if kind == "ring":
+    if kind.startswith("ring"):
         client.delete(*[f"ring:{i}" for i in range(processes)])
         client.lpush("ring:0", 1)
     cpu_before = client.info("cpu")
     context = multiprocessing.get_context("fork")
     out = context.Queue()
     start = time.time() + 1.5
+    target = _async_worker if kind in ASYNC_CONTENDERS else _worker
     workers = [
-        context.Process(target=_worker, args=(kind, url, i, processes, start, seconds, out)) for i in range(processes)
+        context.Process(target=target, args=(kind, url, i, processes, start, seconds, out)) for i in range(processes)
     ]
     for worker in workers:
         worker.start()
@@ -151,22 +233,25 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--asyncio", action="store_true", help="one task per process, with the asyncio clients")
     args = parser.parse_args()
+    contenders = ASYNC_CONTENDERS if args.asyncio else CONTENDERS
     from hybridlock.testing.server import EmbeddedServer
 
-    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in CONTENDERS}
+    rows: dict[str, list[dict[str, Any]]] = {kind: [] for kind in contenders}
     with EmbeddedServer() as server:
         for _ in range(args.rounds):
-            for kind in CONTENDERS:
+            for kind in contenders:
                 rows[kind].append(_round(kind, server.url, args.processes, args.seconds))
-    print(f"{args.processes} processes x 1 thread, one key, {args.rounds} rounds of {args.seconds:g} s (medians)")
+    each = "task" if args.asyncio else "thread"
+    print(f"{args.processes} processes x 1 {each}, one key, {args.rounds} rounds of {args.seconds:g} s (medians)")
     print(
-        "| contender | cycles/s | ÷ redis-py, round by round | client CPU µs/cycle | server CPU µs/cycle | "
+        f"| contender | cycles/s | ÷ {contenders[0]}, round by round | client CPU µs/cycle | server CPU µs/cycle | "
         "holder's acquire / GET / SET / release CPU µs | hand-off / body µs (p50) |"
     )
     print("|---|---:|---|---:|---:|---|---|")
-    baseline = rows["redis-py"]
-    for kind in CONTENDERS:
+    baseline = rows[contenders[0]]
+    for kind in contenders:
         rounds = rows[kind]
         ratios = ", ".join(
             f"{r['cycles_per_s'] / b['cycles_per_s']:.2f}" for r, b in zip(rounds, baseline, strict=True)
