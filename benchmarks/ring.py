@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing
+import queue
 import resource
 import statistics
 import time
@@ -200,7 +201,14 @@ def _round(kind: str, url: str, processes: int, seconds: float) -> dict[str, Any
     ]
     for worker in workers:
         worker.start()
-    results = [out.get(timeout=seconds + 60) for _ in workers]
+    results = []
+    for _ in workers:
+        try:
+            results.append(out.get(timeout=seconds + 60))
+        except queue.Empty:
+            for worker in workers:
+                worker.kill()
+            raise RuntimeError(f"{kind}: {len(results)} of {processes} processes finished their round") from None
     for worker in workers:
         worker.join(30)
     cpu_after = client.info("cpu")
