@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 import hybridlock
 from tests._stats import script_runs
@@ -115,40 +114,3 @@ def test_a_release_wakes_only_the_head_of_the_queue(make_registry, redis_client)
     # waking everyone would cost 4 + 3 + 2 + 1 attempts.
     acquires_and_releases = script_runs(redis_client)
     assert acquires_and_releases <= 4 + 4 + 3, acquires_and_releases
-
-
-def test_only_an_owner_that_finds_nobody_queued_announces_wanted(server, redis_client):
-    # "wanted" tells a holder (passing the lock among its threads, or keeping it idle) that another owner waits. The
-    # holder learns of owners queued before its tenancy from its acquire's reply (or its grant), and of the first one
-    # queued since from that owner's announcement (or, unheard, from the queue: waiting.wanted_before_heard); every
-    # later owner finds the queue there and announces nothing (one PUBLISH less per contended cycle).
-    from hybridlock._core.names import lock_names
-    from hybridlock.backends import RedisBackend
-
-    names = lock_names("hybridlock", "announced")
-    backend = RedisBackend(redis.Redis.from_url(server.url), owns_client=True)
-    listener = redis_client.pubsub()
-    try:
-        listener.subscribe(names.channel)
-        assert listener.get_message(timeout=5)["type"] == "subscribe"
-        assert backend.try_acquire(names, "holder", 30_000, False).acquired
-        assert not backend.try_acquire(names, "a", 30_000, True).acquired  # nobody queued: announces
-        assert not backend.try_acquire(names, "b", 30_000, True).acquired  # a queues: the holder was told
-        assert not backend.try_acquire(names, "a", 30_000, True).acquired  # keeps its place
-        assert not backend.try_acquire(names, "c", 30_000, False).acquired  # a try: queues nowhere
-        backend.cancel_wait(names, "a")
-        backend.cancel_wait(names, "b")
-        assert redis_client.exists(names.queue) == 0
-        assert not backend.try_acquire(names, "d", 30_000, True).acquired  # nobody queued again: announces
-        redis_client.publish(names.channel, "end")  # messages on one channel arrive in order
-        heard = []
-        deadline = time.monotonic() + 5
-        while not heard or heard[-1] != b"end":
-            assert time.monotonic() < deadline
-            message = listener.get_message(timeout=1)
-            if message is not None and message["type"] == "message":
-                heard.append(message["data"])
-        assert heard == [b"wanted", b"wanted", b"end"]
-    finally:
-        listener.close()
-        backend.close()

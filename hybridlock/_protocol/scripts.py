@@ -400,11 +400,9 @@ ACQUIRE = (
 --                                queue's head (wait_ms = until its place lapses; a head to be granted the lock is
 --                                granted it now). With ARGV[6] = "1" we are also queued (KEEP_WAITING keeps the
 --                                place while we wait): arrival = the server time (ms) our place was taken, as its
---                                grant will name it, or 0 when we kept the place we had. A refusal that found
---                                nobody queued announces "wanted" on the channel (a holder passing the lock among
---                                its threads, or keeping it idle, lets go at its next release); one that found the
---                                queue says nothing: the holder was told of its places by its acquire's reply or
---                                grant, or by the announcement of the first owner to queue since.
+--                                grant will name it, or 0 when we kept the place we had. Taking a new place
+--                                announces "wanted" on the channel (a holder passing the lock among its threads,
+--                                or keeping it idle, lets go at its next release).
 --          {-1, counter}         the fencing counter is at or above MAX_TOKEN (see mint): nothing taken, the
 --                                counter left as it was (a place we hold in the queue stays: the caller leaves
 --                                it)
@@ -470,7 +468,7 @@ if wait_ms then
   if queuing and enqueue(KEYS[3], KEYS[4], place, now) then
     arrival = now
   end
-  if nobody_queued then
+  if arrival > 0 or nobody_queued then
     announce(ARGV[5], ARGV[4], 'wanted')
   end
   return {0, wait_ms, arrival}

@@ -92,14 +92,10 @@ class MemoryBackend(LockBackend):
         return None
 
     def _refuse(self, names: LockNames, owner: str, wait: float, now: float, queue: bool) -> AcquireResult:
-        places = self._queue(names, now)
-        nobody_queued = not places
         if queue:
             # Arrival order is the dict's order: a refreshed place keeps its position.
-            places[owner] = now + _PLACE_KEEP
-        if nobody_queued:
-            # (As scripts.ACQUIRE: an owner finding others queued announces nothing, the holder knows of them.)
-            self._announce_wanted(names.channel)
+            self._queue(names, now)[owner] = now + _PLACE_KEEP
+        self._announce_wanted(names.channel)
         return AcquireResult(False, None, None if wait == float("inf") else wait)
 
     def _take(self, names: LockNames, owner: str, lease_ms: int | None, now: float) -> AcquireResult:
