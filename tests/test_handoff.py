@@ -195,6 +195,64 @@ def test_a_remote_waiter_gets_in_while_local_threads_keep_contending(make_regist
     assert max(waits) < 2.0  # announced wants end the streak at the next release, not after the budget
 
 
+def test_an_owner_queued_behind_one_the_streak_did_not_hear_still_ends_it(make_registry, redis_client):
+    # The holder starts listening for "wanted" at its tenancy's first local pass: B, refused before that, announced
+    # itself to nobody. C queues behind B once the holder listens: its announcement is what ends the streak (a
+    # refusal that found others queued must still announce), so B gets in long before the 30 s window.
+    local_registry = make_registry(handoff_limit=10_000, handoff_window=30.0)  # only "wanted" can end a streak
+    lock = local_registry.obtain("unheard")
+    queue_key = local_registry._names("unheard").queue
+    stop = threading.Event()
+    local_cycles = [0]
+    entered: list[str] = []
+
+    def remote(name: str) -> threading.Thread:
+        def run() -> None:
+            other = make_registry().obtain("unheard")
+            if other.acquire(timeout=20):
+                entered.append(name)
+                other.release()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    def wait_for_queue(length: int) -> None:
+        deadline = time.monotonic() + 5
+        while redis_client.zcard(queue_key) < length:
+            assert time.monotonic() < deadline, f"nobody queued {length}"
+            time.sleep(0.005)
+
+    def spin() -> None:
+        while not stop.is_set():
+            with lock:
+                local_cycles[0] += 1
+                time.sleep(0.001)
+
+    lock.acquire()  # a fresh tenancy: nobody queued, nothing listened to yet
+    b = remote("b")
+    wait_for_queue(1)  # b's "wanted" went to nobody
+    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    try:
+        for spinner in spinners:
+            spinner.start()
+        time.sleep(0.05)
+        lock.release()  # the first pass: the streak starts listening
+        time.sleep(0.3)
+        assert not entered  # nothing told the streak of b
+        started = time.monotonic()
+        c = remote("c")
+        b.join(25)
+        c.join(25)
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join(10)
+    assert entered == ["b", "c"]
+    assert time.monotonic() - started < 10  # c's announcement ended the streak, not the 30 s window
+    assert local_cycles[0] > 50
+
+
 def test_lease_lost_during_a_streak_is_not_passed_on(make_registry, redis_client):
     registry = make_registry(expire_after=1.5, handoff_limit=10_000, handoff_window=30.0)
     lock = registry.obtain("streak")
