@@ -59,6 +59,31 @@ class _Ring:
         self._client.lpush(self._next, 1)
 
 
+class _Tally:
+    """One process's measures over its cycles, as ``_round`` reads them from the queue: the cycles, the process's CPU
+    time (``getrusage``, every thread), the main thread's CPU split into acquire, GET, SET and release, and each
+    cycle's (acquire returned, release called) stamps (monotonic: one clock for every process)."""
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self._split = [0.0, 0.0, 0.0, 0.0]
+        self._stamps: list[tuple[float, float]] = []
+        self._before = resource.getrusage(resource.RUSAGE_SELF)
+
+    def add(self, marks: tuple[float, float, float, float, float], got: float, released: float) -> None:
+        """One cycle: ``marks`` are the thread's CPU clock before the acquire and after it, the GET, the SET and the
+        release; ``got`` and ``released`` its monotonic stamps."""
+        for i in range(4):
+            self._split[i] += marks[i + 1] - marks[i]
+        self._stamps.append((got, released))
+        self.cycles += 1
+
+    def report(self) -> tuple[int, float, list[float], list[tuple[float, float]]]:
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime - self._before.ru_utime + after.ru_stime - self._before.ru_stime
+        return self.cycles, cpu, self._split, self._stamps
+
+
 class _AsyncRing:
     """The fair floor over redis.asyncio: as ``_Ring``."""
 
@@ -104,10 +129,7 @@ async def _async_cycles(kind: str, url: str, me: int, processes: int, start: flo
     while time.time() < start:
         await asyncio.sleep(0.001)
     clock = time.thread_time
-    split = [0.0, 0.0, 0.0, 0.0]
-    stamps: list[tuple[float, float]] = []
-    cycles = 0
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    tally = _Tally()
     end = start + seconds - (0.05 if kind == "ring (asyncio)" else 0.0)
     while time.time() < end:
         t0 = clock()
@@ -119,17 +141,10 @@ async def _async_cycles(kind: str, url: str, me: int, processes: int, start: flo
         t2 = clock()
         await client.set("bench-ring-counter", value + 1)
         t3 = clock()
-        stamps.append((got, time.monotonic()))
+        released = time.monotonic()
         await lock.release()
-        t4 = clock()
-        cycles += 1
-        split[0] += t1 - t0
-        split[1] += t2 - t1
-        split[2] += t3 - t2
-        split[3] += t4 - t3
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    out.put((cycles, cpu, split, stamps))
+        tally.add((t0, t1, t2, t3, clock()), got, released)
+    out.put(tally.report())
     if registry is not None:
         await registry.aclose()
     await client.aclose()
@@ -154,10 +169,7 @@ def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds:
     while time.time() < start:
         time.sleep(0.001)
     clock = time.thread_time
-    split = [0.0, 0.0, 0.0, 0.0]
-    stamps: list[tuple[float, float]] = []  # (acquire returned, release called), monotonic: one clock for all
-    cycles = 0
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    tally = _Tally()
     # The ring's last holder must not keep the token past the end (the others would wait for it): stop a little early.
     end = start + seconds - (0.05 if kind == "ring" else 0.0)
     while time.time() < end:
@@ -170,17 +182,10 @@ def _worker(kind: str, url: str, me: int, processes: int, start: float, seconds:
         t2 = clock()
         client.set("bench-ring-counter", value + 1)
         t3 = clock()
-        stamps.append((got, time.monotonic()))
+        released = time.monotonic()
         lock.release()
-        t4 = clock()
-        cycles += 1
-        split[0] += t1 - t0
-        split[1] += t2 - t1
-        split[2] += t3 - t2
-        split[3] += t4 - t3
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    out.put((cycles, cpu, split, stamps))
+        tally.add((t0, t1, t2, t3, clock()), got, released)
+    out.put(tally.report())
     if registry is not None:
         registry.close()
 
