@@ -405,9 +405,9 @@ def test_a_leaders_key_deleted_stops_the_work_of_its_term(
             except (hybridlock.LockLostError, hybridlock.LockNotOwnedError):
                 pass
             else:
-                assert election.epoch is not None and election.epoch > epoch, (
-                    f"ensure_held() passed in the term that was lost (epoch {epoch}, now {election.epoch})"
-                )
+                now_epoch = election.epoch
+                assert now_epoch is not None
+                assert now_epoch > epoch, f"ensure_held() passed in the term that was lost (epoch {epoch})"
         finally:
             election.stop()
 
