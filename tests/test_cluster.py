@@ -382,6 +382,134 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
             rw_lock.release()
 
 
+def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost(cluster, cluster_url):
+    # A semaphore's release reads permit slots it does not declare (which exist only the script knows). While the
+    # slot is being migrated, its old master stops a script at such a key that is not there ("non local key"). Were
+    # that after the release's first write (the permit deleted), the run again would find the permit gone and report
+    # it lost; and the error itself was raised to the caller. The release now stops before it writes, and is retried
+    # until the slot has moved.
+    key = "sem-migrating"
+    slot = slot_of(key)
+    source = cluster.owner_of(slot)
+    target = next(master for master in cluster.masters if cluster.role(master) == "master" and master is not source)
+    with (
+        hybridlock.LockRegistry(cluster_url, expire_after=6.0) as holder,
+        hybridlock.LockRegistry(cluster_url, expire_after=6.0) as other,
+    ):
+        semaphore = holder.obtain_semaphore(key, 1)
+        # (A permit is its thread's: this thread takes it, and gives it back when told.)
+        held, release_now = threading.Event(), threading.Event()
+        released: list[Any] = []
+        tokens: list[int | None] = []
+
+        def hold_then_release() -> None:
+            try:
+                assert semaphore.acquire(timeout=5)
+                tokens.append(semaphore.fencing_token)
+                held.set()
+                release_now.wait(20)
+                semaphore.release()
+                released.append("released")
+            except BaseException as exc:  # the test reads it below
+                released.append(exc)
+                held.set()
+
+        releasing = threading.Thread(target=hold_then_release)
+        releasing.start()
+        assert held.wait(10)
+        assert released == []
+        outcome: list[Any] = []
+
+        def wait() -> None:
+            theirs = other.obtain_semaphore(key, 1)
+            try:
+                got = theirs.acquire(timeout=20)
+                outcome.append((got, theirs.fencing_token))
+                if got:
+                    theirs.release()
+            except BaseException as exc:  # the test reads it below
+                outcome.append(exc)
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        until(lambda: cluster.command(source, "EXISTS", f"hybridlock:{{{key}}}:sem-queue") == 1, "a queue", 5)
+        source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+        cluster.command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        cluster.command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        release_now.set()
+        time.sleep(0.3)
+        assert released == []  # still retrying: the slot is being migrated
+        assert outcome == []
+        cluster.migrate_slot(slot, target)  # (its keys moved, the slot given to the target)
+        releasing.join(10)
+        waiting.join(25)
+        assert not releasing.is_alive()
+        assert not waiting.is_alive()
+        assert released == ["released"]
+        assert len(outcome) == 1
+        assert not isinstance(outcome[0], BaseException), outcome
+        got, their_token = outcome[0]
+        assert got
+        assert their_token > tokens[0]
+        assert cluster.owner_of(slot) is target
+
+
+@pytest.mark.parametrize(("kind", "permits"), [("semaphore", 1), ("semaphore", 2), ("lock", 1)])
+def test_threads_of_two_registries_contending_on_a_slot_being_migrated_fail_nothing(
+    cluster, cluster_url, kind, permits
+):
+    # Six threads of two registries take and give back a semaphore's permits (or one lock: its queue and grant boxes)
+    # while its slot moves between masters, half moved for a while each time: at most ``permits`` inside at once,
+    # and no call fails.
+    key = f"{kind}-moving-{permits}"
+    slot = slot_of(key)
+    with (
+        hybridlock.LockRegistry(cluster_url) as first,
+        hybridlock.LockRegistry(cluster_url) as second,
+    ):
+        if kind == "lock":
+            contended: list[Any] = [registry.obtain(key) for registry in (first, second)]
+        else:
+            contended = [registry.obtain_semaphore(key, permits) for registry in (first, second)]
+        running = threading.Event()
+        running.set()
+        failures: list[BaseException] = []
+        guard = threading.Lock()
+        inside = most = cycles = 0
+
+        def worker(held: Any) -> None:
+            nonlocal inside, most, cycles
+            try:
+                while running.is_set():
+                    assert held.acquire(timeout=20)
+                    with guard:
+                        inside += 1
+                        most = max(most, inside)
+                    time.sleep(0.002)
+                    with guard:
+                        inside -= 1
+                        cycles += 1
+                    held.release()
+            except BaseException as exc:  # reported by the test, in its own thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(contended[index % 2],)) for index in range(6)]
+        for thread in threads:
+            thread.start()
+        for move in range(4):
+            time.sleep(0.2)
+            target = [master for master in cluster.masters if master is not cluster.owner_of(slot)][move % 2]
+            cluster.migrate_slot(slot, target, between=lambda: time.sleep(0.3))
+        time.sleep(0.2)
+        running.clear()
+        for thread in threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in threads)
+        assert failures == []
+        assert most <= permits
+        assert cycles > 0
+
+
 # -- failover and dead nodes -----------------------------------------------------------------------------------------
 
 
@@ -825,6 +953,44 @@ async def test_asyncio_tasks_on_a_slot_being_migrated_fail_nothing(cluster, clus
         cycles = await asyncio.wait_for(asyncio.gather(*tasks), 30)
         assert min(cycles) > 0
         assert closed == 0
+
+
+async def test_asyncio_tasks_of_two_registries_on_a_semaphore_whose_slot_is_migrated_fail_nothing(cluster, cluster_url):
+    # The asyncio side of the contended test above: a semaphore's scripts stopped at a permit slot not there (the
+    # slot half moved) are run again until it has moved, and nothing fails.
+    key = "sem-moving-tasks"
+    slot = slot_of(key)
+    async with (
+        hybridlock.AsyncLockRegistry(cluster_url) as first,
+        hybridlock.AsyncLockRegistry(cluster_url) as second,
+    ):
+        semaphores = [registry.obtain_semaphore(key, 2) for registry in (first, second)]
+        running = True
+        inside = most = 0
+
+        async def worker(semaphore: Any) -> int:
+            nonlocal inside, most
+            cycles = 0
+            while running:
+                assert await semaphore.acquire(timeout=20)
+                inside += 1
+                most = max(most, inside)
+                await asyncio.sleep(0.002)
+                inside -= 1
+                await semaphore.release()
+                cycles += 1
+            return cycles
+
+        tasks = [asyncio.create_task(worker(semaphores[index % 2])) for index in range(6)]
+        for move in range(4):
+            await asyncio.sleep(0.2)
+            target = [master for master in cluster.masters if master is not cluster.owner_of(slot)][move % 2]
+            await asyncio.to_thread(cluster.migrate_slot, slot, target, lambda: time.sleep(0.3))
+        await asyncio.sleep(0.2)
+        running = False
+        cycles = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert sum(cycles) > 0
+        assert most <= 2
 
 
 def test_threads_on_a_slot_being_migrated_fail_nothing(cluster, cluster_url):

@@ -1010,6 +1010,16 @@ return 1
 # are the one exception, with the grant box, to "every key in KEYS": which slots exist is known only to the script;
 # they share the config's hash tag, so they live in its cluster slot. An acquire looks at every slot of the span: its
 # cost grows with the number of permits (at most ``MAX_PERMITS``).
+#
+# While a cluster slot is being migrated, its old master stops a script that reaches a key it did not declare and
+# does not have (moved already, or never written) with "Script attempted to access a non local key"; the client runs
+# the script again until the slot has moved (backends/cluster.py). Such a stop must come before the script's first
+# write, or the run again would find half of it done (a permit released, then reported lost). ACQUIRE_PERMIT and
+# GIVE_BACK_ATTEMPT reach such keys before they write; RELEASE_PERMIT and TRANSFER_PERMIT begin with
+# ``_MIGRATION_PROBE``, a key of the slot that never exists: on a slot being migrated away the script stops there.
+_MIGRATION_PROBE = """
+redis.call('EXISTS', ARGV[4] .. 'migrating')
+"""
 _SEMAPHORE_LIB = f"""
 local MAX_PERMITS = {MAX_PERMITS}
 -- The limit and span in the config hash, or the caller's ``permits`` when none is stored (a new semaphore, or a
@@ -1216,6 +1226,7 @@ RELEASE_PERMIT = (
 """
     + _ANNOUNCE_LIB
     + _KEYS_LIB
+    + _MIGRATION_PROBE
     + """
 if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
@@ -1347,6 +1358,7 @@ TRANSFER_PERMIT = (
     + _FENCE_LIB
     + _SEMAPHORE_LIB
     + _PERMIT_SLOTS_LIB
+    + _MIGRATION_PROBE
     + """
 local k = tonumber(ARGV[8])
 local skip, asked = {}, {}

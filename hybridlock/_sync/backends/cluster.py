@@ -21,9 +21,11 @@ that slot. How calls travel:
 
 Failure modes
 -------------
-* A slot is being migrated: an operation whose keys are partly moved is answered TRYAGAIN, which is retried for up
-  to ``_MIGRATION_PATIENCE`` seconds, then reported as :class:`~hybridlock.BackendUnavailableError`. Renewal reads
-  only lock keys, so held locks keep being renewed throughout a migration; their leases move with their keys.
+* A slot is being migrated: an operation whose keys are partly moved is answered TRYAGAIN, and a semaphore's script
+  that reaches a permit slot not there is stopped ("non local key", before it writes anything); either is retried
+  for up to ``_MIGRATION_PATIENCE`` seconds, then reported as :class:`~hybridlock.BackendUnavailableError`.
+  Renewal reads only lock keys, so held locks keep being renewed throughout a migration; their leases move with
+  their keys.
 * A master fails: until a replica is promoted (the cluster's ``cluster-node-timeout`` and an election) its slots
   are unavailable: calls about them raise ``BackendUnavailableError`` naming the slot and node, within the client's
   timeouts; locks on other masters are not affected (their renewals go on). After the promotion, what the replica
@@ -89,6 +91,8 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # unavailable. Moving one slot's keys takes milliseconds; this covers a slow step of a resharding tool.
 _MIGRATION_PATIENCE = 2.0
 _MIGRATION_PAUSE = 0.02
+# How a node stops a script that reaches a key it does not declare, on a slot being migrated away (or an unserved one).
+_NON_LOCAL_KEY = "Script attempted to access a non local key"
 
 # How long a batch waits for a node still silent after another node has answered (at least: as long again as the
 # first answer took, if longer). A healthy node answers a pipeline of renewals in milliseconds.
@@ -177,20 +181,29 @@ class _ClusterScriptRunner(ScriptRunner):
         self._send_again = (family.cluster_redirect, family.cluster_try_again, family.no_script)
 
     def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        family = self._backend._family
         started: float | None = None
         while True:
             try:
                 return super().run(source, keys, args)
-            except self._backend._family.cluster_unavailable as exc:
+            except family.cluster_unavailable as exc:
                 # TRYAGAIN (or redirections that did not settle): the slot is being migrated. Another error of the
                 # kind (the cluster is down) is not going to pass this soon: report it at once.
                 if not _is_migration(exc):
                     raise
-                now = monotonic()
-                started = now if started is None else started
-                if now - started >= _MIGRATION_PATIENCE:
+                migrating: BaseException = exc
+            except family.response_error as exc:
+                # The slot's old master stopped the script at a key it does not declare (a permit slot) and that
+                # is not there, the slot being migrated: before the script's first write (see _protocol.scripts).
+                # Reported as TRYAGAIN if the slot is still moving when the patience runs out.
+                if _NON_LOCAL_KEY not in str(exc):
                     raise
-                sleep(_MIGRATION_PAUSE)
+                migrating = family.cluster_try_again(f"TRYAGAIN {exc}")
+            now = monotonic()
+            started = now if started is None else started
+            if now - started >= _MIGRATION_PATIENCE:
+                raise migrating
+            sleep(_MIGRATION_PAUSE)
 
     def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
         """Every call, one pipeline per node (all nodes at once), each call in the node its first key's slot is
