@@ -22,6 +22,7 @@ from redis.crc import key_slot
 
 import hybridlock
 from hybridlock._async.backends import cluster as async_cluster
+from hybridlock._core.names import semaphore_names
 from hybridlock._sync.backends import cluster as sync_cluster
 from hybridlock._sync.backends.cluster import RedisClusterBackend
 from hybridlock.testing.cluster import EmbeddedCluster
@@ -452,6 +453,82 @@ def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost
         assert got
         assert their_token > tokens[0]
         assert cluster.owner_of(slot) is target
+
+
+def test_a_semaphore_whose_keys_are_half_moved_gives_no_permit_held_on_the_other_master(
+    cluster, cluster_url, monkeypatch
+):
+    # The semaphore's declared keys (config, counter, queue) moved to the new master, its held permit still on the
+    # old one: a waiter's attempt is sent on to the new master (ASK), which would have read the permit as free and
+    # given it out a second time (and the permit's own MIGRATE would then fail: BUSYKEY). The script stops at its
+    # migration probe instead, and is run again until the slot has moved.
+    monkeypatch.setattr(sync_cluster, "_MIGRATION_PATIENCE", 20.0)  # (the window below is the test's, not a fault)
+    key = "sem-half-moved"
+    names = semaphore_names("hybridlock", key)
+    slot = slot_of(key)
+    source = cluster.owner_of(slot)
+    target = next(master for master in cluster.masters if cluster.role(master) == "master" and master is not source)
+    with (
+        hybridlock.LockRegistry(cluster_url) as holder,
+        hybridlock.LockRegistry(cluster_url) as other,
+    ):
+        semaphore = holder.obtain_semaphore(key, 1)
+        held, release_now = threading.Event(), threading.Event()
+        released: list[Any] = []
+        tokens: list[int | None] = []
+
+        def hold_then_release() -> None:
+            try:
+                assert semaphore.acquire(timeout=5)
+                tokens.append(semaphore.fencing_token)
+                held.set()
+                release_now.wait(30)
+                semaphore.release()
+                released.append("released")
+            except BaseException as exc:  # the test reads it below
+                released.append(exc)
+                held.set()
+
+        releasing = threading.Thread(target=hold_then_release)
+        releasing.start()
+        assert held.wait(10)
+        outcome: list[Any] = []
+
+        def wait() -> None:
+            theirs = other.obtain_semaphore(key, 1)
+            try:
+                got = theirs.acquire(timeout=30)
+                outcome.append((got, theirs.fencing_token, release_now.is_set()))
+                if got:
+                    theirs.release()
+            except BaseException as exc:  # the test reads it below
+                outcome.append(exc)
+
+        waiting = threading.Thread(target=wait)
+        waiting.start()
+        until(lambda: cluster.command(source, "EXISTS", names.queue) == 1, "the waiter's place", 5)
+        cluster.command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(source))
+        cluster.command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", cluster.node_id(target))
+        moved = [names.config, names.fence, names.queue, names.queue_until]
+        cluster.command(source, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *moved)
+        time.sleep(2.5)  # the waiter attempts again (at least once a second), at the new master
+        assert outcome == []  # not admitted: the permit is held
+        assert sorted(cluster.command(target, "CLUSTER", "GETKEYSINSLOT", slot, 100)) == sorted(
+            name.encode() for name in moved
+        )
+        cluster.migrate_slot(slot, target)  # the permit's keys too (no BUSYKEY: none was written there)
+        release_now.set()
+        releasing.join(30)
+        waiting.join(30)
+        assert not releasing.is_alive()
+        assert not waiting.is_alive()
+        assert released == ["released"]
+        assert len(outcome) == 1
+        assert not isinstance(outcome[0], BaseException), outcome
+        got, their_token, after_release = outcome[0]
+        assert got
+        assert after_release  # admitted only once the holder was told to release
+        assert their_token > tokens[0]
 
 
 @pytest.mark.parametrize(("kind", "permits"), [("semaphore", 1), ("semaphore", 2), ("lock", 1)])

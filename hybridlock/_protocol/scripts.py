@@ -1011,14 +1011,16 @@ return 1
 # they share the config's hash tag, so they live in its cluster slot. An acquire looks at every slot of the span: its
 # cost grows with the number of permits (at most ``MAX_PERMITS``).
 #
-# While a cluster slot is being migrated, its old master stops a script that reaches a key it did not declare and
-# does not have (moved already, or never written) with "Script attempted to access a non local key"; the client runs
-# the script again until the slot has moved (backends/cluster.py). Such a stop must come before the script's first
-# write, or the run again would find half of it done (a permit released, then reported lost). ACQUIRE_PERMIT and
-# GIVE_BACK_ATTEMPT reach such keys before they write; RELEASE_PERMIT and TRANSFER_PERMIT begin with
-# ``_MIGRATION_PROBE``, a key of the slot that never exists: on a slot being migrated away the script stops there.
+# A cluster slot being migrated splits these keys between two masters, and a script on either one would read the
+# permit slots left on the other as free: two holders of one permit (the new master, asked with ASKING, answers a
+# single-key read of a key it does not have yet as "none"). So every semaphore script that reads or writes permit
+# slots begins with ``_MIGRATION_PROBE``: a two-key EXISTS of keys of the slot that never exist. On a stable slot it
+# answers 0; on a slot being migrated each master stops the script there, before it has read or written anything
+# (the old one with "Script attempted to access a non local key", the new one because a command of several keys is
+# not served there while some are missing), and the client runs it again until the slot has moved
+# (backends/cluster.py). Renewals need no probe: they touch only keys they declare, which the server checks first.
 _MIGRATION_PROBE = """
-redis.call('EXISTS', ARGV[4] .. 'migrating')
+redis.call('EXISTS', KEYS[1] .. ':migrating:1', KEYS[1] .. ':migrating:2')
 """
 _SEMAPHORE_LIB = f"""
 local MAX_PERMITS = {MAX_PERMITS}
@@ -1144,6 +1146,7 @@ ACQUIRE_PERMIT = (
     + _FENCE_LIB
     + _SEMAPHORE_LIB
     + _PERMIT_SLOTS_LIB
+    + _MIGRATION_PROBE
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -1285,6 +1288,7 @@ GIVE_BACK_ATTEMPT = (
 """
     + _ANNOUNCE_LIB
     + _KEYS_LIB
+    + _MIGRATION_PROBE
     + """
 local span = tonumber(redis.pcall('HGET', KEYS[1], 'span')) or 0
 for i = 0, math.min(span, 4096) - 1 do

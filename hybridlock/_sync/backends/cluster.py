@@ -22,10 +22,10 @@ that slot. How calls travel:
 Failure modes
 -------------
 * A slot is being migrated: an operation whose keys are partly moved is answered TRYAGAIN, and a semaphore's script
-  that reaches a permit slot not there is stopped ("non local key", before it writes anything); either is retried
+  is stopped by its migration probe (before it reads or writes anything: ``_protocol.scripts``); either is retried
   for up to ``_MIGRATION_PATIENCE`` seconds, then reported as :class:`~hybridlock.BackendUnavailableError`.
-  Renewal reads only lock keys, so held locks keep being renewed throughout a migration; their leases move with
-  their keys.
+  Renewal touches only the keys it declares: a lock's lease is renewed throughout a migration and moves with its
+  key; a permit's renewal, which also keeps its semaphore's config, is retried (as TRYAGAIN) while the two are apart.
 * A master fails: until a replica is promoted (the cluster's ``cluster-node-timeout`` and an election) its slots
   are unavailable: calls about them raise ``BackendUnavailableError`` naming the slot and node, within the client's
   timeouts; locks on other masters are not affected (their renewals go on). After the promotion, what the replica
@@ -91,8 +91,12 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # unavailable. Moving one slot's keys takes milliseconds; this covers a slow step of a resharding tool.
 _MIGRATION_PATIENCE = 2.0
 _MIGRATION_PAUSE = 0.02
-# How a node stops a script that reaches a key it does not declare, on a slot being migrated away (or an unserved one).
-_NON_LOCAL_KEY = "Script attempted to access a non local key"
+# How a node stops a script at a key it does not declare and does not have, its slot being migrated: Redis's words
+# (either side), and Valkey's on the importing side.
+_STOPPED_BY_MIGRATION = (
+    "Script attempted to access a non local key",
+    "undeclared keys were accessed during rehashing",
+)
 
 # How long a batch waits for a node still silent after another node has answered (at least: as long again as the
 # first answer took, if longer). A healthy node answers a pipeline of renewals in milliseconds.
@@ -191,18 +195,18 @@ class _ClusterScriptRunner(ScriptRunner):
                 # kind (the cluster is down) is not going to pass this soon: report it at once.
                 if not _is_migration(exc):
                     raise
-                migrating: BaseException = exc
-            except family.response_error as exc:
-                # The slot's old master stopped the script at a key it does not declare (a permit slot) and that
-                # is not there, the slot being migrated: before the script's first write (see _protocol.scripts).
-                # Reported as TRYAGAIN if the slot is still moving when the patience runs out.
-                if _NON_LOCAL_KEY not in str(exc):
+                started = monotonic() if started is None else started
+                if monotonic() - started >= _MIGRATION_PATIENCE:
                     raise
-                migrating = family.cluster_try_again(f"TRYAGAIN {exc}")
-            now = monotonic()
-            started = now if started is None else started
-            if now - started >= _MIGRATION_PATIENCE:
-                raise migrating
+            except family.response_error as exc:
+                # A node stopped the script at a key of the slot it does not have, the slot being migrated (a
+                # semaphore's migration probe, before the script reads or writes anything: see _protocol.scripts).
+                # Reported as TRYAGAIN if the slot is still moving when the patience runs out.
+                if not _stopped_by_migration(exc):
+                    raise
+                started = monotonic() if started is None else started
+                if monotonic() - started >= _MIGRATION_PATIENCE:
+                    raise family.cluster_try_again(f"TRYAGAIN {exc}") from exc
             sleep(_MIGRATION_PAUSE)
 
     def run_many(self, source: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
@@ -308,6 +312,11 @@ def _naming_node(error: Exception, node: str) -> Exception:
         return type(error)(f"cluster node {node}: {error}")
     except Exception:
         return error
+
+
+def _stopped_by_migration(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(words in text for words in _STOPPED_BY_MIGRATION)
 
 
 def _is_migration(exc: BaseException) -> bool:
