@@ -383,12 +383,13 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
             rw_lock.release()
 
 
-def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost(cluster, cluster_url):
+def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost(cluster, cluster_url, monkeypatch):
     # A semaphore's release reads permit slots it does not declare (which exist only the script knows). While the
     # slot is being migrated, its old master stops a script at such a key that is not there ("non local key"). Were
     # that after the release's first write (the permit deleted), the run again would find the permit gone and report
     # it lost; and the error itself was raised to the caller. The release now stops before it writes, and is retried
     # until the slot has moved.
+    monkeypatch.setattr(sync_cluster, "_MIGRATION_PATIENCE", 20.0)  # (the window below is the test's, not a fault)
     key = "sem-migrating"
     slot = slot_of(key)
     source = cluster.owner_of(slot)
@@ -533,11 +534,12 @@ def test_a_semaphore_whose_keys_are_half_moved_gives_no_permit_held_on_the_other
 
 @pytest.mark.parametrize(("kind", "permits"), [("semaphore", 1), ("semaphore", 2), ("lock", 1)])
 def test_threads_of_two_registries_contending_on_a_slot_being_migrated_fail_nothing(
-    cluster, cluster_url, kind, permits
+    cluster, cluster_url, kind, permits, monkeypatch
 ):
     # Six threads of two registries take and give back a semaphore's permits (or one lock: its queue and grant boxes)
     # while its slot moves between masters, half moved for a while each time: at most ``permits`` inside at once,
     # and no call fails.
+    monkeypatch.setattr(sync_cluster, "_MIGRATION_PATIENCE", 20.0)  # (each half-moved window is the test's)
     key = f"{kind}-moving-{permits}"
     slot = slot_of(key)
     with (
@@ -1032,9 +1034,12 @@ async def test_asyncio_tasks_on_a_slot_being_migrated_fail_nothing(cluster, clus
         assert closed == 0
 
 
-async def test_asyncio_tasks_of_two_registries_on_a_semaphore_whose_slot_is_migrated_fail_nothing(cluster, cluster_url):
+async def test_asyncio_tasks_of_two_registries_on_a_semaphore_whose_slot_is_migrated_fail_nothing(
+    cluster, cluster_url, monkeypatch
+):
     # The asyncio side of the contended test above: a semaphore's scripts stopped at a permit slot not there (the
     # slot half moved) are run again until it has moved, and nothing fails.
+    monkeypatch.setattr(async_cluster, "_MIGRATION_PATIENCE", 20.0)  # (each half-moved window is the test's)
     key = "sem-moving-tasks"
     slot = slot_of(key)
     async with (
