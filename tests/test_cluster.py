@@ -383,6 +383,45 @@ def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_u
             rw_lock.release()
 
 
+class _HolderAndWaiter:
+    """A thread of ``holder`` takes the only permit of ``key`` (a permit is its thread's) and gives it back once
+    ``release_now`` is set; a thread of ``other`` waits for it. What each got, for the test to read: ``released``
+    ("released" or what the release raised), ``tokens`` (the holder's), ``outcome`` (the waiter's (got, token, whether
+    ``release_now`` was set by then), or what it raised)."""
+
+    def __init__(self, holder: Any, other: Any, key: str, patience: float) -> None:
+        self.semaphore = holder.obtain_semaphore(key, 1)
+        self.theirs = other.obtain_semaphore(key, 1)
+        self.patience = patience
+        self.held, self.release_now = threading.Event(), threading.Event()
+        self.released: list[Any] = []
+        self.tokens: list[int | None] = []
+        self.outcome: list[Any] = []
+        self.releasing = threading.Thread(target=self._hold_then_release)
+        self.waiting = threading.Thread(target=self._wait)
+
+    def _hold_then_release(self) -> None:
+        try:
+            assert self.semaphore.acquire(timeout=5)
+            self.tokens.append(self.semaphore.fencing_token)
+            self.held.set()
+            self.release_now.wait(self.patience)
+            self.semaphore.release()
+            self.released.append("released")
+        except BaseException as exc:  # the test reads it
+            self.released.append(exc)
+            self.held.set()
+
+    def _wait(self) -> None:
+        try:
+            got = self.theirs.acquire(timeout=self.patience)
+            self.outcome.append((got, self.theirs.fencing_token, self.release_now.is_set()))
+            if got:
+                self.theirs.release()
+        except BaseException as exc:  # the test reads it
+            self.outcome.append(exc)
+
+
 def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost(cluster, cluster_url, monkeypatch):
     # A semaphore's release reads permit slots it does not declare (which exist only the script knows). While the
     # slot is being migrated, its old master stops a script at such a key that is not there ("non local key"). Were
@@ -398,47 +437,18 @@ def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost
         hybridlock.LockRegistry(cluster_url, expire_after=6.0) as holder,
         hybridlock.LockRegistry(cluster_url, expire_after=6.0) as other,
     ):
-        semaphore = holder.obtain_semaphore(key, 1)
-        # (A permit is its thread's: this thread takes it, and gives it back when told.)
-        held, release_now = threading.Event(), threading.Event()
-        released: list[Any] = []
-        tokens: list[int | None] = []
-
-        def hold_then_release() -> None:
-            try:
-                assert semaphore.acquire(timeout=5)
-                tokens.append(semaphore.fencing_token)
-                held.set()
-                release_now.wait(20)
-                semaphore.release()
-                released.append("released")
-            except BaseException as exc:  # the test reads it below
-                released.append(exc)
-                held.set()
-
-        releasing = threading.Thread(target=hold_then_release)
+        pair = _HolderAndWaiter(holder, other, key, patience=20)
+        released, tokens, outcome = pair.released, pair.tokens, pair.outcome
+        releasing, waiting = pair.releasing, pair.waiting
         releasing.start()
-        assert held.wait(10)
+        assert pair.held.wait(10)
         assert released == []
-        outcome: list[Any] = []
-
-        def wait() -> None:
-            theirs = other.obtain_semaphore(key, 1)
-            try:
-                got = theirs.acquire(timeout=20)
-                outcome.append((got, theirs.fencing_token))
-                if got:
-                    theirs.release()
-            except BaseException as exc:  # the test reads it below
-                outcome.append(exc)
-
-        waiting = threading.Thread(target=wait)
         waiting.start()
         until(lambda: cluster.command(source, "EXISTS", f"hybridlock:{{{key}}}:sem-queue") == 1, "a queue", 5)
         source_id, target_id = cluster.node_id(source), cluster.node_id(target)
         cluster.command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
         cluster.command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-        release_now.set()
+        pair.release_now.set()
         time.sleep(0.3)
         assert released == []  # still retrying: the slot is being migrated
         assert outcome == []
@@ -450,7 +460,7 @@ def test_a_permit_released_while_its_slot_is_being_migrated_is_not_reported_lost
         assert released == ["released"]
         assert len(outcome) == 1
         assert not isinstance(outcome[0], BaseException), outcome
-        got, their_token = outcome[0]
+        got, their_token, _ = outcome[0]
         assert got
         assert their_token > tokens[0]
         assert cluster.owner_of(slot) is target
@@ -473,39 +483,11 @@ def test_a_semaphore_whose_keys_are_half_moved_gives_no_permit_held_on_the_other
         hybridlock.LockRegistry(cluster_url) as holder,
         hybridlock.LockRegistry(cluster_url) as other,
     ):
-        semaphore = holder.obtain_semaphore(key, 1)
-        held, release_now = threading.Event(), threading.Event()
-        released: list[Any] = []
-        tokens: list[int | None] = []
-
-        def hold_then_release() -> None:
-            try:
-                assert semaphore.acquire(timeout=5)
-                tokens.append(semaphore.fencing_token)
-                held.set()
-                release_now.wait(30)
-                semaphore.release()
-                released.append("released")
-            except BaseException as exc:  # the test reads it below
-                released.append(exc)
-                held.set()
-
-        releasing = threading.Thread(target=hold_then_release)
+        pair = _HolderAndWaiter(holder, other, key, patience=30)
+        released, tokens, outcome = pair.released, pair.tokens, pair.outcome
+        releasing, waiting = pair.releasing, pair.waiting
         releasing.start()
-        assert held.wait(10)
-        outcome: list[Any] = []
-
-        def wait() -> None:
-            theirs = other.obtain_semaphore(key, 1)
-            try:
-                got = theirs.acquire(timeout=30)
-                outcome.append((got, theirs.fencing_token, release_now.is_set()))
-                if got:
-                    theirs.release()
-            except BaseException as exc:  # the test reads it below
-                outcome.append(exc)
-
-        waiting = threading.Thread(target=wait)
+        assert pair.held.wait(10)
         waiting.start()
         until(lambda: cluster.command(source, "EXISTS", names.queue) == 1, "the waiter's place", 5)
         cluster.command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(source))
@@ -518,7 +500,7 @@ def test_a_semaphore_whose_keys_are_half_moved_gives_no_permit_held_on_the_other
             name.encode() for name in moved
         )
         cluster.migrate_slot(slot, target)  # the permit's keys too (no BUSYKEY: none was written there)
-        release_now.set()
+        pair.release_now.set()
         releasing.join(30)
         waiting.join(30)
         assert not releasing.is_alive()
