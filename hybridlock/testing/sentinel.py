@@ -50,7 +50,8 @@ class _SentinelProcess:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.process.poll() is None:
                 with contextlib.suppress(redis.RedisError), _client(self.port) as client:
-                    if client.ping():
+                    # Ours, not another process's that picked the same free port (parallel test workers, say).
+                    if client.info("server").get("process_id") == self.process.pid:
                         return
                 time.sleep(0.05)
             log = self.directory / f"sentinel-{self.port}.log"

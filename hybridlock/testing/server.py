@@ -54,6 +54,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# What Redis and Valkey log once they listen (at the default log level).
+_READY = b"Ready to accept connections"
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
 def stop_process(process: subprocess.Popen[bytes] | None) -> None:
     """Stop a server process we started, by its pid: resumed first (it may be paused), asked to end, killed if it
     does not within 5 s."""
@@ -112,23 +123,27 @@ class EmbeddedServer:
                 *self.extra_args,
             ]  # fmt: skip
             self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            if self._wait_ready(timeout):
+            if self._wait_ready(timeout, log):
                 return self
             last_error = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             self.stop()
         raise RuntimeError(f"could not start {self.binary}: {last_error}")
 
-    def _wait_ready(self, timeout: float) -> bool:
+    def _wait_ready(self, timeout: float, log: Path) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
                 return False
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                # A server started with --requirepass answers, and is ready, all the same.
-                if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
-                    return True
+            # The answer must come from our process: when two processes (test workers running in parallel, say)
+            # pick the same free port, the one that loses the bind exits, but may first see the winner answer.
+            # Only our own log says our process listens.
+            if _READY in _read_bytes(log):
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    # A server started with --requirepass answers, and is ready, all the same.
+                    if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
+                        return True
             time.sleep(0.02)
         return False
 
