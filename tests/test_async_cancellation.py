@@ -25,7 +25,7 @@ import redis
 
 import hybridlock
 from hybridlock.testing.server import EmbeddedServer
-from tests._async.helpers import EXCLUSIVE, KINDS, Kind, kinds
+from tests._async.helpers import EXCLUSIVE, Kind, kinds
 from tests._tasks import awaited
 
 pytestmark = pytest.mark.server
@@ -257,7 +257,7 @@ async def test_cancelled_anywhere_as_a_task_here_hands_the_lock_over(store: Stor
 # -- cancelled while holding; a lease its holder forgets ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [KINDS[name] for name in ("plain", "write", "read", "multi")], ids=str)
+@kinds("plain", "write", "read", "multi")
 async def test_a_holder_cancelled_inside_async_with_releases(store: Store, kind: Kind) -> None:
     store.skip_unless_supports(kind)
     async with store.registry() as mine, store.registry() as theirs:
