@@ -24,6 +24,32 @@ from hybridlock.testing.server import EmbeddedServer
 
 from ._skew import build_clock_shim
 
+# A test whose call takes longer than this carries ``@pytest.mark.slow(reason=...)`` (docs/development.md).
+SLOW_TEST_SECONDS = 10.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, each group in its written order: run in parallel (``-n``), the workers start on the
+    long tests and fill the end of the run with short ones, instead of one worker finishing a long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > SLOW_TEST_SECONDS and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Names the tests that took longer than ``SLOW_TEST_SECONDS`` without a ``slow`` marker saying why. A report,
+    not a failure: how long a test takes depends on the machine's load."""
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {SLOW_TEST_SECONDS:.0f} s without a slow marker")
+        for nodeid, duration in sorted(_unmarked_slow, key=lambda entry: -entry[1]):
+            terminalreporter.line(f"{duration:6.2f}s {nodeid}")
+
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[EmbeddedServer]:

@@ -261,7 +261,7 @@ async def test_an_asyncio_client_library_without_sharded_subscribe_polls(cluster
 # -- exclusion -------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="3 processes x 3 threads contend on keys on every master")
 def test_exclusion_across_processes_with_keys_on_every_master(cluster, cluster_url, server):
     counters = redis.Redis.from_url(server.url)
     counters.flushall()
@@ -300,7 +300,7 @@ def test_exclusion_across_processes_with_keys_on_every_master(cluster, cluster_u
 # -- a slot migrated -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="migrates a slot key by key while its locks are held and awaited")
 def test_a_slot_migrated_while_its_locks_are_held_and_awaited(cluster, cluster_url):
     key = "migrating"
     slot = slot_of(key)
@@ -591,7 +591,7 @@ def _on_replica(cluster: EmbeddedCluster, replica: Any, key: str) -> bytes | Non
         client.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own")
 def test_start_returns_with_every_replica_in_sync(own_cluster):
     """A write made right after ``start()`` reaches every master's replica at once: no replica is still waiting
     for its first sync (which the server's default diskless sync delay puts 5 s after the replica connects)."""
@@ -611,7 +611,7 @@ def test_start_returns_with_every_replica_in_sync(own_cluster):
         assert _on_replica(cluster, cluster.replica_of(master), name) == b"held"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own and waits for a failover")
 def test_a_master_killed_right_after_start_fails_over_with_the_lease(own_cluster):
     """The failover a test means to exercise right after ``start()``: the lease, replicated in the time a write
     takes, survives the master's crash on the promoted replica, and its holder keeps the lock."""
@@ -634,7 +634,7 @@ def test_a_master_killed_right_after_start_fails_over_with_the_lease(own_cluster
         lock.release()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own and waits for a failover")
 def test_a_manual_failover_keeps_the_lock(own_cluster):
     cluster = own_cluster
     # A lease longer than the failover takes on a loaded machine: a lease that cannot be renewed while the slot has
@@ -661,7 +661,7 @@ def test_a_manual_failover_keeps_the_lock(own_cluster):
             pass
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own and waits for a failover")
 def test_a_master_crash_before_replication_loses_the_lock_and_tells_the_holder(own_cluster):
     cluster = own_cluster
     key = "unreplicated"
@@ -733,7 +733,7 @@ def _at_once(nodes: list[Any], command: bytes) -> list[str]:
         return [sock.recv(256).decode().strip() for sock in sockets]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own")
 def test_start_gives_every_node_a_config_epoch_of_its_own(own_cluster):
     """As ``redis-cli --cluster create`` does. Left to the servers' own clash rule (which only two masters apply),
     a replica could keep its master's epoch: then its takeover, finding its epoch already the greatest, keeps it
@@ -748,7 +748,7 @@ def test_start_gives_every_node_a_config_epoch_of_its_own(own_cluster):
     assert len(set(epochs)) == len(cluster.nodes), epochs
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own and waits for a failover")
 def test_a_takeover_tied_with_its_dead_masters_epoch_still_settles(own_cluster):
     """A replica whose own config epoch equals its master's, and is the greatest in the cluster, takes over after
     its master's crash: the takeover keeps that epoch (the server bumps only one that is not the greatest), so the
@@ -784,7 +784,7 @@ def test_a_takeover_tied_with_its_dead_masters_epoch_still_settles(own_cluster):
     assert cluster.owner_of(slot) is replica
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own and waits for the node to be held failed")
 def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
     # Without full coverage required, the other masters go on serving once the cluster holds the dead one failed
     # (with it, the default, the whole cluster refuses every command then: see the cluster table of docs/guarantees.md).
@@ -832,7 +832,7 @@ def test_a_node_killed_while_a_thread_waits_gives_a_clear_error_in_time():
                 lock.release()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="forms a cluster of its own and renews through a hung master for several leases")
 def test_a_hung_master_does_not_stop_the_renewal_of_leases_on_the_others():
     # A 1.5 s lease, renewed every 0.5 s, far shorter than the client's 5 s socket timeout: a round that meets the
     # hung node gives up on it once the others have answered (plus a short patience), so their leases are renewed on

@@ -92,8 +92,29 @@ def _after_the_server(page: Path, tmp_path: Path) -> list[str]:
         program.write_text(block, encoding="utf-8")
         steps.append(f"python {program}")
     return steps + [
-        block for block in sh_blocks(page) if not block.startswith("pip install") and "EmbeddedServer" not in block
+        block
+        for block in sh_blocks(page)
+        if not block.startswith("pip install") and "EmbeddedServer" not in block and block != f"{TEST_COMMAND}\n"
     ]
+
+
+def _readme_test_command() -> str:
+    """The one command of the README's Tests section."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").partition("\n## Tests\n")[2].partition("\n## ")[0]
+    blocks = _SH_BLOCK.findall(section)
+    assert len(blocks) == 1, "the README's Tests section should give one shell block"
+    assert blocks[0].count("\n") == 1, "the README's test command should be one line"
+    return str(blocks[0].strip())
+
+
+TEST_COMMAND = _readme_test_command()
+
+
+def test_ci_runs_the_readme_test_command_as_written() -> None:
+    """The command a new user reads is the one CI runs, character for character, against each server."""
+    assert TEST_COMMAND.startswith("python -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci.count(TEST_COMMAND) == 2, "CI should run the README's test command once per server, as a line of its own"
 
 
 def _refuses(port: int) -> bool:

@@ -75,7 +75,7 @@ def _check(events: list[list[str]]) -> None:
             )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="candidate processes wait out a leader's lease after each fault")
 @pytest.mark.parametrize("side", ["sync", "async"])
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP", "SIGTERM"])
 def test_one_leader_at_a_time_when_the_leader_dies_pauses_or_stops(
@@ -130,7 +130,7 @@ def test_one_leader_at_a_time_when_the_leader_dies_pauses_or_stops(
     assert sum(1 for e in events if e[0] == "elected") >= 2
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="candidate processes wait out a partitioned leader's lease")
 @pytest.mark.parametrize("side", ["sync", "async"])
 def test_a_partitioned_leader_steps_down_before_its_successor_is_elected(
     server: Any, redis_client: Any, tmp_path: Path, side: str

@@ -53,7 +53,7 @@ def start_holder(url: str, key: str, expire_after: float, auto_renew: bool = Tru
     return process, parent_end, client_id
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="4 processes x 4 threads cycle one lock")
 @pytest.mark.parametrize(
     "registry_options",
     [{}, {"retain_for": 0.05}, {"handoff_limit": 0}],

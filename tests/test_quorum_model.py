@@ -341,6 +341,9 @@ TestQuorumModel3 = QuorumModel.TestCase
 TestQuorumModel3.settings = _SETTINGS
 TestQuorumModel5 = QuorumModel5.TestCase
 TestQuorumModel5.settings = _SETTINGS
+TestQuorumModel3.pytestmark = TestQuorumModel5.pytestmark = [
+    pytest.mark.slow(reason="runs 200 examples of 40 steps of the state machine")
+]
 
 
 class NoWriteBack(QuorumModel):
@@ -366,7 +369,7 @@ class UnboundedLoss(QuorumModel):
     ],
     ids=["no-write-back", "restart-before-the-longest-lease", "counters-lost-beyond-the-bound"],
 )
-@pytest.mark.slow
+@pytest.mark.slow(reason="searches a Hypothesis state machine until each broken variant fails")
 @pytest.mark.timeout(400)
 def test_the_model_catches_a_broken_rule(machine: type[QuorumModel], broken: str) -> None:
     """Each broken variant must fail: the model is able to see the properties go. Derandomized, so the search is

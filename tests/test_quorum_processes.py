@@ -12,7 +12,11 @@ import redis
 from hybridlock.testing import EmbeddedServer
 from tests import _quorum_workers
 
-pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.slow(reason="spawned processes on quorums of their own, through server faults"),
+    pytest.mark.timeout(120),
+]
 
 CTX = multiprocessing.get_context("spawn")
 FAST = "?socket_timeout=0.5&socket_connect_timeout=0.5"

@@ -18,7 +18,12 @@ import pytest
 import hybridlock
 from hybridlock.testing.sentinel import SentinelService
 
-pytestmark = [pytest.mark.server, pytest.mark.sentinel, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.sentinel,
+    pytest.mark.slow(reason="fails a Sentinel service of its own over and waits for the promotion"),
+    pytest.mark.timeout(180),
+]
 
 LOCK_KEY = "hybridlock:{orders:1}"
 

@@ -99,6 +99,7 @@ def _queued(registry: hybridlock.LockRegistry, key: str) -> int:
     return int(backend.client.zcard(names.queue))
 
 
+@pytest.mark.slow(reason="waits past twice the queue places' keep time")
 @pytest.mark.parametrize("many", [False, True], ids=["plain", "multi"])
 def test_a_live_waiter_keeps_its_place_past_the_keep_time(any_registry_factory, many):
     """Arrival order holds across owners even when the holder keeps everyone waiting twice the keep time."""

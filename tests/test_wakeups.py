@@ -26,6 +26,7 @@ pytestmark = pytest.mark.server
 CTX = multiprocessing.get_context("spawn")
 
 
+@pytest.mark.slow(reason="5 spawned holders, each holding the lock for 1 s")
 def test_waiter_in_another_process_wakes_promptly_on_release(server, make_registry, redis_client):
     registry = make_registry()
     lock = registry.obtain("handoff")
@@ -277,6 +278,7 @@ def _listener_caught_up(registry: hybridlock.LockRegistry, client: redis.Redis, 
         time.sleep(0.05)
 
 
+@pytest.mark.slow(reason="publishes 200,000 spoofed messages and waits for the waiter to read them all")
 def test_spoofed_announcements_to_strangers_do_not_grow_a_waiters_memory(make_registry, redis_client):
     holder, waiting = make_registry(), make_registry()
     channel = read_write_names(holder.registry_key, "spoofed").channel
