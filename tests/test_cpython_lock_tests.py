@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -33,9 +34,21 @@ _prefix = uuid.uuid4().hex[:8]
 def _module_registry(server: EmbeddedServer) -> Iterator[None]:
     global _registry
     _registry = hybridlock.LockRegistry(server.url, registry_key=f"cpython-{_prefix}")
+    # CPython's tests count the threads alive after each test against those before (threading_helper): the
+    # registry's own workers (the renewer, its deadline watch) must not start in the middle of one. A lease held
+    # for the whole module keeps them running from here on; the watch is armed a second into the renewer's life.
+    # (Without this, a test that ended as the renewer armed the watch waited 30 s for that thread, and failed.)
+    keeper = _registry.obtain(f"workers-alive:{_prefix}")
+    keeper.acquire()
+    watch = _registry._context.renewer._watch
+    deadline = time.monotonic() + 30
+    while watch.armed_for is None:
+        assert time.monotonic() < deadline, "the registry's deadline watch was never armed"
+        time.sleep(0.01)
     try:
         yield
     finally:
+        keeper.release()
         with warnings.catch_warnings():
             # CPython's tests leave locks held by threads that have ended, as a threading.RLock may be left.
             warnings.simplefilter("ignore", hybridlock.LocksHeldAtCloseWarning)
