@@ -51,7 +51,11 @@ def test_the_hand_off_budget_bounds_a_retained_tenancy(make_registry, redis_clie
     # 10 cycles per tenancy (the first plus 9 kept): 10 tenancies, each an acquire and a release script.
     assert len(set(tokens)) == 10
     assert all(tokens.count(token) == 10 for token in set(tokens))
-    assert script_runs(redis_client) <= 2 * 10
+    # (Failed once in a parallel run, 21 scripts, not reproduced since: the clients then connected say who else
+    # was sending scripts to this worker's server.)
+    assert script_runs(redis_client) <= 2 * 10, [
+        (c.get("addr"), c.get("name"), c.get("cmd")) for c in redis_client.client_list()
+    ]
 
 
 def test_a_retained_lock_is_not_held(make_registry):
