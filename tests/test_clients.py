@@ -105,6 +105,39 @@ def test_errors_from_a_password_url_never_show_it(own_server):
 
 
 @pytest.mark.server
+def test_a_password_that_is_a_word_of_the_message_is_not_told_by_the_mask(own_server, capsys):
+    """Masking every occurrence of the password in the text gave it away: with the password "password", a refused
+    login read "the *** given was refused ... username-*** pair". Only the URL's field is masked."""
+    setup = redis.Redis.from_url(own_server.url)
+    setup.config_set("requirepass", SECRET)
+    setup.close()
+    url = f"redis://carol:password@127.0.0.1:{own_server.port}/0"
+    with hybridlock.LockRegistry(url) as registry, pytest.raises(hybridlock.AuthenticationFailedError) as excinfo:
+        registry.obtain("k").acquire(timeout=2)
+    message = str(excinfo.value)
+    assert "the password given was refused" in message
+    assert "invalid username-password pair" in message
+    assert "***" not in message  # it names the server without its credentials: nothing to mask
+    assert run_demo(url, 1, 1, "k", cycles=1) == 125  # the command line's way: the error's text, masked
+    err = capsys.readouterr().err
+    assert f"cannot use the server at redis://carol:***@127.0.0.1:{own_server.port}/0" in err
+    assert "invalid username-password pair" in err
+    assert "carol:password@" not in err
+
+
+def test_redacted_masks_the_urls_fields_and_quoted_pieces_only():
+    from hybridlock.backends.clients import redacted
+
+    url = f"redis://alice:{SECRET}@h:1/0?sentinel_password={SECRET}"
+    text = f"at {url}: as '{SECRET}', alice:{SECRET}@h, sentinel_password={SECRET}, \"{SECRET}\""
+    assert SECRET not in redacted(text, url)
+    cut = f"redis://:{SECRET}/x@127.0.0.1:6379/0"  # the parser quotes the piece before the "/"
+    assert redacted(f"Port could not be cast to integer value as '{SECRET}'", cut).endswith("as '***'")
+    words = "the password given was refused: invalid username-password pair (username=..., password=...)"
+    assert redacted(words, "redis://carol:password@h:1/0") == words
+
+
+@pytest.mark.server
 def test_the_demo_never_prints_the_password(capsys):
     port = _free_port()  # nothing listens there
     status = run_demo(f"redis://:{SECRET}@127.0.0.1:{port}/0", 1, 1, "k", cycles=1)

@@ -405,12 +405,24 @@ def redacted_url(url: str) -> str:
 
 
 def redacted(text: str, url: str) -> str:
-    """``text`` (an error message about ``url``) with every secret of ``url`` in it replaced by ``***``, and the
-    pieces of one too (a parser may quote a password cut at a "/" or ":"; pieces under 4 characters are kept)."""
-    _, secrets = _secrets(url)
+    """``text`` (an error message about ``url``) with the secrets of ``url`` hidden where they stand as fields:
+    the URL as given, its user info (``user:password@``), a ``password=`` query argument, and a secret, or a piece
+    of one, in quotes (a parser may quote a password cut at a "/" or ":"; pieces under 4 characters are kept).
+
+    Never a secret where it stands as a word of the text: a password that is also a word of the message ("the
+    password given was refused") would otherwise be told by the words masked around it."""
+    userinfo, secrets = _secrets(url)
+    if not secrets:
+        return text
+    text = text.replace(url, redacted_url(url))
+    if userinfo is not None:
+        text = text.replace(f"{userinfo}@", redacted_url(f"x://{userinfo}@")[len("x://") :])
     pieces = {piece for secret in secrets for piece in re.split(r"[/:?#@]", secret) if len(piece) >= 4}
     for secret in sorted({*secrets, *pieces}, key=len, reverse=True):
-        text = text.replace(secret, "***")
+        for name in _SECRET_QUERY_ARGS:
+            text = text.replace(f"{name}={secret}", f"{name}=***")
+        for quote in "'\"":
+            text = text.replace(f"{quote}{secret}{quote}", f"{quote}***{quote}")
     return text
 
 
