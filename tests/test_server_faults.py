@@ -111,3 +111,16 @@ def test_a_server_stall_longer_than_the_lease_is_reported_and_never_overlaps():
         with pytest.raises(hybridlock.LockLostError):
             lock.release()
         rival.release()
+
+
+def test_an_embedded_server_never_takes_another_processs_server_for_its_own():
+    # Two test workers may pick the same free port at once: the one that loses the bind exits, and must not take
+    # the winner's answer for its own server's (it did, 10 times of 10, when any PONG on the port meant "ready").
+    with EmbeddedServer() as taken:
+        clash = EmbeddedServer()
+        with pytest.raises(RuntimeError, match="could not start"):
+            clash.start(timeout=2, port=taken.port)
+        assert clash.process is not None
+        assert clash.process.poll() is not None
+        with redis.Redis.from_url(taken.url) as client:
+            assert client.ping()

@@ -135,17 +135,31 @@ class EmbeddedServer:
             assert self.process is not None
             if self.process.poll() is not None:
                 return False
-            # The answer must come from our process: when two processes (test workers running in parallel, say)
-            # pick the same free port, the one that loses the bind exits, but may first see the winner answer.
-            # Only our own log says our process listens.
-            if _READY in _read_bytes(log):
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    # A server started with --requirepass answers, and is ready, all the same.
-                    if sock.recv(64).startswith((b"+PONG", b"-NOAUTH")):
-                        return True
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.5) as sock:
+                if self._answers_as_ours(sock, log):
+                    return True
             time.sleep(0.02)
         return False
+
+    def _answers_as_ours(self, sock: socket.socket, log: Path) -> bool:
+        """Whether the server answering on our port is our process: when two processes (parallel test workers, say)
+        pick the same free port, the one that loses the bind exits, but may first reach the winner."""
+        assert self.process is not None
+        sock.sendall(b"PING\r\n")
+        answer = sock.recv(64)
+        if answer.startswith(b"-NOAUTH"):
+            # A server started with --requirepass tells its pid to nobody: its log says when it listens.
+            return _READY in _read_bytes(log)
+        if not answer.startswith(b"+PONG"):
+            return False
+        sock.sendall(b"INFO server\r\n")
+        reply = b""
+        while b"\r\n" not in reply or len(reply) < int(reply[1 : reply.index(b"\r\n")]) + len(b"$\r\n\r\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                return False
+            reply += chunk
+        return f"process_id:{self.process.pid}\r\n".encode() in reply
 
     def pause(self) -> None:
         assert self.process is not None
