@@ -108,6 +108,8 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
         try:
             server.start()
         except RuntimeError as exc:
+            if "in use" in str(exc):  # the TLS port was taken meanwhile (another test worker's server): another
+                continue
             # Built without TLS: Redis rejects the tls-* directives, Valkey says "Failed finding TLS support".
             if "tls" in str(exc).lower():
                 pytest.skip(f"{server.binary} cannot serve TLS: {str(exc).strip().splitlines()[-1]}")
