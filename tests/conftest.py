@@ -28,12 +28,6 @@ from ._skew import build_clock_shim
 SLOW_TEST_SECONDS = 10.0
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first, each group in its written order: run in parallel (``-n``), the workers start on the
-    long tests and fill the end of the run with short ones, instead of one worker finishing a long test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 _unmarked_slow: list[tuple[str, float]] = []
 
 
