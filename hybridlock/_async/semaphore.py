@@ -128,10 +128,14 @@ class _Permit(ServerLease):
 
     kind = "semaphore"
 
-    def __init__(self, semaphore: AsyncSemaphore, slot: int, owner: object, site: Site) -> None:
-        super().__init__(semaphore._context, semaphore._names.permit(slot))
+    def __init__(self, semaphore: AsyncSemaphore, slot: int, tenancy: str, owner: object, site: Site) -> None:
+        super().__init__(semaphore._context, semaphore._names.permit(slot, tenancy))
         self._semaphore = semaphore
         self.slot = slot
+        # What the slot holds while it is this permit's: the tag of the acquire it was granted to. The renewal, the
+        # release and the hand-over act on this tenancy only, never on a later grant of the same slot to another
+        # task of this registry (which shares the client_id).
+        self.tenancy = tenancy
         self._owner: object | None = owner
         self._site = site
         self._callbacks = semaphore._callbacks  # (the same list: sem.on_lost covers every permit)
@@ -164,9 +168,7 @@ class _Permit(ServerLease):
         context = self._context
         try:
             # (Its slot has expired by now, unless the server clock runs slow: this gives back what may be left.)
-            await shielded(
-                partial(context.backend.release_permit, self._semaphore._names, self.slot, context.client_id)
-            )
+            await shielded(partial(context.backend.release_permit, self._semaphore._names, self.slot, self.tenancy))
         except HybridLockError as exc:
             logger.warning("hybridlock: could not give back the abandoned permit of %r: %s", self.key, exc)
         finally:
@@ -185,7 +187,7 @@ class _Permit(ServerLease):
         released = False
         unreachable: HybridLockError | None = None
         try:
-            released = await shielded(partial(self._semaphore._hand_over, self.slot))
+            released = await shielded(partial(self._semaphore._hand_over, self.slot, self.tenancy))
         except HybridLockError as exc:
             if not was_lost:
                 raise
@@ -341,7 +343,8 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
         refuse_a_task_of_its_own("permit of this semaphore", self.key, context)
         site = caller_site(caller)
         deadline = None if wait is None else monotonic() + wait
-        won: list[tuple[PermitResult, float | None]] = []  # (the permit, when the release handing it was sent)
+        # (the permit, its tenancy, when the release handing it was sent)
+        won: list[tuple[PermitResult, str, float | None]] = []
         backend = context.backend
         tag = f"{context.client_id}|{next(_wait_ids)}"
         # A blocking acquire is a waiter a release here may attempt for (see _hand_over): it then makes no attempt
@@ -356,7 +359,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
                         if waiter.state == _HANDED:
                             handed, waiter.handed, waiter.state = waiter.handed, None, _DONE
                             assert handed is not None
-                            won.append((handed, waiter.sent_at))
+                            won.append((handed, waiter.tag, waiter.sent_at))
                             return AcquireResult(True, handed.fencing_token)
                         if waiter.state != _OFFERED:
                             waiter.state = _ATTEMPTING
@@ -369,6 +372,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
                             if waiter.state == _OFFERED:
                                 waiter.state = _DONE
                                 return AcquireResult(False)
+            sent_tag = tag if waiter is None else waiter.tag
             result = await backend.try_acquire_permit(
                 self._names,
                 context.client_id,
@@ -376,7 +380,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
                 self._permits,
                 self._slots_here(),
                 None if waiter is None else waiter.place,
-                tag if waiter is None else waiter.tag,
+                sent_tag,
             )
             if waiter is not None:
                 with guard:
@@ -385,7 +389,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
                 # Come back before our place lapses (and never past the soonest end of a held permit's lease).
                 ttl = result.holder_ttl
                 return AcquireResult(False, None, _PLACE_REFRESH if ttl is None else min(ttl, _PLACE_REFRESH))
-            won.append((result, None))
+            won.append((result, sent_tag, None))
             return AcquireResult(True, result.fencing_token)
 
         async def give_up() -> None:
@@ -430,39 +434,40 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
                     if waiter.state == _HANDED:
                         unclaimed = waiter.handed  # handed to us after our last look: not ours to keep
                     waiter.state, waiter.handed, waiter.watch = _DONE, None, None
-            if unclaimed is not None:
-                await shielded(partial(self._give_back_quietly, unclaimed.slot))
+                if unclaimed is not None:
+                    await shielded(partial(self._give_back_quietly, unclaimed.slot, waiter.tag))
         if grant is None:
             return False
-        taken, handed_at = won[-1]
-        permit = _Permit(self, taken.slot, me, site)
+        taken, tenancy, handed_at = won[-1]
+        permit = _Permit(self, taken.slot, tenancy, me, site)
         with self._guard:
             self._held.setdefault(me, []).append(permit)
         # (A permit handed over by a release here counts its lease from that release's request.)
         permit._begin_lease(taken.fencing_token, grant.sent_at if handed_at is None else handed_at)
         return True
 
-    async def _give_back_quietly(self, slot: int) -> None:
-        """Give back a permit slot taken for a waiter that did not take it up (best effort: else it lapses)."""
+    async def _give_back_quietly(self, slot: int, tenancy: str) -> None:
+        """Give back a permit slot taken under ``tenancy`` for a waiter that did not take it up (best effort: else
+        it lapses)."""
         context = self._context
         try:
-            await context.backend.release_permit(self._names, slot, context.client_id)
+            await context.backend.release_permit(self._names, slot, tenancy)
         except HybridLockError as exc:
             logger.debug("hybridlock: could not give back a permit of %r handed to a waiter gone: %s", self.key, exc)
 
-    async def _hand_over(self, slot: int) -> bool:
-        """Release permit slot ``slot`` (ours) in the server and, in the same round trip, attempt for the waiters of
-        this process that are between attempts (the first ``_HAND_OVER_TO``, in arrival order), by the server's own
-        rule for each one's place (fairness across processes and the limit hold as for their own attempts): the
-        first one it admits is handed the permit and woken, and only a permit still free wakes anyone else
-        (``scripts.TRANSFER_PERMIT``). The waiters attempted for make no attempt of their own meanwhile. Without
-        such a waiter (or with waits that cannot be woken here: they poll), a plain release. Returns whether the
-        slot was still ours."""
+    async def _hand_over(self, slot: int, tenancy: str) -> bool:
+        """Release permit slot ``slot`` (ours, under ``tenancy``) in the server and, in the same round trip, attempt for
+        the waiters of this process that are between attempts (the first ``_HAND_OVER_TO``, in arrival order), by the
+        server's own rule for each one's place (fairness across processes and the limit hold as for their own attempts):
+        the first one it admits is handed the permit and woken, and only a permit still free wakes anyone else
+        (``scripts.TRANSFER_PERMIT``). The waiters attempted for make no attempt of their own meanwhile. Without such a
+        waiter (or with waits that cannot be woken here: they poll), a plain release. Returns whether the slot was still
+        ours."""
         context = self._context
         backend = context.backend
         decided = AsyncEvent()
         if context.config.lock_type != "pubsub":  # (waiters poll: a permit handed over would wait for their next look)
-            return await backend.release_permit(self._names, slot, context.client_id)
+            return await backend.release_permit(self._names, slot, tenancy)
         with self._guard:
             # (A waiter without a watch yet attempts as soon as it has one, and finds the permit then.)
             offered = [w for w in self._waiters if w.state == _IDLE and (w.watch is None or w.watch.pokes)]
@@ -472,12 +477,12 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
             skip = [permit.slot for permits in self._held.values() for permit in permits]
             asked = [(waiter.place, waiter.tag) for waiter in offered]
         if not offered:
-            return await backend.release_permit(self._names, slot, context.client_id)
+            return await backend.release_permit(self._names, slot, tenancy)
         outcome: tuple[bool, PermitResult, int] | None = None
         sent_at = monotonic()
         try:
             outcome = await backend.transfer_permit(
-                self._names, slot, context.client_id, context.config.lease_ms, self._permits, skip, asked
+                self._names, slot, tenancy, context.config.lease_ms, self._permits, skip, asked
             )
         finally:
             handed, to = (None, -1) if outcome is None else (outcome[1], outcome[2])
@@ -504,7 +509,7 @@ class AsyncSemaphore(AsyncJavaStyleLock, LossWatching):
                         logger.debug("hybridlock: could not undo a hand-over of a permit of %r: %s", self.key, exc)
             elif handed is not None and handed.acquired:
                 if gone:
-                    await self._give_back_quietly(handed.slot)
+                    await self._give_back_quietly(handed.slot, asked[to][1])
                 elif watch is not None:
                     watch.poke()  # (a waiter that no longer sleeps on it finds the permit at its next look)
         return outcome[0]

@@ -367,8 +367,9 @@ def _semaphores(client: Any, registry_key: str, keys: list[str], describer: Any 
             value, pttl = slots[at], slots[at + 1]
             at += 2
             if isinstance(value, str):
-                held.append((index, value, pttl))
-                owners.add(value)
+                owner = owner_of_place(value)  # (a slot holds its tenancy, "<client_id>|<wait id>")
+                held.append((index, owner, pttl))
+                owners.add(owner)
         held_by.append(held)
         owners.update(owner_of_place(member) for member, _score in queue or ())
     descriptions = _descriptions(describer if describer is not None else client, registry_key, sorted(owners))

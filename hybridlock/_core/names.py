@@ -23,10 +23,10 @@ and a semaphore on ``key`` (``registry.obtain_semaphore``) these, apart from the
     R:{key}:permits    a hash: "limit" (how many permits may be held), "span" (how many permit slots to look at:
                        at least the limit, more while holders of a larger limit drain); kept ``fence_retention``
                        after the last acquire attempt, ``set_permits`` or renewal of a permit
-    R:{key}:permit:<i> permit slot i (0 <= i < span): a string whose value is its holder's client_id, with the
-                       holder's lease as its TTL, exactly as a plain lock key (so the renewer renews it as one)
-    R:{key}:permit:<i>:tag  the tag of the acquire slot i was granted to (for the first lease only), so that an
-                       acquire cut off in flight can give it back
+    R:{key}:permit:<i> permit slot i (0 <= i < span): a string whose value is the tenancy, the tag of the acquire
+                       it was granted to ("<client_id>|<wait id>"), with the holder's lease as its TTL: the renewer
+                       renews it as a plain lock key held under that value, the release and the hand-over compare
+                       it, and an acquire cut off in flight gives back the slot of its tag
     R:{key}:permit:cancelled:<tag>  an acquire given up while in flight: it takes nothing should it come later
     R:{key}:sem-wake   the channel a permit's release publishes on
     R:{key}:sem-queue  the owners waiting for a permit, in arrival order (a sorted set)
@@ -79,9 +79,11 @@ class LockNames:
 class PermitNames(LockNames):
     """A semaphore's permit slot as the lease table and the renewer see it (``SemaphoreNames.permit``): a plain lock
     key (``lock``, the slot), and the semaphore's ``config``, which each renewal keeps alive too (its limit must
-    outlive the permits held under it)."""
+    outlive the permits held under it). ``tenancy`` is what the slot holds while it is this permit's (the tag of the
+    acquire it was granted to, ``"<client_id>|<wait id>"``): a renewal renews that tenancy only."""
 
     config: str
+    tenancy: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,11 @@ class SemaphoreNames:
     def slot(self, index: int) -> str:
         return f"{self.slot_prefix}{index}"
 
-    def permit(self, index: int) -> PermitNames:
-        """The view of permit slot ``index`` the lease table and the renewer use: a plain lock key (the slot), and
-        the semaphore's fence, channel, queue and config."""
+    def permit(self, index: int, tenancy: str = "") -> PermitNames:
+        """The view of permit slot ``index`` held under ``tenancy`` (its acquire's tag) the lease table and the
+        renewer use: a plain lock key (the slot), and the semaphore's fence, channel, queue and config."""
         return PermitNames(
-            self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until, self.config
+            self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until, self.config, tenancy
         )
 
     @property

@@ -699,7 +699,10 @@ RENEW = """
 --             is given ARGV[4] ms to live if it has less (never cut short; none is created)
 -- ARGV[1]     owner (client_id)   ARGV[2]  new lease in ms
 -- ARGV[3]     n (absent: every key is a lock key)                       ARGV[4]  the kept keys' TTL in ms
--- returns     {r1, ..., rn}       ri = 1 renewed, 0 lost (gone, expired or another owner's)
+-- ARGV[5..4+n] (with kept keys only) the value each lock key holds while it is ours, "" for ARGV[1]: a permit slot
+--             holds its tenancy ("<owner>|<wait id>", see ACQUIRE_PERMIT), and only that tenancy is renewed, not a
+--             later grant of the same slot to another acquire of ours
+-- returns     {r1, ..., rn}       ri = 1 renewed, 0 lost (gone, expired or another owner's or tenancy's)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -710,7 +713,11 @@ for i = 1, n do
   result[i] = 0
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'string' then
-    if redis.call('GET', key) == ARGV[1] then
+    local ours = ARGV[4 + i]
+    if not ours or ours == '' then
+      ours = ARGV[1]
+    end
+    if redis.call('GET', key) == ours then
       redis.call('PEXPIRE', key, ARGV[2])
       result[i] = 1
     end
@@ -1045,15 +1052,13 @@ local function limits(config, permits, ttl)
   redis.call('PEXPIRE', config, ttl)
   return limit, span
 end
--- Hold permit ``slot`` for ``owner``, with the tag of the acquire it is held for (what a retried request looks for:
--- see ACQUIRE_PERMIT), for ``lease`` ms ("0": no expiry).
-local function hold_slot(slot, owner, tag, lease)
+-- Hold permit ``slot`` for the acquire tagged ``tag`` ("<owner>|<wait id>": the tenancy, which the release, the
+-- hand-over and a retried request compare, and whose owner part RENEW compares), for ``lease`` ms ("0": no expiry).
+local function hold_slot(slot, tag, lease)
   if lease == '0' then
-    redis.call('SET', slot, owner)
-    redis.call('SET', slot .. ':tag', tag)
+    redis.call('SET', slot, tag)
   else
-    redis.call('SET', slot, owner, 'PX', lease)
-    redis.call('SET', slot .. ':tag', tag, 'PX', lease)
+    redis.call('SET', slot, tag, 'PX', lease)
   end
 end
 """
@@ -1063,9 +1068,9 @@ end
 _PERMIT_SLOTS_LIB = """
 -- Look at every slot of the span (``prefix`` .. 0 to span - 1); a slot key that is not a string is not state we
 -- wrote: dropped, as if evicted. Returns how many are held, the first free one below ``limit`` and not in ``skip``,
--- the soonest end of a held lease in ms (-1: none known), the last held one (-1: none), and the first held by
--- ``owner`` under ``tag`` and not in ``skip`` (nil without a tag; see ACQUIRE_PERMIT on retried requests).
-local function scan_slots(prefix, span, limit, skip, owner, tag)
+-- the soonest end of a held lease in ms (-1: none known), the last held one (-1: none), and the first held under
+-- ``tag`` and not in ``skip`` (nil without a tag; see ACQUIRE_PERMIT on retried requests).
+local function scan_slots(prefix, span, limit, skip, tag)
   local held, free, soonest, last, ours = 0, nil, -1, -1, nil
   for i = 0, span - 1 do
     local slot = prefix .. i
@@ -1088,7 +1093,7 @@ local function scan_slots(prefix, span, limit, skip, owner, tag)
       if ttl >= 0 and (soonest < 0 or ttl < soonest) then
         soonest = ttl
       end
-      if tag and holder == owner and not ours and not skip[tostring(i)] and string_at(slot .. ':tag') == tag then
+      if tag and holder == tag and not ours and not skip[tostring(i)] then
         ours = i
       end
     end
@@ -1119,9 +1124,10 @@ ACQUIRE_PERMIT = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  lease in ms ("0": no expiry)     ARGV[3]  counter TTL in ms (the config
 --          lives as long)        ARGV[4]  the limit to store if none is    ARGV[5]  the slot keys' prefix
 -- ARGV[6]  our place in the queue ("<owner>|<wait id>"), or "" not to queue (a non-blocking attempt)
--- ARGV[7]  this acquire's tag ("<owner>|<wait id>"): written beside the slot it is granted (``<slot>:tag``, for the
---          lease), so that an acquire cut off in flight can give back what it was granted (GIVE_BACK_ATTEMPT); an
---          acquire whose tag was given up already (``<prefix>cancelled:<tag>`` exists) takes nothing
+-- ARGV[7]  this acquire's tag ("<owner>|<wait id>"): the value of the slot it is granted (the tenancy: the release
+--          compares it, and an acquire cut off in flight gives back what it was granted under it,
+--          GIVE_BACK_ATTEMPT); an acquire whose tag was given up already (``<prefix>cancelled:<tag>`` exists) takes
+--          nothing
 -- ARGV[8..] slots not to take: those this owner still has a holder for (a permit whose lease ran out but whose
 --          holder has not released it yet must not be taken again under the same client_id)
 -- returns  {1, slot, token}      acquired slot ``slot`` (our place, if any, is left); also a slot of ours this
@@ -1137,7 +1143,7 @@ ACQUIRE_PERMIT = (
 -- A slot key that is not a string is not state we wrote: dropped, as if evicted. Slots at or past the limit (a
 -- limit lowered while they were held) are not given out again; they count until released or expired, and the span
 -- shrinks back to the limit once none is held.
--- A slot that holds our client_id under this acquire's tag (not one to skip) was granted to this acquire by a run
+-- A slot that holds this acquire's tag (not one to skip) was granted to this acquire by a run
 -- whose reply was lost (the client retries a request whose connection dropped): that slot is returned again, with
 -- a new token and its lease started again, rather than a second one taken and the first left held by nobody. A tag
 -- names one acquire, and an acquire granted a slot it learns of attempts no more.
@@ -1158,7 +1164,7 @@ local skip = {}
 for i = 8, #ARGV do
   skip[ARGV[i]] = true
 end
-local held, free, soonest, last, granted = scan_slots(ARGV[5], span, limit, skip, ARGV[1], ARGV[7])
+local held, free, soonest, last, granted = scan_slots(ARGV[5], span, limit, skip, ARGV[7])
 if span > limit and last < span - 1 then
   redis.call('HSET', KEYS[1], 'span', math.max(limit, last + 1))
 end
@@ -1181,7 +1187,7 @@ end
 local token, counter = mint(KEYS[2], ARGV[3], t)
 if not token then
   if granted then  -- (the caller holds nothing: the slot granted before is given back)
-    redis.call('DEL', ARGV[5] .. granted, ARGV[5] .. granted .. ':tag')
+    redis.call('DEL', ARGV[5] .. granted)
   end
   return {-1, counter}
 end
@@ -1189,7 +1195,7 @@ if place ~= '' then
   redis.call('ZREM', queue, place)
   redis.call('ZREM', expiries, place)
 end
-hold_slot(ARGV[5] .. free, ARGV[1], ARGV[7], ARGV[2])
+hold_slot(ARGV[5] .. free, ARGV[7], ARGV[2])
 return {1, free, string.format('%.0f', token)}
 """
 )
@@ -1216,16 +1222,18 @@ return 0
 
 RELEASE_PERMIT = (
     """
--- RELEASE_PERMIT: give back a permit slot if it is still ours, and wake the waiters owed a free permit: with R
--- permits free, the owners of the first R live places of the semaphore's queue ("released:<owner>", once each), or
--- everyone ("released") when the queue has fewer live places than that, or its state cannot be read. A waiter woken
--- in vain (it gave up meanwhile) costs those behind it at most their refresh period: each waiter attempts again at
--- least that often.
+-- RELEASE_PERMIT: give back a permit slot if it still holds our tenancy, and wake the waiters owed a free permit: with
+-- R permits free, the owners of the first R live places of the semaphore's queue ("released:<owner>", once each), or
+-- everyone ("released") when the queue has fewer live places than that, or its state cannot be read. A waiter woken in
+-- vain (it gave up meanwhile) costs those behind it at most their refresh period: each waiter attempts again at least
+-- that often.
 -- KEYS[1]  the permit's slot key KEYS[2]  queue (zset)     KEYS[3]  queue expiries (zset)
 -- KEYS[4]  the semaphore's config (hash: limit, span)
--- ARGV[1]  owner (client_id)     ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
--- ARGV[4]  the slot keys' prefix
--- returns  1 released; 0 the slot was gone or another owner's (the permit's lease had ended: lost)
+-- ARGV[1]  the permit's tag (the tenancy: "<owner>|<wait id>")              ARGV[2]  the semaphore's channel
+-- ARGV[3]  "publish" | "spublish" | ""                                     ARGV[4]  the slot keys' prefix
+-- returns  1 released; 0 the slot was gone or another tenancy's (the permit's lease had ended: lost). Another
+--          tenancy of the same owner (a permit granted again to another task of ours after this one's lease ended)
+--          is not released: it is that task's.
 """
     + _ANNOUNCE_LIB
     + _KEYS_LIB
@@ -1234,7 +1242,7 @@ RELEASE_PERMIT = (
 if string_at(KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
+redis.call('DEL', KEYS[1])
 local limit = tonumber(redis.pcall('HGET', KEYS[4], 'limit'))
 local span = tonumber(redis.pcall('HGET', KEYS[4], 'span'))
 local places = redis.pcall('ZRANGE', KEYS[2], 0, -1)
@@ -1281,7 +1289,8 @@ GIVE_BACK_ATTEMPT = (
 -- the permit granted to its tag, if any, waking the waiters; else mark the tag given up, so that the attempt, should
 -- it reach the server later, takes nothing.
 -- KEYS[1]  the semaphore's config (hash: limit, span)
--- ARGV[1]  owner (client_id)     ARGV[2]  the slot keys' prefix            ARGV[3]  the acquire's tag
+-- ARGV[1]  owner (client_id; unused: the tag begins with it)               ARGV[2]  the slot keys' prefix
+-- ARGV[3]  the acquire's tag
 -- ARGV[4]  how long the mark lives, in ms (the lease: no attempt waits in flight longer than that)
 -- ARGV[5]  the semaphore's channel                                         ARGV[6]  "publish" | "spublish" | ""
 -- returns  1 a permit was given back; 0 none was granted to the tag (it is marked given up)
@@ -1293,8 +1302,8 @@ GIVE_BACK_ATTEMPT = (
 local span = tonumber(redis.pcall('HGET', KEYS[1], 'span')) or 0
 for i = 0, math.min(span, 4096) - 1 do
   local slot = ARGV[2] .. i
-  if string_at(slot .. ':tag') == ARGV[3] and string_at(slot) == ARGV[1] then
-    redis.call('DEL', slot, slot .. ':tag')
+  if string_at(slot) == ARGV[3] then
+    redis.call('DEL', slot)
     announce(ARGV[6], ARGV[5], 'released')
     return 1
   end
@@ -1333,7 +1342,8 @@ return old
 
 TRANSFER_PERMIT = (
     """
--- TRANSFER_PERMIT: give back a permit slot if it is still ours (as RELEASE_PERMIT) and, in the same step, attempt
+-- TRANSFER_PERMIT: give back a permit slot if it still holds our tenancy (as RELEASE_PERMIT) and, in the same step,
+-- attempt
 -- for the tasks of ours that wait for this semaphore, by ACQUIRE_PERMIT's own rule for each one's place and tag: with
 -- R permits free, a waiter takes one only if its place is among the first R live places of the queue (a place not
 -- in the queue counts as behind them all), never a slot in the skip list, never for a tag given up
@@ -1342,17 +1352,18 @@ TRANSFER_PERMIT = (
 -- as RELEASE_PERMIT wakes them: a permit handed over wakes nobody.
 -- KEYS[1]  the permit's slot key KEYS[2]  the semaphore's config (hash: limit, span)   KEYS[3]  fencing counter key
 -- KEYS[4]  queue (zset)          KEYS[5]  queue expiries (zset)
--- ARGV[1]  owner (client_id)     ARGV[2]  the semaphore's channel          ARGV[3]  "publish" | "spublish" | ""
--- ARGV[4]  the slot keys' prefix ARGV[5]  lease in ms ("0": no expiry)     ARGV[6]  counter TTL in ms
+-- ARGV[1]  the permit's tag (the tenancy)                                 ARGV[2]  the semaphore's channel
+-- ARGV[3]  "publish" | "spublish" | ""                                     ARGV[4]  the slot keys' prefix
+-- ARGV[5]  lease in ms ("0": no expiry)                                    ARGV[6]  counter TTL in ms
 -- ARGV[7]  the limit to store if none is                                   ARGV[8]  how many waiters (k)
 -- ARGV[9..8+2k]  each waiter's place and tag, in turn                      ARGV[9+2k..] slots not to take (as
 --          ACQUIRE_PERMIT's ARGV[8..])
--- returns  {0}                   the slot was gone or another owner's (lost): nothing released, nothing taken
+-- returns  {0}                   the slot was gone or another tenancy's (lost): nothing released, nothing taken
 --          {1, -1}               released; the waiter was not admitted (or the counter is out of range: its own
 --                                attempt will say so)
 --          {1, slot, token, i}   released, and slot ``slot`` taken for the i-th waiter (from 0) under its tag
 -- A request run again by the client after its reply was lost (see ACQUIRE_PERMIT) finds what its first run did: our
--- slot released, and a slot of ours (that one, or another) under a waiter's tag. That outcome is returned again, the
+-- slot released, and a slot (that one, or another) under a waiter's tag. That outcome is returned again, the
 -- slot with a new token and its lease started again, rather than the released permit reported lost, or the
 -- waiter's new permit released. A tag names one acquire, and a waiter attempted for makes no attempt of its own: a
 -- slot of ours under its tag was taken by this request.
@@ -1373,17 +1384,11 @@ for j = 0, k - 1 do
   asked[ARGV[10 + 2 * j]] = j
 end
 local again, to = nil, nil
-if string_at(KEYS[1]) == ARGV[1] then
-  to = asked[string_at(KEYS[1] .. ':tag') or '']
-  if to then
-    again = tonumber(string.sub(KEYS[1], #ARGV[4] + 1))
-  end
-else
+if string_at(KEYS[1]) ~= ARGV[1] then
   local span = tonumber(redis.pcall('HGET', KEYS[2], 'span')) or 0
   for i = 0, math.min(span, MAX_PERMITS) - 1 do
-    local slot = ARGV[4] .. i
-    if not skip[tostring(i)] and string_at(slot) == ARGV[1] then
-      to = asked[string_at(slot .. ':tag') or '']
+    if not skip[tostring(i)] then
+      to = asked[string_at(ARGV[4] .. i) or '']
       if to then
         again = i
         break
@@ -1399,13 +1404,13 @@ if again then
   local slot = ARGV[4] .. again
   local token = mint(KEYS[3], ARGV[6], t)
   if not token then  -- (the waiter's own attempt will say so)
-    redis.call('DEL', slot, slot .. ':tag')
+    redis.call('DEL', slot)
     return {1, -1}
   end
-  hold_slot(slot, ARGV[1], ARGV[10 + 2 * to], ARGV[5])
+  hold_slot(slot, ARGV[10 + 2 * to], ARGV[5])
   return {1, again, string.format('%.0f', token), to}
 end
-redis.call('DEL', KEYS[1], KEYS[1] .. ':tag')
+redis.call('DEL', KEYS[1])
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local limit, span = limits(KEYS[2], ARGV[7], ARGV[6])
 local held, free = scan_slots(ARGV[4], span, limit, skip)
@@ -1427,7 +1432,7 @@ for j = 0, k - 1 do
     if token then
       redis.call('ZREM', queue, place)
       redis.call('ZREM', expiries, place)
-      hold_slot(ARGV[4] .. free, ARGV[1], tag, ARGV[5])
+      hold_slot(ARGV[4] .. free, tag, ARGV[5])
       granted = {1, free, string.format('%.0f', token), j}
       room = room - 1
     end

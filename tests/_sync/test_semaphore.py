@@ -33,6 +33,7 @@ WITHIN = LEASE + LEASE / 3 + 2.5
 
 HAVE_SEMAPHORES = [param for param in BACKENDS if param.values[0] != "quorum"]
 QUORUM = [param for param in BACKENDS if param.values[0] == "quorum"]
+SHARED = [param for param in HAVE_SEMAPHORES if param.values[0] != "local"]  # (two owners of one permit)
 ON_ONE_SERVER_AND_A_CLUSTER = [param for param in BACKENDS if param.values[0] in ("redis", "cluster")]
 
 pytestmark = pytest.mark.timeout(90)
@@ -218,6 +219,85 @@ def test_a_permit_deleted_under_its_holder_is_reported_lost(backend: Backend) ->
         with pytest.raises(LockLostError):
             semaphore.release()
         assert semaphore.hold_count == 0
+
+
+@pytest.mark.parametrize("backend", SHARED, indirect=True)
+def test_a_late_release_never_ends_the_next_grant_of_its_slot_to_another_task(backend: Backend) -> None:
+    # A permit whose lease ended is released; its release leaves the holder's table before its request reaches the
+    # server, and in that gap another task of the same registry (the same client_id) is granted the same slot. The
+    # release must not end that grant: it acts on its own tenancy only (../shared/repros/x1). Before, it compared the
+    # client_id alone and deleted the other task's permit, and another owner then took the one permit too.
+    with backend:
+        registry = backend.registry(expire_after=LEASE)
+        semaphore = registry.obtain_semaphore("regranted", 1)
+        rival = backend.other_owner(registry).obtain_semaphore("regranted", 1)
+        store = registry.backend
+        real_release = store.release_permit
+        state = {"second holds": False, "checked": False}
+
+        def second_holder() -> bool:
+            assert semaphore.acquire(blocking=False), "the slot the first lease left was not granted"
+            state["second holds"] = True
+            deadline = time.monotonic() + JOIN
+            while not state["checked"] and time.monotonic() < deadline:
+                sleep(0.01)
+            semaphore.release()  # (LockLostError: its permit was ended by the other task's release)
+            return True
+
+        second: list[Any] = []
+
+        def release_after_a_grant_in_the_gap(*args: Any) -> bool:
+            store.release_permit = real_release
+            second.append(spawn(second_holder))
+            deadline = time.monotonic() + JOIN
+            while not state["second holds"] and time.monotonic() < deadline:
+                sleep(0.01)
+            return real_release(*args)
+
+        assert semaphore.acquire()
+        delete_permit(registry, semaphore, 0)  # (its lease ends, as at its expiry)
+        store.release_permit = release_after_a_grant_in_the_gap
+        with pytest.raises(LockLostError):
+            semaphore.release()
+        assert second
+        assert state["second holds"]
+        try:
+            assert not in_other(lambda: take_and_give_back(rival, timeout=0)), (
+                "another owner took the one permit while a task of the first owner held it"
+            )
+        finally:
+            state["checked"] = True
+        assert second[0].join()
+
+
+@pytest.mark.parametrize("backend", SHARED, indirect=True)
+def test_release_transfer_and_renewal_act_on_their_own_tenancy_only(backend: Backend) -> None:
+    # The backend's side of the test above, for each call that ends or extends a permit: a slot granted again to
+    # another acquire of the same owner is that acquire's (a tenancy is its acquire's tag, not the client_id).
+    with backend:
+        registry = backend.registry(expire_after=LEASE)
+        semaphore = registry.obtain_semaphore("tenancies", 1)
+        store, names, me = registry.backend, semaphore._names, registry.client_id
+        first, second, waiter = f"{me}|t-first", f"{me}|t-second", f"{me}|t-waiter"
+        granted = store.try_acquire_permit(names, me, 10_000, 1, [], None, first)
+        assert granted.acquired
+        assert granted.slot == 0
+        delete_permit(registry, semaphore, 0)  # (the first tenancy's lease ends)
+        again = store.try_acquire_permit(names, me, 10_000, 1, [], None, second)
+        assert again.acquired
+        assert again.slot == 0
+        assert store.renew([names.permit(0, first)], me, 10_000) == [False]
+        assert store.release_permit(names, 0, first) is False
+        transferred = store.transfer_permit(names, 0, first, 10_000, 1, [], [(waiter, waiter)])
+        assert transferred[0] is False
+        assert not transferred[1].acquired
+        assert store.give_back_attempt(names, me, first, 10_000) is False
+        # The second tenancy still holds the one permit, and is renewed and released as its own.
+        rival = backend.other_owner(registry).obtain_semaphore("tenancies", 1)
+        assert not in_other(lambda: take_and_give_back(rival, timeout=0))
+        assert store.renew([names.permit(0, second)], me, 10_000) == [True]
+        assert store.release_permit(names, 0, second) is True
+        assert in_other(lambda: take_and_give_back(rival, timeout=0))
 
 
 @pytest.mark.parametrize("backend", HAVE_SEMAPHORES, indirect=True)

@@ -236,8 +236,8 @@ class AsyncLockBackend(abc.ABC):
         to an owner queued before ``place``; never a slot in ``skip`` (those ``owner`` still has a holder for).
         Refused, ``place`` (None: do not queue) takes or keeps its place in the queue for ``QUEUE_PLACE_KEEP_MS``
         (a caller that gives up calls ``leave_permit_queue``). ``permits``: the limit to store when none is (see
-        ``scripts.ACQUIRE_PERMIT``). ``tag``: names this acquire, for ``give_back_attempt``. One round trip; never
-        waits."""
+        ``scripts.ACQUIRE_PERMIT``). ``tag``: names this acquire, for ``give_back_attempt``, and is the tenancy the
+        slot it is granted holds (what ``release_permit`` and the renewal compare). One round trip; never waits."""
         raise NotImplementedError
 
     async def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
@@ -249,27 +249,28 @@ class AsyncLockBackend(abc.ABC):
         """``place`` no longer waits for a permit of ``names``: leave the queue, waking those behind it."""
         raise NotImplementedError
 
-    async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
-        """Give back ``owner``'s permit slot ``slot`` and wake the semaphore's waiters; False if it had already ended
-        (lost)."""
+    async def release_permit(self, names: SemaphoreNames, slot: int, tenancy: str) -> bool:
+        """Give back permit slot ``slot`` held under ``tenancy`` (the tag of the acquire it was granted to) and wake
+        the semaphore's waiters; False if it had already ended (lost), a later grant of the slot (another tenancy,
+        of this owner too) left as it is."""
         raise NotImplementedError
 
     async def transfer_permit(
         self,
         names: SemaphoreNames,
         slot: int,
-        owner: str,
+        tenancy: str,
         lease_ms: int | None,
         permits: int,
         skip: Sequence[int],
         waiters: Sequence[tuple[str, str]],
     ) -> tuple[bool, PermitResult, int]:
-        """``release_permit`` of ``owner``'s slot ``slot`` and, in the same atomic step, ``try_acquire_permit`` for
-        the first of ``owner``'s ``waiters`` (each a place and a tag, in that order; with ``skip``) the semaphore's
-        rule admits; a place refused is neither taken nor kept. The waiters owed a permit still free afterwards are
-        woken (a permit handed over wakes nobody). One round trip. Returns whether the slot was released (False: it
-        had ended; nothing taken), the result (refused without ``holder_ttl``) and the index of the waiter it was
-        taken for (-1: none)."""
+        """``release_permit`` of slot ``slot`` held under ``tenancy`` and, in the same atomic step,
+        ``try_acquire_permit`` for the first of this owner's ``waiters`` (each a place and a tag, in that order; with
+        ``skip``) the semaphore's rule admits; a place refused is neither taken nor kept. The waiters owed a permit
+        still free afterwards are woken (a permit handed over wakes nobody). One round trip. Returns whether the slot
+        was released (False: it had ended; nothing taken), the result (refused without ``holder_ttl``) and the index of
+        the waiter it was taken for (-1: none)."""
         raise NotImplementedError
 
     async def set_permits(self, names: SemaphoreNames, permits: int) -> int:

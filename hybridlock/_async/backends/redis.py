@@ -885,8 +885,8 @@ class AsyncRedisBackend(AsyncLockBackend):
                 for group in await self._by_slot(names)
                 for i in range(0, len(group), _RENEW_CHUNK)
             ]
-            configs = {n.lock: n.config for n in names if isinstance(n, PermitNames)}
-            calls = [self._renewal(chunk, configs, owner, lease_ms) for chunk in chunks]
+            permits = {n.lock: n for n in names if isinstance(n, PermitNames)}
+            calls = [self._renewal(chunk, permits, owner, lease_ms) for chunk in chunks]
             if self.confirmation is not None:
                 replies, acknowledged = await self._scripts.run_confirmed(scripts.RENEW, calls, self.confirmation)
             elif len(calls) == 1:
@@ -908,16 +908,19 @@ class AsyncRedisBackend(AsyncLockBackend):
         return [renewed[n.lock] for n in names]
 
     def _renewal(
-        self, chunk: list[str], configs: dict[str, str], owner: str, lease_ms: int
+        self, chunk: list[str], permits: dict[str, PermitNames], owner: str, lease_ms: int
     ) -> tuple[Sequence[str], Sequence[Any]]:
-        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``configs``: permit slot ->
-        its semaphore's config). A semaphore's config is kept alive by its permits' renewals (``fence_retention``
-        from the last), so that the limit set for it is not forgotten while they are held. (A config shares its
-        permits' hash tag: the call stays in one slot.)"""
-        kept = list(dict.fromkeys(configs[lock] for lock in chunk if lock in configs)) if configs else None
-        if not kept:
+        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``permits``: the permit
+        slots among all leases). A permit is renewed under its tenancy (what its slot holds), not the owner id
+        alone; its semaphore's config is kept alive by its permits' renewals (``fence_retention`` from the last), so
+        that the limit set for it is not forgotten while they are held. (A config shares its permits' hash tag: the
+        call stays in one slot.)"""
+        held = [permits[lock] for lock in chunk if lock in permits] if permits else None
+        if not held:
             return chunk, (owner, lease_ms)
-        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms)
+        kept = list(dict.fromkeys(permit.config for permit in held))
+        tenancies = [permits[lock].tenancy if lock in permits else "" for lock in chunk]
+        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms, *tenancies)
 
     async def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
@@ -1030,7 +1033,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         slot = int(reply[1])
         if not self._confirmed(acknowledged):
             raise await self._given_back(
-                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, owner)
+                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, tag)
             )
         return PermitResult(True, slot, int(reply[2]))
 
@@ -1051,12 +1054,12 @@ class AsyncRedisBackend(AsyncLockBackend):
                 (place, names.channel, await self._announcement()),
             )
 
-    async def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+    async def release_permit(self, names: SemaphoreNames, slot: int, tenancy: str) -> bool:
         async with self._translated(names.waiting, "semaphore release"):
             released = await self._scripts.run(
                 scripts.RELEASE_PERMIT,
                 (names.slot(slot), names.queue, names.queue_until, names.config),
-                (owner, names.channel, await self._announcement(), names.slot_prefix),
+                (tenancy, names.channel, await self._announcement(), names.slot_prefix),
             )
         return bool(released)
 
@@ -1064,7 +1067,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         self,
         names: SemaphoreNames,
         slot: int,
-        owner: str,
+        tenancy: str,
         lease_ms: int | None,
         permits: int,
         skip: Sequence[int],
@@ -1076,7 +1079,7 @@ class AsyncRedisBackend(AsyncLockBackend):
             scripts.TRANSFER_PERMIT,
             (names.slot(slot), names.config, names.fence, names.queue, names.queue_until),
             (
-                owner,
+                tenancy,
                 names.channel,
                 await self._announcement(),
                 names.slot_prefix,
@@ -1092,14 +1095,14 @@ class AsyncRedisBackend(AsyncLockBackend):
             return False, PermitResult(False), -1
         if reply[1] < 0:
             return True, PermitResult(False), -1
-        taken = int(reply[1])
+        taken, to = int(reply[1]), int(reply[3])
         if not self._confirmed(acknowledged):
             # (The release is done. The waiter's own attempt meets the same confirmation, and raises if it fails.)
             await self._given_back(
-                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, taken, owner)
+                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, taken, waiters[to][1])
             )
             return True, PermitResult(False), -1
-        return True, PermitResult(True, taken, int(reply[2])), int(reply[3])
+        return True, PermitResult(True, taken, int(reply[2])), to
 
     async def set_permits(self, names: SemaphoreNames, permits: int) -> int:
         async with self._translated(names.waiting, "change of a semaphore's permits"):

@@ -61,7 +61,6 @@ class MemoryBackend(LockBackend):
         self._watchers: dict[str, int] = {}
         # Semaphores: config name -> [limit, span] (permits are entries named after their slots, as locks are).
         self._semaphores: dict[str, list[int]] = {}
-        self._permit_tags: dict[str, str] = {}  # permit slot -> the tag of the acquire it was granted to
         self._given_up: set[str] = set()  # tags of acquires given up while in flight (give_back_attempt)
         self._wanted_listeners: list[Callable[[], None]] = []
 
@@ -219,7 +218,8 @@ class MemoryBackend(LockBackend):
                     renewed.append(ok)
                     continue
                 entry = self._live_entry(n.lock, now)
-                ok = entry is not None and entry.owner == owner
+                # (A permit slot holds its tenancy, as in scripts.RENEW: only that tenancy is renewed.)
+                ok = entry is not None and entry.owner == (getattr(n, "tenancy", "") or owner)
                 if ok:
                     assert entry is not None
                     entry.expires_at = now + lease_ms / 1000.0
@@ -353,8 +353,8 @@ class MemoryBackend(LockBackend):
             return PermitResult(False, holder_ttl=soonest)
         if place is not None:
             waiting.pop(place, None)
-        self._entries[names.slot(free)] = _Entry(owner, None if lease_ms is None else now + lease_ms / 1000.0)
-        self._permit_tags[names.slot(free)] = tag
+        # (The slot holds the tenancy, the acquire's tag, as in scripts.ACQUIRE_PERMIT.)
+        self._entries[names.slot(free)] = _Entry(tag or owner, None if lease_ms is None else now + lease_ms / 1000.0)
         token = self._fences.get(names.fence, 0) + 1
         self._fences[names.fence] = token
         return PermitResult(True, free, token)
@@ -362,11 +362,10 @@ class MemoryBackend(LockBackend):
     def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
         with self._cond:  # as scripts.GIVE_BACK_ATTEMPT (a mark that lives as long as the backend)
             now = monotonic()
-            for name, granted_to in list(self._permit_tags.items()):
-                entry = self._live_entry(name, now)
-                if granted_to == tag and entry is not None and entry.owner == owner:
-                    del self._entries[name]
-                    del self._permit_tags[name]
+            for index in range(self._semaphores.get(names.config, [0, 0])[1]):
+                entry = self._live_entry(names.slot(index), now)
+                if entry is not None and entry.owner == tag:
+                    del self._entries[names.slot(index)]
                     self._announce_release(names.channel)
                     return True
             self._given_up.add(tag)
@@ -377,9 +376,9 @@ class MemoryBackend(LockBackend):
             if self._queues.get(names.queue, {}).pop(place, None) is not None:
                 self._announce_release(names.channel)
 
-    def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+    def release_permit(self, names: SemaphoreNames, slot: int, tenancy: str) -> bool:
         with self._cond:
-            if not self._drop_permit(names, slot, owner):
+            if not self._drop_permit(names, slot, tenancy):
                 return False
             self._wake_permit_waiters(names, monotonic())
             return True
@@ -388,32 +387,33 @@ class MemoryBackend(LockBackend):
         self,
         names: SemaphoreNames,
         slot: int,
-        owner: str,
+        tenancy: str,
         lease_ms: int | None,
         permits: int,
         skip: Sequence[int],
         waiters: Sequence[tuple[str, str]],
     ) -> tuple[bool, PermitResult, int]:
         with self._cond:  # as scripts.TRANSFER_PERMIT
-            if not self._drop_permit(names, slot, owner):
+            if not self._drop_permit(names, slot, tenancy):
                 return False, PermitResult(False), -1
             now = monotonic()
             taken, index = PermitResult(False), -1
             for at, (place, tag) in enumerate(waiters):
-                result = self._admit_permit(names, owner, lease_ms, permits, skip, place, tag, now, queue=False)
+                result = self._admit_permit(
+                    names, tenancy.partition("|")[0], lease_ms, permits, skip, place, tag, now, queue=False
+                )
                 if result.acquired:
                     taken, index = PermitResult(True, result.slot, result.fencing_token), at
                     break
             self._wake_permit_waiters(names, now)
             return True, taken, index
 
-    def _drop_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
-        """Under ``self._cond``: end ``owner``'s permit slot ``slot``; False if it was not ``owner``'s."""
+    def _drop_permit(self, names: SemaphoreNames, slot: int, tenancy: str) -> bool:
+        """Under ``self._cond``: end permit slot ``slot`` held under ``tenancy``; False if it was not."""
         entry = self._live_entry(names.slot(slot), monotonic())
-        if entry is None or entry.owner != owner:
+        if entry is None or entry.owner != tenancy:
             return False
         del self._entries[names.slot(slot)]
-        self._permit_tags.pop(names.slot(slot), None)
         return True
 
     def _wake_permit_waiters(self, names: SemaphoreNames, now: float) -> None:

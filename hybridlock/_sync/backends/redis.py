@@ -886,8 +886,8 @@ class RedisBackend(LockBackend):
                 for group in self._by_slot(names)
                 for i in range(0, len(group), _RENEW_CHUNK)
             ]
-            configs = {n.lock: n.config for n in names if isinstance(n, PermitNames)}
-            calls = [self._renewal(chunk, configs, owner, lease_ms) for chunk in chunks]
+            permits = {n.lock: n for n in names if isinstance(n, PermitNames)}
+            calls = [self._renewal(chunk, permits, owner, lease_ms) for chunk in chunks]
             if self.confirmation is not None:
                 replies, acknowledged = self._scripts.run_confirmed(scripts.RENEW, calls, self.confirmation)
             elif len(calls) == 1:
@@ -909,16 +909,19 @@ class RedisBackend(LockBackend):
         return [renewed[n.lock] for n in names]
 
     def _renewal(
-        self, chunk: list[str], configs: dict[str, str], owner: str, lease_ms: int
+        self, chunk: list[str], permits: dict[str, PermitNames], owner: str, lease_ms: int
     ) -> tuple[Sequence[str], Sequence[Any]]:
-        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``configs``: permit slot ->
-        its semaphore's config). A semaphore's config is kept alive by its permits' renewals (``fence_retention``
-        from the last), so that the limit set for it is not forgotten while they are held. (A config shares its
-        permits' hash tag: the call stays in one slot.)"""
-        kept = list(dict.fromkeys(configs[lock] for lock in chunk if lock in configs)) if configs else None
-        if not kept:
+        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``permits``: the permit
+        slots among all leases). A permit is renewed under its tenancy (what its slot holds), not the owner id
+        alone; its semaphore's config is kept alive by its permits' renewals (``fence_retention`` from the last), so
+        that the limit set for it is not forgotten while they are held. (A config shares its permits' hash tag: the
+        call stays in one slot.)"""
+        held = [permits[lock] for lock in chunk if lock in permits] if permits else None
+        if not held:
             return chunk, (owner, lease_ms)
-        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms)
+        kept = list(dict.fromkeys(permit.config for permit in held))
+        tenancies = [permits[lock].tenancy if lock in permits else "" for lock in chunk]
+        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms, *tenancies)
 
     def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
@@ -1031,7 +1034,7 @@ class RedisBackend(LockBackend):
         slot = int(reply[1])
         if not self._confirmed(acknowledged):
             raise self._given_back(
-                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, owner)
+                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, slot, tag)
             )
         return PermitResult(True, slot, int(reply[2]))
 
@@ -1052,12 +1055,12 @@ class RedisBackend(LockBackend):
                 (place, names.channel, self._announcement()),
             )
 
-    def release_permit(self, names: SemaphoreNames, slot: int, owner: str) -> bool:
+    def release_permit(self, names: SemaphoreNames, slot: int, tenancy: str) -> bool:
         with self._translated(names.waiting, "semaphore release"):
             released = self._scripts.run(
                 scripts.RELEASE_PERMIT,
                 (names.slot(slot), names.queue, names.queue_until, names.config),
-                (owner, names.channel, self._announcement(), names.slot_prefix),
+                (tenancy, names.channel, self._announcement(), names.slot_prefix),
             )
         return bool(released)
 
@@ -1065,7 +1068,7 @@ class RedisBackend(LockBackend):
         self,
         names: SemaphoreNames,
         slot: int,
-        owner: str,
+        tenancy: str,
         lease_ms: int | None,
         permits: int,
         skip: Sequence[int],
@@ -1077,7 +1080,7 @@ class RedisBackend(LockBackend):
             scripts.TRANSFER_PERMIT,
             (names.slot(slot), names.config, names.fence, names.queue, names.queue_until),
             (
-                owner,
+                tenancy,
                 names.channel,
                 self._announcement(),
                 names.slot_prefix,
@@ -1093,14 +1096,14 @@ class RedisBackend(LockBackend):
             return False, PermitResult(False), -1
         if reply[1] < 0:
             return True, PermitResult(False), -1
-        taken = int(reply[1])
+        taken, to = int(reply[1]), int(reply[3])
         if not self._confirmed(acknowledged):
             # (The release is done. The waiter's own attempt meets the same confirmation, and raises if it fails.)
             self._given_back(
-                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, taken, owner)
+                names.key, "semaphore acquire", acknowledged, lambda: self.release_permit(names, taken, waiters[to][1])
             )
             return True, PermitResult(False), -1
-        return True, PermitResult(True, taken, int(reply[2])), int(reply[3])
+        return True, PermitResult(True, taken, int(reply[2])), to
 
     def set_permits(self, names: SemaphoreNames, permits: int) -> int:
         with self._translated(names.waiting, "change of a semaphore's permits"):
