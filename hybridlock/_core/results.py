@@ -30,6 +30,9 @@ class AcquireResult(NamedTuple):
     #: Refused, on a backend that grants: when the server took a new place for us in the queue (its time, ms), as a
     #: grant to that place will name it; None when the attempt kept the place we had (or took none).
     queued_at: int | None = None
+    #: A grant read (``await_grant``) whose lease the backend already extended to the caller's own lease (to
+    #: confirm it with the replicas): when that request was sent (``time.monotonic()``); None otherwise.
+    extended_at: float | None = None
 
 
 class AcquireManyResult(NamedTuple):

@@ -10,9 +10,10 @@ wait and which we leave when we give up.
 A plain lock's wait on a server that grants (``LockBackend.grants``), in a registry whose renewer can extend
 a lease, holds a place named after the wait (``grants.place_name``): whoever frees the lock while that place heads
 the queue writes our owner id into the lock key, mints our token and pushes the grant to our box in the server; we
-read it there (``await_grant``) and hold the lock without another round trip. The grant's lease is provisional: it
-ends when our place would have lapsed, or after our own lease if sooner; we know a lower bound of both
-(``config.grant_valid_until``), and the renewer extends it a third of the way into it if we hold the lock that long.
+read it there (``await_grant``) and hold the lock. The grant's lease is provisional: it ends when our place would
+have lapsed (``QUEUE_PLACE_KEEP_MS``, so a waiter that died just then holds nobody up for longer), or after our own
+lease if sooner; we know a lower bound of both (``config.grant_valid_until``). Shorter than a lease renewed on
+schedule ever has left, it is extended to our own lease at once, one round trip after the grant was read.
 Other waits (several keys at once, the halves of a read-write lock, a server that cannot grant) are woken and take
 the lock themselves.
 
@@ -222,12 +223,21 @@ def acquire_remote(
         if queued:
             shielded(partial(_quietly, give_up))
         return None
-    if grant_wait is not None and context.config.lease_ms is not None:
-        # Taken, but with less left than we can show than a renewer's round may take to come: the granting request
-        # (an attempt, or the look at our box that read a grant) was held up, by a stalled server for instance,
-        # for about the lease. Extend the lease now, as a renewal does, and count it from this request.
-        until = context.config.valid_until(sent_at) if granted_until is None else granted_until
-        if until - monotonic() < min(EXTEND_AT_ONCE, context.config.lease_ms / 2000.0):
+    config = context.config
+    if grant_wait is not None and config.lease_ms is not None:
+        left = (config.valid_until(sent_at) if granted_until is None else granted_until) - monotonic()
+        if granted_until is not None:
+            # Granted by a release: the lease is provisional (it ends when our place would have lapsed, at most
+            # QUEUE_PLACE_KEEP_MS, so that a waiter that died just then holds the queue up no longer). Shorter than
+            # what a lease renewed on schedule always has left (a lease less a renewal period), it is extended now, as
+            # a renewal does: a holder granted the lock has the lease expire_after promises from one round trip
+            # after it read the grant, as one that took it with its own attempt has.
+            short = left < config.expire_after - config.renew_period
+        else:
+            # Taken, but with less left than we can show than a renewer's round may take to come: the granting
+            # request was held up, by a stalled server for instance, for about the lease.
+            short = left < min(EXTEND_AT_ONCE, config.lease_ms / 2000.0)
+        if short:
             extended_at = _extend_at_once(context, names, undo)
             if extended_at is not None:
                 return Grant(result, extended_at, None)
@@ -305,7 +315,12 @@ class _GrantWait:
             if result is None:
                 self._looked(sent_at, timeout)
         if result is not None and result.acquired:
-            self.valid_until = grant_valid_until(place.kept_at, self._unread_since, lease_ms / 1000.0, _PLACE_KEEP)
+            if result.extended_at is not None:  # (already our own lease: confirmed with the replicas)
+                self.valid_until = context.config.valid_until(result.extended_at)
+            else:
+                self.valid_until = grant_valid_until(
+                    place.kept_at, self._unread_since, lease_ms / 1000.0, _PLACE_KEEP
+                )
         return result
 
 

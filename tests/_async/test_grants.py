@@ -87,7 +87,8 @@ async def test_a_release_grants_the_lock_without_another_acquire(server: Embedde
         await holder.release()
         await _until(lambda: waiter.got, 10, "the grant")
         assert waiter.got == [True]
-        assert script_runs(client) == 1  # the release: the waiter did not come back to acquire
+        # The release, and the waiter's extension of its provisional lease to its own (RENEW): no acquire of its own.
+        assert script_runs(client) == 2
         assert client.get(LOCK) == second.client_id.encode()
         granted = waiter.lock._fencing_token
         assert granted is not None
@@ -122,7 +123,11 @@ async def test_a_grant_after_its_place_was_refreshed_counts_the_refresh(server: 
     client.close()
 
 
-async def test_a_grants_provisional_lease_is_extended_before_it_ends(server: EmbeddedServer) -> None:
+async def test_a_grants_provisional_lease_is_extended_to_the_registrys_lease_at_once(server: EmbeddedServer) -> None:
+    # A release grants the head waiter a provisional lease (at most QUEUE_PLACE_KEEP_MS: a waiter that died then
+    # holds the queue up no longer, tests/test_grants.py). The waiter extends it to its own lease before its acquire
+    # returns: valid_until is what expire_after (30 s by default) promises, not 3 s (../shared/repros/x2: an
+    # elected candidate stepped down at once, its margin of expire_after / 6 longer than its whole lease).
     client = redis.Redis.from_url(server.url)
     client.flushall()
     async with hybridlock.AsyncLockRegistry(server.url) as first, hybridlock.AsyncLockRegistry(server.url) as second:
@@ -132,7 +137,11 @@ async def test_a_grants_provisional_lease_is_extended_before_it_ends(server: Emb
         await _until(lambda: client.zcard(QUEUE), 10, "the waiter's place")
         await holder.release()
         await _until(lambda: waiter.got, 10, "the grant")
-        assert client.pttl(LOCK) <= QUEUE_PLACE_KEEP_MS
+        assert client.pttl(LOCK) > 25_000  # its own lease, already when its acquire returned
+        deadline = waiter.lock._valid_until
+        assert deadline is not None
+        assert deadline - time.monotonic() > 25.0, "a granted holder's valid_until is the provisional lease's"
+        assert deadline <= _server_end(client) + 0.005, "valid_until past the server's expiry"
         await sleep(QUEUE_PLACE_KEEP_MS / 1000 + 1.0)  # past the provisional lease
         assert not waiter.lock.lost
         assert client.get(LOCK) == second.client_id.encode()

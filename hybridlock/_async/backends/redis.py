@@ -66,7 +66,7 @@ from ...errors import (
     InvalidArgumentError,
     ReplicationNotConfirmedError,
 )
-from .._compat import AsyncCondition, new_guard, shielded, sleep
+from .._compat import AsyncCondition, monotonic, new_guard, shielded, sleep
 from ._compat import connection_ready, packs_like_us
 from .base import AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 from .pubsub import Subscriber
@@ -862,6 +862,7 @@ class AsyncRedisBackend(AsyncLockBackend):
         if result.acquired and self.confirmation is not None:
             # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
             # replicas means the grant before it did too (one replication stream).
+            extended_at = monotonic()
             reply, acknowledged = await self._run_write(
                 names, "acquire", scripts.RENEW, (names.lock,), (owner, lease_ms)
             )
@@ -871,6 +872,7 @@ class AsyncRedisBackend(AsyncLockBackend):
                 raise await self._given_back(
                     names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
                 )
+            return result._replace(extended_at=extended_at)
         return result
 
     async def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:

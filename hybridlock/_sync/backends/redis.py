@@ -67,7 +67,7 @@ from ...errors import (
     InvalidArgumentError,
     ReplicationNotConfirmedError,
 )
-from .._compat import Condition, new_guard, shielded, sleep
+from .._compat import Condition, monotonic, new_guard, shielded, sleep
 from ._compat import connection_ready, packs_like_us
 from .base import AcquireManyResult, AcquireResult, LockBackend, ReleaseWatch
 from .pubsub import Subscriber
@@ -863,6 +863,7 @@ class RedisBackend(LockBackend):
         if result.acquired and self.confirmation is not None:
             # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
             # replicas means the grant before it did too (one replication stream).
+            extended_at = monotonic()
             reply, acknowledged = self._run_write(
                 names, "acquire", scripts.RENEW, (names.lock,), (owner, lease_ms)
             )
@@ -872,6 +873,7 @@ class RedisBackend(LockBackend):
                 raise self._given_back(
                     names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
                 )
+            return result._replace(extended_at=extended_at)
         return result
 
     def renew(self, names: Sequence[LockNames], owner: str, lease_ms: int) -> list[bool | None]:
