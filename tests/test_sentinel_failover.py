@@ -256,3 +256,67 @@ async def test_asyncio_a_lock_survives_a_failover_and_renews_at_the_new_master(
             await other.obtain("orders:1").release()
         finally:
             await other.aclose()
+
+
+def test_with_confirmation_a_lock_handed_over_just_before_the_masters_crash_keeps_its_lease(
+    service: SentinelService, url: str
+) -> None:
+    # A release grants the lock to a waiter of another process (a direct grant, with its provisional lease of at most
+    # 3 s), and the master is SIGKILLed 0.3 s later. The granted holder extended the grant to its own 8 s lease,
+    # confirmed by a replica, before its acquire returned: it keeps the lock through a failover of a few seconds,
+    # renews it at the new master, and nobody else gets in. Before, its lease was the provisional one until the
+    # renewer's first round: a failover longer than that lost it (../shared/repros/x2; 4 of 6 fault runs).
+    lost = threading.Event()
+    with (
+        hybridlock.LockRegistry(url, expire_after=8.0, confirm_replicas=1) as first_registry,
+        hybridlock.LockRegistry(url, expire_after=8.0, confirm_replicas=1) as second_registry,
+        hybridlock.LockRegistry(url, expire_after=8.0, confirm_replicas=1) as third_registry,
+    ):
+        first = first_registry.obtain("orders:1")
+        second = second_registry.obtain("orders:1")
+        second.on_lost(lambda _lock: lost.set())
+        assert first.acquire(timeout=5)
+        state: dict[str, object] = {}
+        let_go = threading.Event()
+
+        def hold() -> None:
+            state["acquired"] = second.acquire(timeout=20)
+            state["left"] = (second._valid_until or 0.0) - time.monotonic()
+            state["token"] = second.fencing_token
+            let_go.wait(60)
+            with contextlib.suppress(hybridlock.HybridLockError):
+                second.release()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            with service.node_client(service.master()) as master:
+                deadline = time.monotonic() + 10
+                while not master.zcard(f"{LOCK_KEY}:queue"):
+                    assert time.monotonic() < deadline, "the waiter never queued"
+                    time.sleep(0.01)
+            first.release()  # (grants the lock to the waiter's place)
+            deadline = time.monotonic() + 10
+            while "acquired" not in state:
+                assert time.monotonic() < deadline, "the grant never reached the waiter"
+                time.sleep(0.005)
+            assert state["acquired"] is True
+            # Its own lease, not the grant's provisional one (at most 3 s), from when its acquire returned.
+            assert state["left"] > 6.0, state  # type: ignore[operator]
+            time.sleep(0.3)
+            service.kill_master()  # SIGKILL; a replica is promoted; the old node comes back, empty, as a replica
+            assert not lost.is_set(), "the granted holder lost its lease in the failover"
+            assert not second.lost
+            with service.node_client(service.master()) as master:
+                assert master.get(LOCK_KEY) == second_registry.client_id
+            assert not third_registry.obtain("orders:1").acquire(blocking=False)
+            time.sleep(8.0 / 3 + 0.5)  # (a renewal round at the new master)
+            assert not lost.is_set()
+            with service.node_client(service.master()) as master:
+                assert master.get(LOCK_KEY) == second_registry.client_id
+                assert master.pttl(LOCK_KEY) > 4000
+        finally:
+            let_go.set()
+            holder.join(30)
+        assert not holder.is_alive()
+        assert not lost.is_set()
