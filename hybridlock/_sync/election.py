@@ -209,6 +209,9 @@ class LeaderElection(LossWatching):
         self._ended = Event()  # the worker has let go of everything and will do nothing more
         self._stopping = False
         self._yield_for: float | None = None  # asked to yield, and then to sit out this long
+        # Whether it leads and whether a yield is asked for change together: a yield is asked for a term that is
+        # still on, never left pending for the next one (a step-down by itself, racing the ask, serves it).
+        self._yield_guard = new_guard()
         self._terms_ended = 0  # counts the terms over (their lock released), for yield_leadership to wait on
         self._leading = False
         self._term: _Term | None = None  # the current term, while leading
@@ -342,10 +345,13 @@ class LeaderElection(LossWatching):
         if pause is not None and (isinstance(pause, bool) or not isinstance(pause, (int, float)) or pause < 0):
             raise InvalidArgumentError(f"pause must be a non-negative number of seconds, not {pause!r}", key=self.key)
         worker = self._worker
-        ended = self._terms_ended
-        if worker is None or not self._leading:
+        if worker is None:
             return
-        self._yield_for = self._pause if pause is None else float(pause)
+        with self._yield_guard:
+            if not self._leading:
+                return
+            ended = self._terms_ended
+            self._yield_for = self._pause if pause is None else float(pause)
         worker.wake()
         if current_owner() == self._worker_owner:
             return  # from a callback: the worker steps down once it returns
@@ -402,9 +408,8 @@ class LeaderElection(LossWatching):
             return RETRY_DELAY
         if not acquired:
             return 0.0
-        if self._stopping or self._yield_for is not None:
-            # Asked to stop (or yield) while waiting: this term never began; let the next candidate have it.
-            self._yield_for = None
+        if self._stopping:
+            # Asked to stop while waiting: this term never began; let the next candidate have it.
             self._let_go()
             return 0.0
         self._epoch = self._lock.fencing_token
@@ -455,12 +460,13 @@ class LeaderElection(LossWatching):
     def _step_down(self, pause: float, why: str) -> None:
         """End the term: tell its scopes, ``on_revoked``, then let the lock go; try again no sooner than ``pause``
         seconds."""
-        self._leading = False
+        with self._yield_guard:
+            self._leading = False
+            self._yield_for = None  # (a yield asked for now is served: this is the term it meant)
         term, self._term = self._term, None
         if term is not None:
             self._lock._unwatch_loss(term._lease_lost)
             term.end(why)  # (the work in its scopes is cancelled as on_revoked begins)
-        self._yield_for = None  # (a yield asked for now is served: this is the term it meant)
         epoch, self._epoch = self._epoch, None
         logger.info("hybridlock: leadership of %r (epoch %s) revoked", self.name, epoch)
         if self._on_revoked is not None:

@@ -318,9 +318,7 @@ class _GrantWait:
             if result.extended_at is not None:  # (already our own lease: confirmed with the replicas)
                 self.valid_until = context.config.valid_until(result.extended_at)
             else:
-                self.valid_until = grant_valid_until(
-                    place.kept_at, self._unread_since, lease_ms / 1000.0, _PLACE_KEEP
-                )
+                self.valid_until = grant_valid_until(place.kept_at, self._unread_since, lease_ms / 1000.0, _PLACE_KEEP)
         return result
 
 
