@@ -109,9 +109,10 @@ class Child:
 
 
 def stored_owner(client, registry_key: str, key: str) -> str | None:
-    """The value of the server key of lock ``key`` (whatever the exact layout), or None."""
+    """The owner id the server key of lock ``key`` holds (whatever the exact layout; a lock granted by a release
+    holds "<owner>|<token>"), or None."""
     owners = [
-        value.decode()
+        value.decode().partition("|")[0]
         for name in client.scan_iter(match=f"{registry_key}*{key}*")
         if client.type(name) == b"string" and (value := client.get(name)) is not None and not value.isdigit()
     ]

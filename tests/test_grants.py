@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import redis
@@ -127,9 +128,10 @@ def test_giving_up_just_as_the_lock_is_granted_gives_it_back(server, redis_clien
             assert not refused.acquired
             arrivals[owner] = refused.queued_at
         assert backend.release(names, "holder", notify=True)
-        assert redis_client.get(KEY_NAME) == b"a"  # granted to the head, unread
+        # Granted to the head, unread: the key holds that tenancy, "<owner>|<token>".
+        assert redis_client.get(KEY_NAME).startswith(b"a|")
         backend.cancel_wait(names, "a", "a|wa|30000")  # "a" gives up before reading it
-        assert redis_client.get(KEY_NAME) == b"b"  # given back: granted to the next in line
+        assert redis_client.get(KEY_NAME).startswith(b"b|")  # given back: granted to the next in line
         assert not redis_client.exists(f"{KEY_NAME}:grant:a")
         granted = backend.await_grant(names, "b", "b|wb|30000", 1.0, 30_000, arrivals["b"])
         assert granted is not None
@@ -209,7 +211,10 @@ def test_the_asyncio_backend_reads_grants_too(server, redis_client):
             granted = await backend.await_grant(names, "a", "a|w|30000", 1.0, 30_000, refused.queued_at)
             assert granted is not None
             assert granted.acquired
-            assert await backend.release(names, "a", notify=True)
+            # Released as the granted tenancy it is ("<owner>|<token>"); the owner id alone is not it.
+            assert not await backend.release(names, "a", notify=True)
+            tenancy = replace(names, tenancy=f"a|{granted.fencing_token}")
+            assert await backend.release(tenancy, "a", notify=True)
         finally:
             await backend.aclose()
 

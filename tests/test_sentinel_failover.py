@@ -307,13 +307,14 @@ def test_with_confirmation_a_lock_handed_over_just_before_the_masters_crash_keep
             service.kill_master()  # SIGKILL; a replica is promoted; the old node comes back, empty, as a replica
             assert not lost.is_set(), "the granted holder lost its lease in the failover"
             assert not second.lost
+            granted = f"{second_registry.client_id}|{state['token']}"  # (a granted tenancy: see scripts.grant)
             with service.node_client(service.master()) as master:
-                assert master.get(LOCK_KEY) == second_registry.client_id
+                assert master.get(LOCK_KEY) == granted
             assert not third_registry.obtain("orders:1").acquire(blocking=False)
             time.sleep(8.0 / 3 + 0.5)  # (a renewal round at the new master)
             assert not lost.is_set()
             with service.node_client(service.master()) as master:
-                assert master.get(LOCK_KEY) == second_registry.client_id
+                assert master.get(LOCK_KEY) == granted
                 assert master.pttl(LOCK_KEY) > 4000
         finally:
             let_go.set()

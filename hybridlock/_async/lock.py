@@ -402,8 +402,9 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
         if grant is None:
             self._mutex.release()
             return False
+        result = grant.result
         self._start_tenancy(
-            me, grant.result.fencing_token, grant.result.contended, grant.sent_at, site, grant.valid_until
+            me, result.fencing_token, result.contended, grant.sent_at, site, grant.valid_until, grant.tenancy
         )
         try:
             await self._listen_for_contention()
@@ -472,10 +473,12 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
         sent_at: float,
         site: Site,
         valid_until: float | None = None,
+        tenancy: str = "",
     ) -> None:
         """``me`` holds the lock in a fresh server tenancy, granted to the request sent at ``sent_at`` (the lease
         counts from there, the hold from now: see ``ServerLease._begin_lease``), or, for a lock granted to our place
-        in the queue, valid until ``valid_until``; ``me`` asked for it at ``site``."""
+        in the queue, valid until ``valid_until``, the key holding ``tenancy`` ("" for our owner id); ``me`` asked
+        for it at ``site``."""
         self._failed_restores.discard(me)
         self._owner = me
         self._count = 1
@@ -483,7 +486,7 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
         self._contended = contended
         self._passes = 0
         self.last_used = monotonic()
-        self._begin_lease(token, sent_at, valid_until)
+        self._begin_lease(token, sent_at, valid_until, tenancy)
 
     async def _listen_for_contention(self) -> None:
         if self._context.config.retain_for and self._contention_watch is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -61,6 +62,9 @@ class Grant(NamedTuple):
     #: which its provisional lease certainly runs, which the renewer must extend; None for a lock we took ourselves
     #: (its lease counts from ``sent_at``).
     valid_until: float | None = None
+    #: What the lock key holds while it is ours, where that is not our owner id alone: "<client_id>|<token>" for a
+    #: lock granted to our place (see ``scripts.grant``); "" otherwise.
+    tenancy: str = ""
 
 
 #: How long a granted place lives past the last request that took or kept it (the provisional lease's first bound).
@@ -222,6 +226,13 @@ async def acquire_remote(
         if queued:
             await shielded(partial(_quietly, give_up))
         return None
+    tenancy = ""
+    if granted_until is not None:
+        # (A grant writes "<owner>|<token>" into the key: our renewals and release compare that, so a later grant
+        # to a stale place of ours, after a failover, is never taken for this tenancy.)
+        tenancy = f"{context.client_id}|{result.fencing_token}"
+        names = replace(names, tenancy=tenancy)
+        undo = partial(release_remote, context, names)
     config = context.config
     if grant_wait is not None and config.lease_ms is not None:
         left = (config.valid_until(sent_at) if granted_until is None else granted_until) - monotonic()
@@ -239,8 +250,8 @@ async def acquire_remote(
         if short:
             extended_at = await _extend_at_once(context, names, undo)
             if extended_at is not None:
-                return Grant(result, extended_at, None)
-    return Grant(result, sent_at, granted_until)
+                return Grant(result, extended_at, None, tenancy)
+    return Grant(result, sent_at, granted_until, tenancy)
 
 
 async def _extend_at_once(context: LockContext, names: LockNames, undo: Thunk[object]) -> float | None:

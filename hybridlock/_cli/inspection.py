@@ -279,8 +279,12 @@ def _holder(value: str, descriptions: dict[str, dict[str, str]], lease_name: str
     owner's, with ``kept`` true (nobody holds it: it is kept until its lease ends so that late replicas skip)."""
     owner = ran_by(value)
     if owner is None:
-        shown = _owner(value, descriptions, lease_name, token)
+        # (A lock granted by a release holds "<owner>|<token>": see scripts.grant.)
+        owner = owner_of_place(value)
+        shown = _owner(owner, descriptions, lease_name, token)
         shown["kept"] = False
+        if owner != value:
+            shown["value"] = value  # (what the key holds, which release --force compares and deletes)
         return shown
     shown = _owner(owner, descriptions)
     # ("value": what the key holds, which release --force compares and deletes)

@@ -202,8 +202,8 @@ def _shown(holder: dict[str, Any]) -> str:
 
 
 def _value_of(holder: dict[str, Any]) -> str:
-    """What the holder key holds, for the compare-and-delete: the owner id, or for a key kept after a run-once job
-    (shown as its owner's, ``kept``) the value it is kept with."""
+    """What the holder key holds, for the compare-and-delete: the owner id, or for a lock granted by a release
+    ("<owner>|<token>") or a key kept after a run-once job (shown as its owner's, ``kept``) the value it holds."""
     value: str = holder.get("value") or holder["owner"]
     return value
 

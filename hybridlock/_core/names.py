@@ -2,7 +2,8 @@
 
 A lock ``key`` in a registry with ``registry_key`` ``R`` uses these names in the server::
 
-    R:{key}            the lock itself (a string whose value is the owner's client_id)
+    R:{key}            the lock itself (a string whose value is the owner's client_id; "<client_id>|<token>" for a
+                       lock granted by a release, see ``scripts.grant``)
     R:{key}:fence      the fencing-token counter
     R:{key}:wake       the pub/sub channel a release publishes on
     R:{key}:queue      the owners waiting for the lock, in arrival order (a sorted set)
@@ -73,6 +74,10 @@ class LockNames:
     channel: str
     queue: str
     queue_until: str
+    #: What the lock key holds while it is the current tenancy's, where that is not the owner id alone: a lock
+    #: granted by a release holds "<client_id>|<token>", a permit slot "<client_id>|<wait id>". Renewals and the
+    #: release compare it, so a later grant of the key to the same owner is never taken for this tenancy.
+    tenancy: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,8 +87,7 @@ class PermitNames(LockNames):
     outlive the permits held under it). ``tenancy`` is what the slot holds while it is this permit's (the tag of the
     acquire it was granted to, ``"<client_id>|<wait id>"``): a renewal renews that tenancy only."""
 
-    config: str
-    tenancy: str = ""
+    config: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,14 @@ class SemaphoreNames:
         """The view of permit slot ``index`` held under ``tenancy`` (its acquire's tag) the lease table and the
         renewer use: a plain lock key (the slot), and the semaphore's fence, channel, queue and config."""
         return PermitNames(
-            self.key, self.slot(index), self.fence, self.channel, self.queue, self.queue_until, self.config, tenancy
+            self.key,
+            self.slot(index),
+            self.fence,
+            self.channel,
+            self.queue,
+            self.queue_until,
+            tenancy=tenancy,
+            config=self.config,
         )
 
     @property

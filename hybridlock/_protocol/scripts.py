@@ -236,6 +236,11 @@ end
 # ``_QUEUE_FUNCS`` is the part of ``_QUEUE_LIB`` that only the slow paths need: ACQUIRE and RELEASE define it after
 # their fast path (an uncontended lock with no queue), so that path does not even pay for creating its closures.
 _QUEUE_FUNCS = """
+-- Whether a lock key's value is ``owner``'s: its owner id (taken by an attempt of its own), or "<owner>|<token>"
+-- (granted by a release: see grant).
+local function ours(value, owner)
+  return value == owner or (value ~= nil and string.sub(value, 1, #owner + 1) == owner .. '|')
+end
 local function ms_of(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
@@ -302,13 +307,15 @@ local function push_grant(box, message, ttl)
   return true
 end
 -- Hand the free lock to ``place``, the live head of the queue (which arrived at ``arrival`` and lapses at ``lapse``),
--- if it is a single lock's wait ("<owner>|<wait id>|<lease in ms>"): the lock key becomes the waiter's, with a
--- provisional lease that ends when its place would have lapsed, or after its own lease if that is sooner (the waiter
--- knows a lower bound of both, and has the lease extended before then if it holds the lock longer); its token is
--- minted, its place removed, and "<wait id>:<arrival>:<token>:<contended>" pushed to its box (``more``: other owners
--- wait, or are about to). Returns whether it did; the caller then wakes a head it did not grant. A counter out of
--- range (see mint) grants nothing: the head is sent "<wait id>:<arrival>:refused:0", so that its next attempt
--- reports the counter.
+-- if it is a single lock's wait ("<owner>|<wait id>|<lease in ms>"): the lock key becomes the waiter's tenancy,
+-- "<owner>|<token>" (which its renewals and release compare: a grant to a stale place of an owner, one that a failover
+-- to a lagging replica kept after the wait had been served, never revives a tenancy of that owner that was lost
+-- meanwhile, which holds another value), with a provisional lease that ends when its place would have lapsed, or after
+-- its own lease if that is sooner (the waiter knows a lower bound of both, and has the lease extended before then if it
+-- holds the lock longer); its token is minted, its place removed, and "<wait id>:<arrival>:<token>:<contended>" pushed
+-- to its box (``more``: other owners wait, or are about to). Returns whether it did; the caller then wakes a head it
+-- did not grant. A counter out of range (see mint) grants nothing: the head is sent "<wait id>:<arrival>:refused:0", so
+-- that its next attempt reports the counter.
 local function grant(lock, fence, fence_ttl, queue, place, arrival, lapse, more, t, now)
   local grantee, wait_id, own = string.match(place, '^([^|]+)|([^|]+)|(%d+)$')
   if not grantee then
@@ -326,7 +333,7 @@ local function grant(lock, fence, fence_ttl, queue, place, arrival, lapse, more,
   if not token then
     return false
   end
-  redis.call('SET', lock, grantee, 'PX', lease)
+  redis.call('SET', lock, grantee .. '|' .. granted, 'PX', lease)
   return true
 end
 -- The lock is to be free and owners queue for it: grant it to the live head, or wake that head ("released:<owner>")
@@ -362,7 +369,7 @@ end
 -- not wait for a release that will not come (the lock became free by expiry, or by an operator's DEL); ``queuing``:
 -- the caller queues behind it (the grant says others wait).
 local function blocked_for(lock, holder, fence, fence_ttl, queue, expiries, owner, place, t, now, with_ttl, queuing)
-  if holder and holder ~= owner then
+  if holder and not ours(holder, owner) then
     if with_ttl then
       return redis.call('PTTL', lock)
     end
@@ -406,7 +413,8 @@ ACQUIRE = (
 --          {-1, counter}         the fencing counter is at or above MAX_TOKEN (see mint): nothing taken, the
 --                                counter left as it was (a place we hold in the queue stays: the caller leaves
 --                                it)
--- A key that already holds our own client_id is taken over: the caller holds the only local lock object for
+-- A key that already holds our own client_id (or a tenancy of ours granted by a release, "<owner>|<token>") is taken
+-- over: the caller holds the only local lock object for
 -- this key in its registry, so such a key can only be left by our own earlier attempt whose reply was lost (a
 -- client retry after a timeout), by a release that failed to reach the server, or by a grant to our wait that we
 -- have not read yet (its box is emptied: the grant is superseded by this acquisition and its new token).
@@ -475,7 +483,7 @@ if wait_ms then
 end
 local token, corrupt = mint(KEYS[2], ARGV[3], t)
 if not token then
-  if string_at(KEYS[1]) == ARGV[1] then
+  if ours(string_at(KEYS[1]), ARGV[1]) then
     redis.call('DEL', KEYS[1])  -- an earlier attempt of ours left it (see below): we are not taking it now
   end
   return {-1, corrupt}
@@ -487,7 +495,7 @@ else
 end
 leave(KEYS[3], KEYS[4], place)
 local box = KEYS[1] .. ':grant:' .. ARGV[1]
-if held == ARGV[1] then
+if ours(held, ARGV[1]) then
   redis.call('DEL', box)  -- a grant to us not yet read: superseded
 end
 local contended = redis.call('ZCARD', KEYS[3]) > 0
@@ -540,7 +548,7 @@ for i = 1, n do
   local token, corrupt = mint(KEYS[4 * i - 2], ARGV[3], t)
   if not token then
     for j = 1, n do
-      if string_at(KEYS[4 * j - 3]) == ARGV[1] then
+      if ours(string_at(KEYS[4 * j - 3]), ARGV[1]) then
         redis.call('DEL', KEYS[4 * j - 3])  -- left by an earlier attempt of ours (see ACQUIRE): not taken now
       end
     end
@@ -572,6 +580,8 @@ RELEASE = (
 -- ARGV[1]  owner (client_id)     ARGV[2]  wake-up channel
 -- ARGV[3]  "publish" | "spublish" | "" (how to announce the release; "" = nobody listens)
 -- ARGV[4]  counter TTL in ms (for the token of a grant)
+-- ARGV[5]  (optional) the value the key holds while it is ours, if not ARGV[1]: "<owner>|<token>" for a tenancy
+--          granted by a release (see grant)
 -- returns  1                     released: granted to the queue's live head if that is a single lock's wait (see
 --                                the queue above), else deleted, the head woken ("released:<head owner>")
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
@@ -581,7 +591,11 @@ RELEASE = (
 -- or the place lapsed while its process stood still for PLACE_KEEP_MS) misses the release: it still comes back at
 -- the holder's lease end it was told, or after WaitPolicy.notified_cap, and queues afresh.
 -- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+local tenancy = ARGV[5]
+if tenancy == nil or tenancy == '' then
+  tenancy = ARGV[1]
+end
+if redis.pcall('GET', KEYS[1]) ~= tenancy then
   return 0
 end
 local firsts = redis.pcall('ZRANGE', KEYS[2], 0, 1, 'WITHSCORES')
@@ -628,7 +642,7 @@ if on_kind('ZREM', KEYS[2], place) == 1 then
   end
   return 1
 end
-if place ~= ARGV[1] and string_at(KEYS[1]) == ARGV[1] then
+if place ~= ARGV[1] and ours(string_at(KEYS[1]), ARGV[1]) then
   -- Our wait's place is gone and the lock holds our owner id: the caller holds the only local lock object of this
   -- key in its registry and it is waiting, not holding, so this can only be a grant to us.
   redis.call('DEL', KEYS[1] .. ':grant:' .. ARGV[1])
@@ -699,9 +713,9 @@ RENEW = """
 --             is given ARGV[4] ms to live if it has less (never cut short; none is created)
 -- ARGV[1]     owner (client_id)   ARGV[2]  new lease in ms
 -- ARGV[3]     n (absent: every key is a lock key)                       ARGV[4]  the kept keys' TTL in ms
--- ARGV[5..4+n] (with kept keys only) the value each lock key holds while it is ours, "" for ARGV[1]: a permit slot
---             holds its tenancy ("<owner>|<wait id>", see ACQUIRE_PERMIT), and only that tenancy is renewed, not a
---             later grant of the same slot to another acquire of ours
+-- ARGV[5..4+n] (optional) the value each lock key holds while it is ours, "" for ARGV[1]: a lock granted by a
+--             release holds "<owner>|<token>" (see grant), a permit slot its tenancy ("<owner>|<wait id>", see
+--             ACQUIRE_PERMIT); only that tenancy is renewed, not a later grant of the key to the same owner
 -- returns     {r1, ..., rn}       ri = 1 renewed, 0 lost (gone, expired or another owner's or tenancy's)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -997,10 +1011,15 @@ KEEP_FOR = """
 -- have. Nobody is granted or woken: the key ends by its expiry, which waiters are told of and KEEP_WAITING serves.
 -- KEYS[1]  lock key
 -- ARGV[1]  owner (client_id)     ARGV[2]  marker (the value kept: "<owner>:ran")     ARGV[3]  ms to keep it (> 0)
+-- ARGV[4]  (optional) the value the key holds while it is ours, if not ARGV[1] (see RELEASE)
 -- returns  1                     kept: the key holds the marker and expires in ARGV[3] ms
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
 -- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+local tenancy = ARGV[4]
+if tenancy == nil or tenancy == '' then
+  tenancy = ARGV[1]
+end
+if redis.pcall('GET', KEYS[1]) ~= tenancy then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
@@ -145,7 +146,9 @@ class ServerLease:
         """End an abandoned hold in the server and here, in place of its holder (the registry's worker calls it once
         the lease has run out)."""
 
-    def _begin_lease(self, token: int | None, sent_at: float, valid_until: float | None = None) -> None:
+    def _begin_lease(
+        self, token: int | None, sent_at: float, valid_until: float | None = None, tenancy: str | None = None
+    ) -> None:
         """The server granted a fresh tenancy, to the request sent at ``sent_at`` (``monotonic()``; see
         ``waiting.Grant``); call it as the reply is read.
 
@@ -158,7 +161,12 @@ class ServerLease:
           now, the grant: it is a limit on how long the lock is held, and must not be spent on the wait for it.
 
         ``valid_until``: the lease's deadline when the server set it otherwise (a lock granted to our place in its
-        queue, with a provisional lease: see ``waiting``); the renewer is asked to extend it before then."""
+        queue, with a provisional lease: see ``waiting``); the renewer is asked to extend it before then.
+
+        ``tenancy``: what the key holds while it is this tenancy's where that is not the owner id alone ("" for the
+        owner id; None: the names given at construction say it), which renewals and the release compare."""
+        if tenancy is not None and tenancy != self._names.tenancy:
+            self._names = replace(self._names, tenancy=tenancy)
         self._tenancy += 1
         self._in_server = True
         self._giving_back = False

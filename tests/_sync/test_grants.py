@@ -90,10 +90,11 @@ def test_a_release_grants_the_lock_without_another_acquire(server: EmbeddedServe
         assert waiter.got == [True]
         # The release, and the waiter's extension of its provisional lease to its own (RENEW): no acquire of its own.
         assert script_runs(client) == 2
-        assert client.get(LOCK) == second.client_id.encode()
         granted = waiter.lock._fencing_token
         assert granted is not None
         assert granted > token
+        # The key holds the granted tenancy, "<owner>|<token>", which the holder's renewals and release compare.
+        assert client.get(LOCK) == f"{second.client_id}|{granted}".encode()
         assert not client.exists(QUEUE)
         assert not client.exists(box_of(LOCK, second.client_id))
         waiter.let_go()
@@ -145,7 +146,7 @@ def test_a_grants_provisional_lease_is_extended_to_the_registrys_lease_at_once(s
         assert deadline <= _server_end(client) + 0.005, "valid_until past the server's expiry"
         sleep(QUEUE_PLACE_KEEP_MS / 1000 + 1.0)  # past the provisional lease
         assert not waiter.lock.lost
-        assert client.get(LOCK) == second.client_id.encode()
+        assert client.get(LOCK) == f"{second.client_id}|{waiter.lock._fencing_token}".encode()
         assert client.pttl(LOCK) > 20_000  # extended to the registry's lease
         assert not holder.acquire(blocking=False)
         waiter.let_go()
@@ -167,6 +168,59 @@ def test_a_registry_that_does_not_renew_is_not_granted_a_provisional_lease(serve
         _until(lambda: waiter.got, 10, "the lock")
         assert client.pttl(LOCK) > 9_000  # its own lease, taken by its own attempt: nothing would extend a grant's
         waiter.let_go()
+    client.close()
+
+
+@pytest.mark.parametrize("held_by", ["attempt", "grant"])
+def test_a_grant_to_a_stale_place_never_revives_a_tenancy_its_owner_lost(
+    server: EmbeddedServer, held_by: str
+) -> None:
+    # After a failover to a lagging replica, the queue may still hold a place of an owner's earlier wait, one that
+    # was served already (its removal never replicated), while the owner holds the lock in a later tenancy that the
+    # new master lost. Another owner takes the lock, and its release grants it to that stale place: the key holds
+    # the first owner's id again. The first owner's renewals must not take that grant for their lost tenancy: it is
+    # told (lost, on_lost, LockLostError at release), whichever way it had taken the lock (../shared/repros/x3).
+    # The failover's state is written on one server directly: the second owner's lease in the key, the stale place.
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    lease = 1.5
+    with (
+        hybridlock.LockRegistry(server.url, expire_after=lease) as first,
+        hybridlock.LockRegistry(server.url, expire_after=lease) as second,
+        hybridlock.LockRegistry(server.url, expire_after=lease) as third,
+    ):
+        lock = first.obtain("k")
+        told: list[object] = []
+        lock.on_lost(told.append)
+        if held_by == "grant":
+            holder = _Holder(third.obtain("k"))
+            _until(lambda: holder.got, 10, "the third owner's hold")
+
+            def let_go_once_queued() -> None:
+                _until(lambda: client.zcard(QUEUE), 10, "the first owner's place")
+                holder.let_go()
+
+            releasing = spawn(let_go_once_queued)
+            assert lock.acquire(timeout=10)
+            releasing.join()
+            assert client.get(LOCK) == f"{first.client_id}|{lock._fencing_token}".encode()
+        else:
+            assert lock.acquire()
+        # The promoted replica: the second owner's older lease, and a place of an earlier wait of the first owner.
+        seconds, micros = client.time()
+        client.set(LOCK, second.client_id, px=3000)
+        client.zadd(QUEUE, {f"{first.client_id}|stale-wait|3000": seconds * 1000 + micros // 1000})
+        other = second.obtain("k")
+        assert other.acquire(timeout=5)
+        other.release()  # (grants the lock to the stale place: the key holds the first owner's id again)
+        assert client.get(LOCK).decode().partition("|")[0] == first.client_id
+        deadline = time.monotonic() + 2 * lease
+        while not told and time.monotonic() < deadline:
+            sleep(0.01)
+        assert told == [lock], "the first owner renewed another tenancy's grant as its own, never told"
+        assert lock.lost
+        with pytest.raises(hybridlock.LockLostError):
+            lock.release()
     client.close()
 
 

@@ -699,7 +699,13 @@ class RedisBackend(LockBackend):
             released = self._scripts.run(
                 scripts.RELEASE,
                 (names.lock, names.queue, names.queue_until, names.fence),
-                (owner, names.channel, self._announcement() if notify else "", self._fence_retention_ms),
+                (
+                    owner,
+                    names.channel,
+                    self._announcement() if notify else "",
+                    self._fence_retention_ms,
+                    names.tenancy,
+                ),
             )
         return bool(released)
 
@@ -707,7 +713,7 @@ class RedisBackend(LockBackend):
 
     def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
         with self._translated(names, "keep of a run's key"):
-            kept = self._scripts.run(scripts.KEEP_FOR, (names.lock,), (owner, marker, keep_ms))
+            kept = self._scripts.run(scripts.KEEP_FOR, (names.lock,), (owner, marker, keep_ms, names.tenancy))
         return bool(kept)
 
     def cancel_wait(self, names: LockNames, owner: str, place: str | None = None) -> None:
@@ -864,8 +870,9 @@ class RedisBackend(LockBackend):
             # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
             # replicas means the grant before it did too (one replication stream).
             extended_at = monotonic()
+            tenancy = f"{owner}|{result.fencing_token}"  # (what a grant writes: see scripts.grant)
             reply, acknowledged = self._run_write(
-                names, "acquire", scripts.RENEW, (names.lock,), (owner, lease_ms)
+                names, "acquire", scripts.RENEW, (names.lock,), (owner, lease_ms, 1, 0, tenancy)
             )
             if not reply[0]:
                 return AcquireResult(False)  # the grant's lease ended before we read it: attempt again
@@ -888,8 +895,9 @@ class RedisBackend(LockBackend):
                 for group in self._by_slot(names)
                 for i in range(0, len(group), _RENEW_CHUNK)
             ]
-            permits = {n.lock: n for n in names if isinstance(n, PermitNames)}
-            calls = [self._renewal(chunk, permits, owner, lease_ms) for chunk in chunks]
+            tenancies = {n.lock: n.tenancy for n in names if n.tenancy}
+            configs = {n.lock: n.config for n in names if isinstance(n, PermitNames)}
+            calls = [self._renewal(chunk, tenancies, configs, owner, lease_ms) for chunk in chunks]
             if self.confirmation is not None:
                 replies, acknowledged = self._scripts.run_confirmed(scripts.RENEW, calls, self.confirmation)
             elif len(calls) == 1:
@@ -911,19 +919,19 @@ class RedisBackend(LockBackend):
         return [renewed[n.lock] for n in names]
 
     def _renewal(
-        self, chunk: list[str], permits: dict[str, PermitNames], owner: str, lease_ms: int
+        self, chunk: list[str], tenancies: dict[str, str], configs: dict[str, str], owner: str, lease_ms: int
     ) -> tuple[Sequence[str], Sequence[Any]]:
-        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``permits``: the permit
-        slots among all leases). A permit is renewed under its tenancy (what its slot holds), not the owner id
-        alone; its semaphore's config is kept alive by its permits' renewals (``fence_retention`` from the last), so
-        that the limit set for it is not forgotten while they are held. (A config shares its permits' hash tag: the
-        call stays in one slot.)"""
-        held = [permits[lock] for lock in chunk if lock in permits] if permits else None
-        if not held:
+        """RENEW's keys and arguments for the leases ``chunk`` (lock names of one slot; ``tenancies``: what the
+        keys among all leases hold while ours, where that is not the owner id alone; ``configs``: permit slot -> its
+        semaphore's config). A lease is renewed under its tenancy (a lock granted by a release, a permit), not the
+        owner id alone; a semaphore's config is kept alive by its permits' renewals (``fence_retention`` from the
+        last), so that the limit set for it is not forgotten while they are held. (A config shares its permits' hash
+        tag: the call stays in one slot.)"""
+        kept = list(dict.fromkeys(configs[lock] for lock in chunk if lock in configs)) if configs else []
+        values = [tenancies.get(lock, "") for lock in chunk] if tenancies else []
+        if not kept and not any(values):
             return chunk, (owner, lease_ms)
-        kept = list(dict.fromkeys(permit.config for permit in held))
-        tenancies = [permits[lock].tenancy if lock in permits else "" for lock in chunk]
-        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms, *tenancies)
+        return [*chunk, *kept], (owner, lease_ms, len(chunk), self._fence_retention_ms, *values)
 
     def _by_slot(self, names: Sequence[LockNames]) -> list[list[str]]:
         """Lock names grouped so that one script call never crosses a cluster slot: one group on a plain server,
