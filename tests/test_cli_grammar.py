@@ -230,6 +230,25 @@ def test_an_unreachable_server_gives_125_from_every_subcommand(subcommand):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("url", ["redis//nope", "http://x:1", "redis://h:notaport"])
+@pytest.mark.parametrize("subcommand", _SUBCOMMANDS)
+def test_a_malformed_server_url_is_a_usage_error_from_every_subcommand(subcommand, url):
+    """Issue 34: run said 125 (unreachable) for a URL no server could have, the others 2."""
+    args = ("demo", "--cycles", "1") if subcommand == "demo" else _SERVER_NEEDED[subcommand]
+    done = _cli(args[0], "--server", url, *args[1:])
+    assert done.returncode == EXIT_USAGE, done
+    assert url in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_with_a_key_no_lock_can_have_is_a_usage_error():
+    """Issue 34: an empty KEY ended run with a traceback and status 1."""
+    done = _cli("run", "--server", _CLOSED, "--", "", "--", "true")
+    assert done.returncode == EXIT_USAGE, done
+    assert "lock key must not be empty" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_plain_no_gives_1(server):
     done = _cli("release", "--force", "--yes", "free-key", "--server", server.url)
     assert done.returncode == EXIT_NOT_DONE, done

@@ -93,7 +93,8 @@ EXIT_STATUSES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         str(EXIT_USAGE),
-        "usage error: an unknown option or a bad value, no server given, servers that make no quorum "
+        "usage error: an unknown option or a bad value (a malformed server URL, a key no lock can have), no "
+        "server given, servers that make no quorum "
         "(one given twice, a cluster among them), run without -- before CMD or without CMD, release not confirmed",
         ("run", "inspect", "list", "release", "demo"),
     ),

@@ -47,6 +47,7 @@ from types import FrameType
 from typing import Any
 
 from .._core.config import long_lease_note
+from .._core.names import validate_key
 from .._core.runonce import RunOnceBounds
 from .._sync.lock import HybridLock
 from .._sync.registry import LockRegistry, QuorumLockRegistry
@@ -216,6 +217,7 @@ def _command(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
+        validate_key(args.key)  # (a key obtain() would refuse: told before any server is asked, not as a traceback)
         if args.at_least_for is not None:
             # Told before any server is asked, in the command's words.
             RunOnceBounds.checked(args.at_least_for, args.at_most_for)
@@ -242,6 +244,9 @@ def _command(args: argparse.Namespace) -> int:
                     registry = QuorumLockRegistry(urls, registry_key=registry_key, expire_after=args.expire_after)
                 else:
                     registry = LockRegistry(urls[0], registry_key=registry_key, expire_after=args.expire_after)
+        except InvalidArgumentError as exc:
+            # A value no server could take (a malformed URL, a bad setting): a usage error, as for every subcommand.
+            raise CommandError(str(exc), EXIT_USAGE) from None
         except HybridLockError as exc:
             raise CommandError(str(exc), EXIT_FAILED) from None
     except CommandError as exc:
