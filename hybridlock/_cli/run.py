@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from .._core.config import long_lease_note
+from .._core.config import MAX_SECONDS, long_lease_note, validate_timeout
 from .._core.names import validate_key
 from .._core.runonce import RunOnceBounds
 from .._sync.lock import HybridLock
@@ -112,6 +112,22 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    """``--timeout``: seconds >= 0, or -1 (or inf) to wait as long as it takes, as ``acquire(timeout=-1)`` and
+    Django's ``--lock-timeout -1``; a value ``acquire`` would refuse is refused here, as a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        validate_timeout(True, value)
+    except InvalidArgumentError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds >= 0 (at most {MAX_SECONDS:g}), or -1 to wait as long as it takes: {text!r}"
+        ) from None
+    return value
+
+
 def _signal(text: str) -> signal.Signals:
     name = text.upper()
     try:
@@ -136,7 +152,9 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
     wait = parser.add_mutually_exclusive_group()
-    wait.add_argument("--timeout", type=_seconds, metavar="S", help="wait at most S seconds for the lock")
+    wait.add_argument(
+        "--timeout", type=_timeout, metavar="S", help="wait at most S seconds for the lock (-1: as long as it takes)"
+    )
     wait.add_argument("--no-wait", "-n", action="store_true", help=f"fail at once (status {EXIT_HELD}) when held")
     wait.add_argument(
         "--at-least-for",
