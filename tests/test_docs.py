@@ -6,9 +6,9 @@ exactly that program, extracted from the page, in a fresh interpreter against a 
 to start, the line that server prints, the program, and closing the server's terminal. The README's examples (one
 for threads, one for asyncio, one for the command line) run the same way, each a program of its own; so do the
 docs index's and the quorum page's. The migration guide's hybridlock examples run too, each with a client, a URL
-and a ``ship`` function given. The site itself is built by ``.ci/run`` with
-``mkdocs build --strict``, which fails on broken links and references; that needs the ``docs`` extra, so it is not
-a test.
+and a ``ship`` function given. The site itself is built with ``mkdocs build --strict``,
+which fails on broken links and references, by ``.ci/run`` and by tests/test_docs_site.py (which needs the ``docs``
+extra, and is skipped without it).
 """
 
 from __future__ import annotations
