@@ -450,6 +450,19 @@ def test_bad_decorations_are_refused_when_decorating() -> None:
         locks.runs_once("k", at_least_for=-1)
     with pytest.raises(InvalidArgumentError, match="permits"):
         locks.limit("k", permits=0)
+    # Issue 34: values every run would fail with, refused when decorating.
+    with pytest.raises(InvalidArgumentError, match="permits must be from 1 to 1024, not 2000"):
+        locks.limit("k", permits=2000)
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        locks.limit("k", permits=2, timeout=1e300)
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        locks.single_instance("k", on_busy="wait", timeout=1e300)
+    with pytest.raises(InvalidArgumentError, match="must not start with"):
+
+        @locks.single_instance("}}k")
+        def i() -> None: ...
+
+    locks.limit("k", permits=1024, timeout=9e9)  # the largest a run can use
 
 
 def test_the_celery_pages_example_runs(cluster: Cluster) -> None:

@@ -54,7 +54,7 @@ from ..errors import InvalidArgumentError, LockTimeoutError
 
 # The registry's own template and bounds checks, public for this: a task's key template and bounds are checked when
 # decorating, as the registry's decorators check them, although the registry is built later, in each worker process.
-from ..templates import keyed, run_once_bounds
+from ..templates import acquire_timeout, keyed, run_once_bounds, semaphore_permits
 
 __all__ = ["CeleryLocks", "OnBusy", "TaskBusyError"]
 
@@ -220,8 +220,7 @@ class CeleryLocks:
         ``on_busy`` and the rest as for ``single_instance`` (here "wait" by default: waiters are served in arrival
         order)."""
         _check_busy_options(on_busy, timeout, retry_after, max_retries)
-        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-            raise InvalidArgumentError(f"permits must be a whole number of at least 1, not {permits!r}")
+        semaphore_permits(permits)  # 1 to 1024, as obtain_semaphore takes it: refused now, not at every run
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
@@ -314,6 +313,7 @@ def _check_busy_options(on_busy: object, timeout: object, retry_after: object, m
             raise InvalidArgumentError(f"timeout is for on_busy='wait' only, not {on_busy!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
             raise InvalidArgumentError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+        acquire_timeout(timeout)  # (above threading.TIMEOUT_MAX: every acquire would refuse it)
     if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)) or not 0 <= retry_after < 1e9:
         raise InvalidArgumentError(f"retry_after must be a non-negative number of seconds, not {retry_after!r}")
     if max_retries is not None and (
