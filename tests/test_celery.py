@@ -19,6 +19,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -507,6 +508,58 @@ def test_a_limited_task_that_calls_itself_is_refused_and_runs_once_takes_any_par
 
         assert job("k", function="g", at_least_for=5) == {"ran": True, "result": ["k", "g", 5]}
     finally:
+        locks.close()
+
+
+def test_a_run_refused_by_a_run_of_this_process_that_has_just_ended_names_it_not_another_process(
+    server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: in a threads-pool worker, a run refused while another run of the process held the key, which let go
+    before the refused run looked for its holder, said "taken by a run in another process"; nothing overlapped.
+    Here deterministically: the holder is told to end between the refusal and the look."""
+    import celery
+
+    app = celery.Celery("threads", broker="memory://", backend="cache+memory://")
+    locks = CeleryLocks(app, server.url, expire_after=EXPIRE_AFTER)
+    name = _name()
+    entered, go = threading.Event(), threading.Event()
+    try:
+
+        @app.task
+        @locks.single_instance("race:{n}")
+        def task(n: str, hold: bool) -> None:
+            if hold:
+                entered.set()
+                assert go.wait(RESULT_TIMEOUT)
+
+        first: list[Any] = []
+        holder = threading.Thread(target=lambda: first.append(task.apply((name, True))))
+        holder.start()
+        assert entered.wait(RESULT_TIMEOUT)
+        acquire = hybridlock.HybridLock.acquire
+
+        def refused_then_the_holder_ends(self: hybridlock.HybridLock, *args: Any, **kwargs: Any) -> bool:
+            got = acquire(self, *args, **kwargs)
+            assert not got
+            go.set()
+            holder.join(RESULT_TIMEOUT)
+            return got
+
+        monkeypatch.setattr(hybridlock.HybridLock, "acquire", refused_then_the_holder_ends)
+        second = task.apply((name, False))
+        monkeypatch.setattr(hybridlock.HybridLock, "acquire", acquire)
+        assert first[0].successful()
+        assert isinstance(second.result, TaskBusyError)
+        message = str(second.result)
+        assert f"taken by '{task.name}[{first[0].id}]' (in this process, which has just ended)" in message
+        assert "another process" not in message
+        # A holder that is another owner (another process's registry) is still named as such.
+        with hybridlock.LockRegistry(server.url, expire_after=EXPIRE_AFTER) as other, other.obtain(f"race:{name}"):
+            third = task.apply((name, False))
+        assert isinstance(third.result, TaskBusyError)
+        assert "taken by a run in another process (hybridlock inspect KEY names it)" in str(third.result)
+    finally:
+        go.set()
         locks.close()
 
 

@@ -107,13 +107,16 @@ class CeleryLocks:
         self._registry: LockRegistry | None = None
         self._pid = 0
         self._guard = threading.Lock()
+        self._runs_here = _RunsHere()
         self_ref = weakref.ref(self)
 
         def after_fork_in_child() -> None:
             # The parent's guard may have been held by another thread at the fork: never by anyone in the child.
+            # Nor are the parent's runs the child's.
             locks = self_ref()
             if locks is not None:
                 locks._guard = threading.Lock()
+                locks._runs_here = _RunsHere()
 
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=after_fork_in_child)
@@ -182,25 +185,30 @@ class CeleryLocks:
             lock = self.registry.obtain(key)
             # This thread holds it already (the task called itself, say): reentrancy would run two at once.
             reentered = lock.hold_count > 0
-            try:
-                # The acquire inside the try, and the release decided by what this thread holds, not by what the
-                # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal handler)
-                # at whatever line the thread is on, the one just after a successful acquire included. The thread is
-                # named before the acquire, so that a holder is named from the moment it holds the key.
-                with _thread_named(label):
-                    if reentered:
-                        taken = False
-                    elif on_busy == "wait":
-                        taken = lock.acquire(timeout=-1 if timeout is None else timeout)
-                    else:
-                        taken = lock.acquire(blocking=False)
-                    if not taken:
-                        holder = _holder(lock)
-                        self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries, holder)
-                    return wrapped(*args, **kwargs)
-            finally:
-                if not reentered and lock.hold_count:
-                    lock.release()
+            # Among this process's runs of the key from before the acquire to after the release: a refusal names
+            # the run of this process that caused it, if one did (see _holder).
+            with self._runs_here.running(key, label or _task_label()) as me:
+                try:
+                    # The acquire inside the try, and the release decided by what this thread holds, not by what the
+                    # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal
+                    # handler) at whatever line the thread is on, the one just after a successful acquire included.
+                    # The thread is named before the acquire, so that a holder is named from the moment it holds
+                    # the key.
+                    with _thread_named(label):
+                        if reentered:
+                            taken = False
+                        elif on_busy == "wait":
+                            taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+                        else:
+                            taken = lock.acquire(blocking=False)
+                        me.held = taken
+                        if not taken:
+                            holder = _holder(lock, me, self._runs_here)
+                            self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries, holder)
+                        return wrapped(*args, **kwargs)
+                finally:
+                    if not reentered and lock.hold_count:
+                        lock.release()
 
         return self._decorator(template, "single_instance", run)
 
@@ -339,17 +347,81 @@ def _thread_named(name: str | None) -> Iterator[None]:
         thread.name = before
 
 
-def _holder(lock: Any) -> str:
+class _Run:
+    """A run of a keyed task in this process, from before its acquire to after its release."""
+
+    __slots__ = ("ended_meanwhile", "held", "label")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.held = False  # it took the key
+        self.ended_meanwhile: list[str] = []  # this process's runs of the key that held it and ended during this one
+
+
+class _RunsHere:
+    """This process's runs of each key, for a refused run to tell whether a run of this process refused it.
+
+    A refusal is not always seen with its holder: the lock's local half refuses a run while another thread of the
+    process takes the key, holds it or gives it back, and that thread may have let go by the time the refused run
+    looks (``statistics()`` then shows no holder here). A run of this process that was under way during the
+    refused attempt, or ended during it, is the cause; with none, the holder is another process."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._runs: dict[str, list[_Run]] = {}
+
+    @contextlib.contextmanager
+    def running(self, key: str, label: str) -> Iterator[_Run]:
+        me = _Run(label)
+        with self._guard:
+            self._runs.setdefault(key, []).append(me)
+        try:
+            yield me
+        finally:
+            with self._guard:
+                runs = self._runs[key]
+                runs.remove(me)
+                if me.held:
+                    for other in runs:
+                        other.ended_meanwhile.append(label)
+                if not runs:
+                    del self._runs[key]
+
+    def others(self, key: str, me: _Run) -> list[_Run]:
+        """This process's other runs of ``key`` under way now."""
+        with self._guard:
+            return [run for run in self._runs.get(key, ()) if run is not me]
+
+
+def _holder(lock: Any, me: _Run | None = None, runs: _RunsHere | None = None) -> str:
     """Who holds ``lock``, for a busy run's message (celery-once #31): the holding thread's name when it is a thread of
     this process (a run's thread is named ``task name[task id]``: two runs in one threads-pool worker, say), else
     where to look. (What another process wrote about itself is for ``hybridlock inspect``: reading it here would
     cost a round trip and the server's key layout.)"""
     held = lock.statistics()
-    if held.owner_thread is None:
-        return "a run in another process (hybridlock inspect KEY names it)"
     if held.owner_thread == threading.get_ident():
         return "this very run (the task called itself)"
-    return f"{held.owner_name!r} (in this process)"
+    if held.owner_thread is not None:
+        return f"{held.owner_name!r} (in this process)"
+    if me is not None and runs is not None:
+        # No holder here now; but a run of this process may have held the key during the refused attempt and let
+        # go since, or be giving it back, or taking it (the threads pool): that run refused this one, not another
+        # process.
+        if me.ended_meanwhile:
+            return f"{me.ended_meanwhile[-1]!r} (in this process, which has just ended)"
+        others = runs.others(lock.key, me)
+        releasing = [run.label for run in others if run.held]
+        if releasing:
+            return f"{releasing[0]!r} (in this process, giving it back)"
+        taking = [run.label for run in others]
+        if taking:
+            # (Which of them had the key's local half, if any, is not known here: the server may have refused
+            # them all, for a run in another process.)
+            return (
+                f"{', '.join(map(repr, taking))} (in this process, taking it at the same moment), or a run in "
+                "another process (hybridlock inspect KEY names it)"
+            )
+    return "a run in another process (hybridlock inspect KEY names it)"
 
 
 def _running_task() -> str | None:
