@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("celery")
+from tests._extras import skip_reason
+
+pytest.importorskip("celery", reason=skip_reason("celery", "celery"))
 
 import redis
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded, WorkerLostError

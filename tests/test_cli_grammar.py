@@ -1,7 +1,7 @@
 """One grammar and one exit-status table for every subcommand of ``python -m hybridlock``, as subprocesses against
 the suite's real server: options anywhere before ``--``, ``run``'s CMD only after it, each row of
 ``EXIT_STATUSES`` given by every subcommand it names, and ``run --no-wait`` saying who holds the lock (the demo's
-``--server`` and ``--no-lock`` control: test_demo.py)."""
+``--server`` and ``--no-lock`` control: test_demo.py; ``server``'s own rows: test_cli_server.py)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def _statuses_of(subcommand: str) -> set[str]:
     return {status for status, _, where in EXIT_STATUSES if subcommand in where}
 
 
-@pytest.mark.parametrize("subcommand", _SUBCOMMANDS)
+@pytest.mark.parametrize("subcommand", [*_SUBCOMMANDS, "server"])
 def test_each_subcommands_help_shows_its_rows_of_the_table(subcommand):
     done = _cli(subcommand, "--help")
     assert done.returncode == 0, done

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-django = pytest.importorskip("django")
+from tests._extras import skip_reason
+
+django = pytest.importorskip("django", reason=skip_reason("django", "django"))
 
 from django.conf import settings  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402

@@ -21,7 +21,9 @@ import httpx
 import pytest
 import redis
 
-pytest.importorskip("fastapi")
+from tests._extras import skip_reason
+
+pytest.importorskip("fastapi", reason=skip_reason("fastapi", "fastapi"))
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
