@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _NOTICE = ("end of life", "Zensical", "NO_MKDOCS_2_WARNING", "MkDocs 2.0")
 
 
+@pytest.mark.slow(reason="builds the whole site, the API reference from the docstrings too: about 6 s of CPU")
 @pytest.mark.timeout(120)
 def test_the_site_builds_strictly_without_the_themes_end_of_life_notice(tmp_path: Path) -> None:
     env = {name: value for name, value in os.environ.items() if not name.endswith("MKDOCS_2_WARNING")}
