@@ -565,6 +565,71 @@ def test_a_run_refused_by_a_run_of_this_process_that_has_just_ended_names_it_not
         locks.close()
 
 
+def test_a_run_refused_while_a_run_of_this_process_takes_the_key_names_that_run(
+    server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: the threads-pool case the report saw (5 concurrent sends to one threads worker, 3 of 4 rejections
+    blaming "a run in another process"): a run refused while another run of the process is still taking the key
+    (it has the key's local half and waits for the server's answer, so it is not yet the holder). The refused run
+    waits for that answer (``SETTLE_SECONDS``, raised here so that a loaded machine cannot make the test flaky) and
+    names the run that got the key. Here deterministically: the first run's request is held back until the second
+    run has been refused."""
+    import celery
+
+    from hybridlock.contrib import celery as contrib
+
+    monkeypatch.setattr(contrib, "SETTLE_SECONDS", RESULT_TIMEOUT)
+    app = celery.Celery("threads", broker="memory://", backend="cache+memory://")
+    locks = CeleryLocks(app, server.url, expire_after=EXPIRE_AFTER)
+    name = _name()
+    entered, done, asking, refused = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    try:
+
+        @app.task
+        @locks.single_instance("taking:{n}")
+        def task(n: str, hold: bool) -> None:
+            if hold:
+                entered.set()
+                assert done.wait(RESULT_TIMEOUT)
+
+        backend = locks.registry._context.backend
+        try_acquire = backend.try_acquire
+        first: list[Any] = []
+
+        def held_back(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is taker:
+                asking.set()
+                assert refused.wait(RESULT_TIMEOUT)  # the second run was refused meanwhile
+            return try_acquire(*args, **kwargs)
+
+        monkeypatch.setattr(backend, "try_acquire", held_back)
+        acquire = hybridlock.HybridLock.acquire
+
+        def noting_the_refusal(self: hybridlock.HybridLock, *args: Any, **kwargs: Any) -> bool:
+            got = acquire(self, *args, **kwargs)
+            if threading.current_thread() is not taker and not got:
+                refused.set()
+            return got
+
+        monkeypatch.setattr(hybridlock.HybridLock, "acquire", noting_the_refusal)
+        taker = threading.Thread(target=lambda: first.append(task.apply((name, True))))
+        taker.start()
+        assert asking.wait(RESULT_TIMEOUT)
+        second = task.apply((name, False))
+        assert entered.wait(RESULT_TIMEOUT)
+        done.set()
+        taker.join(RESULT_TIMEOUT)
+        assert first[0].successful()
+        assert isinstance(second.result, TaskBusyError)
+        message = str(second.result)
+        assert f"taken by '{task.name}[{first[0].id}]' (in this process)" in message
+        assert "another process" not in message
+    finally:
+        refused.set()
+        done.set()
+        locks.close()
+
+
 @pytest.mark.parametrize("decorator", ["single_instance", "limit"])
 def test_a_soft_time_limit_raised_just_after_the_acquire_still_releases(
     server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, decorator: str

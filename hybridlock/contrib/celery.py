@@ -197,10 +197,12 @@ class CeleryLocks:
                     with _thread_named(label):
                         if reentered:
                             taken = False
-                        elif on_busy == "wait":
-                            taken = lock.acquire(timeout=-1 if timeout is None else timeout)
                         else:
-                            taken = lock.acquire(blocking=False)
+                            with self._runs_here.asking(me):
+                                if on_busy == "wait":
+                                    taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+                                else:
+                                    taken = lock.acquire(blocking=False)
                         me.held = taken
                         if not taken:
                             holder = _holder(lock, me, self._runs_here)
@@ -347,13 +349,19 @@ def _thread_named(name: str | None) -> Iterator[None]:
         thread.name = before
 
 
+#: How long a refused run waits for the other runs of its process that are taking the key at that moment to be
+#: told whether they got it, so that its message can name the one that did (a non-blocking take is one round trip).
+SETTLE_SECONDS = 0.5
+
+
 class _Run:
     """A run of a keyed task in this process, from before its acquire to after its release."""
 
-    __slots__ = ("ended_meanwhile", "held", "label")
+    __slots__ = ("asking", "ended_meanwhile", "held", "label")
 
     def __init__(self, label: str) -> None:
         self.label = label
+        self.asking = False  # inside its acquire now
         self.held = False  # it took the key
         self.ended_meanwhile: list[str] = []  # this process's runs of the key that held it and ended during this one
 
@@ -362,23 +370,24 @@ class _RunsHere:
     """This process's runs of each key, for a refused run to tell whether a run of this process refused it.
 
     A refusal is not always seen with its holder: the lock's local half refuses a run while another thread of the
-    process takes the key, holds it or gives it back, and that thread may have let go by the time the refused run
-    looks (``statistics()`` then shows no holder here). A run of this process that was under way during the
-    refused attempt, or ended during it, is the cause; with none, the holder is another process."""
+    process is taking the key (asking the server, before it is the holder), holds it or gives it back, and that
+    thread may have let go by the time the refused run looks (``statistics()`` then shows no holder here). A run of
+    this process that held the key and ended during the refused attempt, or gives it back, or takes it, is the
+    cause; with none, the holder is another process."""
 
     def __init__(self) -> None:
-        self._guard = threading.Lock()
+        self._changed = threading.Condition(threading.Lock())
         self._runs: dict[str, list[_Run]] = {}
 
     @contextlib.contextmanager
     def running(self, key: str, label: str) -> Iterator[_Run]:
         me = _Run(label)
-        with self._guard:
+        with self._changed:
             self._runs.setdefault(key, []).append(me)
         try:
             yield me
         finally:
-            with self._guard:
+            with self._changed:
                 runs = self._runs[key]
                 runs.remove(me)
                 if me.held:
@@ -386,11 +395,31 @@ class _RunsHere:
                         other.ended_meanwhile.append(label)
                 if not runs:
                     del self._runs[key]
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def asking(self, me: _Run) -> Iterator[None]:
+        """``me`` is inside its acquire while this lasts."""
+        with self._changed:
+            me.asking = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                me.asking = False
+                self._changed.notify_all()
 
     def others(self, key: str, me: _Run) -> list[_Run]:
-        """This process's other runs of ``key`` under way now."""
-        with self._guard:
+        """This process's other runs of ``key`` under way now, in the order they started."""
+        with self._changed:
             return [run for run in self._runs.get(key, ()) if run is not me]
+
+    def settle(self, key: str, me: _Run, within: float) -> None:
+        """Wait, at most ``within`` seconds, until no other run of ``key`` here is inside its acquire."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: not any(run.asking for run in self._runs.get(key, ()) if run is not me), timeout=within
+            )
 
 
 def _holder(lock: Any, me: _Run | None = None, runs: _RunsHere | None = None) -> str:
@@ -401,25 +430,29 @@ def _holder(lock: Any, me: _Run | None = None, runs: _RunsHere | None = None) ->
     held = lock.statistics()
     if held.owner_thread == threading.get_ident():
         return "this very run (the task called itself)"
+    if held.owner_thread is None and me is not None and runs is not None:
+        # Another run of this process may be taking the key now (it has the key's local half, and asks the server):
+        # once it is told, it holds the key or not, and the message can say which.
+        runs.settle(lock.key, me, SETTLE_SECONDS)
+        held = lock.statistics()
     if held.owner_thread is not None:
         return f"{held.owner_name!r} (in this process)"
     if me is not None and runs is not None:
         # No holder here now; but a run of this process may have held the key during the refused attempt and let
-        # go since, or be giving it back, or taking it (the threads pool): that run refused this one, not another
-        # process.
+        # go since, or be giving it back, or still be taking it (the threads pool): that run refused this one, not
+        # another process.
         if me.ended_meanwhile:
             return f"{me.ended_meanwhile[-1]!r} (in this process, which has just ended)"
         others = runs.others(lock.key, me)
         releasing = [run.label for run in others if run.held]
         if releasing:
             return f"{releasing[0]!r} (in this process, giving it back)"
-        taking = [run.label for run in others]
+        taking = [run.label for run in others if run.asking]
         if taking:
-            # (Which of them had the key's local half, if any, is not known here: the server may have refused
-            # them all, for a run in another process.)
+            # (Still waiting for the server's answer: for a run in another process, perhaps.)
             return (
-                f"{', '.join(map(repr, taking))} (in this process, taking it at the same moment), or a run in "
-                "another process (hybridlock inspect KEY names it)"
+                f"{taking[0]!r} (in this process, still taking it), or a run in another process (hybridlock "
+                "inspect KEY names it)"
             )
     return "a run in another process (hybridlock inspect KEY names it)"
 
