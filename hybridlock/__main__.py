@@ -17,6 +17,7 @@ from . import __version__
 from ._cli import demo as _demo
 from ._cli import release as _release
 from ._cli import run as _run
+from ._cli import server as _server
 from ._cli import show as _show
 from ._cli.common import EXIT_SIGNALLED, EXIT_USAGE
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     _show.add_parsers(subparsers)
     _release.add_parser(subparsers)
     _demo.add_parser(subparsers)
+    _server.add_parser(subparsers)
     return parser
 
 

@@ -22,6 +22,7 @@ from hybridlock.testing.cluster import EmbeddedCluster
 from hybridlock.testing.sentinel import SentinelService
 from hybridlock.testing.server import EmbeddedServer
 
+from ._extras import SET_UP_INSTALL, missing_integrations
 from ._skew import build_clock_shim
 
 # A test whose call takes longer than this carries ``@pytest.mark.slow(reason=...)`` (docs/development.md).
@@ -29,6 +30,18 @@ SLOW_TEST_SECONDS = 10.0
 
 
 _unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Says, before anything runs, which framework integrations' tests will be skipped and the line that runs them:
+    each such module is skipped at collection, as one skip however many tests it holds."""
+    absent = missing_integrations()
+    if not absent:
+        return []
+    return [
+        f"hybridlock: {', '.join(absent)} not installed: their integration tests are skipped; {SET_UP_INSTALL} "
+        "installs what every test needs"
+    ]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -395,3 +395,25 @@ def test_a_registry_key_that_is_not_utf8_encodable_is_refused(registry_key):
 def test_synchronized_refuses_a_bad_timeout_when_decorating(registry, timeout):
     with pytest.raises(hybridlock.InvalidArgumentError):
         registry.synchronized("k", timeout=timeout)
+
+
+def test_the_templates_checks_refuse_what_a_use_would_refuse_and_return_what_it_takes():
+    from hybridlock.templates import acquire_timeout, key_template, semaphore_permits
+
+    assert semaphore_permits(1024) == 1024
+    assert acquire_timeout(None) is None
+    assert acquire_timeout(-1) is None
+    assert acquire_timeout(float("inf")) is None
+    assert acquire_timeout(2) == 2.0
+    assert key_template("orders:{order_id}") == "orders:{order_id}"
+    assert key_template("{x}}}") == "{x}}}"  # ("}" after a value: that value decides)
+    for bad in (lambda: semaphore_permits(1025), lambda: semaphore_permits(0), lambda: semaphore_permits(2.0)):
+        with pytest.raises(hybridlock.InvalidArgumentError, match="permits"):
+            bad()
+    with pytest.raises(hybridlock.TimeoutOverflowError):
+        acquire_timeout(1e300)
+    with pytest.raises(hybridlock.InvalidArgumentError):
+        acquire_timeout(-2)
+    for template in ("}}static", "}}{x}", "k:\ud800{x}", ""):
+        with pytest.raises(hybridlock.InvalidArgumentError):
+            key_template(template)

@@ -120,6 +120,32 @@ def test_timeout_gives_its_own_status(server, registry, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("spelt", ["-1", "-1.0", "inf"])
+def test_timeout_minus_one_waits_as_long_as_it_takes(server, registry, redis_client, tmp_path, stopper, spelt):
+    """Issue 34: ``--timeout -1`` means what ``acquire(timeout=-1)`` and Django's ``--lock-timeout -1`` mean (it was
+    refused with status 2)."""
+    marker = tmp_path / "ran"
+    with registry.obtain("forever"):
+        process = _start(server, "run", "--timeout", spelt, "forever", "--", "touch", str(marker))
+        stopper.append(process)
+        until(
+            lambda: process.poll() is not None or redis_client.zcard("hybridlock:{forever}:queue"),
+            what="the CLI to queue (or end)",
+        )
+        assert process.poll() is None, process.communicate(timeout=30)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("value", ["-2", "-0.5", "nan", "1e300", "soon"])
+def test_a_timeout_no_acquire_takes_is_a_usage_error(server, value):
+    result = _cli(server, "run", "--timeout", value, "k", "--", "true")
+    assert result.returncode == EXIT_USAGE, result.stderr
+    assert "--timeout" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_the_lock_is_taken_when_the_holder_lets_go(server, registry):
     lock = registry.obtain("turn")
     held = threading.Event()

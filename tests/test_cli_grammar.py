@@ -1,7 +1,7 @@
 """One grammar and one exit-status table for every subcommand of ``python -m hybridlock``, as subprocesses against
 the suite's real server: options anywhere before ``--``, ``run``'s CMD only after it, each row of
 ``EXIT_STATUSES`` given by every subcommand it names, and ``run --no-wait`` saying who holds the lock (the demo's
-``--server`` and ``--no-lock`` control: test_demo.py)."""
+``--server`` and ``--no-lock`` control: test_demo.py; ``server``'s own rows: test_cli_server.py)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def _statuses_of(subcommand: str) -> set[str]:
     return {status for status, _, where in EXIT_STATUSES if subcommand in where}
 
 
-@pytest.mark.parametrize("subcommand", _SUBCOMMANDS)
+@pytest.mark.parametrize("subcommand", [*_SUBCOMMANDS, "server"])
 def test_each_subcommands_help_shows_its_rows_of_the_table(subcommand):
     done = _cli(subcommand, "--help")
     assert done.returncode == 0, done
@@ -227,6 +227,25 @@ def test_an_unreachable_server_gives_125_from_every_subcommand(subcommand):
     done = _cli(args[0], "--server", _CLOSED, *args[1:])
     assert done.returncode == EXIT_FAILED, done
     assert "127.0.0.1:1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("url", ["redis//nope", "http://x:1", "redis://h:notaport"])
+@pytest.mark.parametrize("subcommand", _SUBCOMMANDS)
+def test_a_malformed_server_url_is_a_usage_error_from_every_subcommand(subcommand, url):
+    """Issue 34: run said 125 (unreachable) for a URL no server could have, the others 2."""
+    args = ("demo", "--cycles", "1") if subcommand == "demo" else _SERVER_NEEDED[subcommand]
+    done = _cli(args[0], "--server", url, *args[1:])
+    assert done.returncode == EXIT_USAGE, done
+    assert url in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_run_with_a_key_no_lock_can_have_is_a_usage_error():
+    """Issue 34: an empty KEY ended run with a traceback and status 1."""
+    done = _cli("run", "--server", _CLOSED, "--", "", "--", "true")
+    assert done.returncode == EXIT_USAGE, done
+    assert "lock key must not be empty" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -102,6 +102,12 @@ def test_bad_templates_fail_at_decoration_time(registry):
     with pytest.raises(hybridlock.InvalidArgumentError):
         registry.synchronized("")
 
+    # Issue 34: a key with no placeholder that obtain() would refuse at every call is refused when decorating.
+    with pytest.raises(hybridlock.InvalidArgumentError, match="must not start with"):
+        registry.synchronized("}}static")
+    with pytest.raises(hybridlock.InvalidArgumentError, match="UTF-8"):
+        registry.runs_once("static:\ud800", at_least_for=1)
+
     with pytest.raises(hybridlock.InvalidArgumentError, match="async"):
 
         @registry.synchronized("a:{x}")

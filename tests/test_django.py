@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-django = pytest.importorskip("django")
+from tests._extras import skip_reason
+
+django = pytest.importorskip("django", reason=skip_reason("django", "django"))
 
 from django.conf import settings  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
@@ -262,6 +264,26 @@ def test_a_child_of_a_fork_builds_its_own_registry(configured: dict[str, Any]) -
 
 
 # -- LockedCommand, in this process --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"lock_timeout": 1e300}, "lock_timeout: timeout must be at most"),
+        ({"lock_timeout": -2}, "lock_timeout: timeout value must be a non-negative number or -1"),
+        ({"lock_timeout": None}, "lock_timeout: timeout must be a number of seconds, not None"),
+        ({"lock_key": 42}, "lock_key must be None or a str"),
+    ],
+)
+def test_a_command_every_run_would_refuse_is_refused_when_declared(attributes: dict[str, Any], message: str) -> None:
+    """Issue 34: these were accepted when the class was defined, and every run failed."""
+    with pytest.raises(hybridlock.InvalidArgumentError, match=message):
+        type("Bad", (LockedCommand, BaseCommand), attributes)
+
+
+def test_the_bounds_a_run_takes_are_accepted_when_declared() -> None:
+    for timeout in (0, -1, 2.5, float("inf"), 9e9):
+        type("Fine", (LockedCommand, BaseCommand), {"lock_timeout": timeout, "lock_key": "k"})
 
 
 @pytest.mark.server

@@ -9,6 +9,7 @@ import pytest
 
 from hybridlock.testing.server import EmbeddedServer
 from tests._examples import checkout_env, run_program
+from tests._extras import skip_reason
 from tests.test_docs import DOCS, ROOT, python_blocks
 
 PAGE = DOCS / "django.md"
@@ -16,6 +17,7 @@ PAGE = DOCS / "django.md"
 
 @pytest.mark.server
 def test_the_django_pages_example_runs(server: EmbeddedServer, redis_client: object) -> None:
+    pytest.importorskip("django", reason=skip_reason("django", "django"))
     blocks = python_blocks(PAGE)
     assert len(blocks) == 1
     env = checkout_env(REDIS_URL=server.url)

@@ -6,9 +6,9 @@ exactly that program, extracted from the page, in a fresh interpreter against a 
 to start, the line that server prints, the program, and closing the server's terminal. The README's examples (one
 for threads, one for asyncio, one for the command line) run the same way, each a program of its own; so do the
 docs index's and the quorum page's. The migration guide's hybridlock examples run too, each with a client, a URL
-and a ``ship`` function given. The site itself is built by ``.ci/run`` with
-``mkdocs build --strict``, which fails on broken links and references; that needs the ``docs`` extra, so it is not
-a test.
+and a ``ship`` function given. The site itself is built with ``mkdocs build --strict``,
+which fails on broken links and references, by ``.ci/run`` and by tests/test_docs_site.py (which needs the ``docs``
+extra, and is skipped without it).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import pytest
 
 from hybridlock.testing.server import EmbeddedServer
 from tests._examples import checkout_env, run_program
+from tests._extras import INTEGRATIONS, SET_UP_INSTALL
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -63,19 +64,27 @@ def test_the_getting_started_examples_run_as_one_program(
 
 
 _SH_BLOCK = re.compile(r"^```sh[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
-_INSTALL = "pip install -e '.[test]'"
+_INSTALL = re.compile(r"^pip install -e '\.\[([a-z,]+)\]'", re.MULTILINE)
+_SERVER = "hybridlock server"
 
 
 def sh_blocks(page: Path) -> list[str]:
     return _SH_BLOCK.findall(page.read_text(encoding="utf-8"))
 
 
-def _server_step(page: Path) -> str:
-    """The page's shell step that starts a server, without an install line before it (done already)."""
-    blocks = [block for block in sh_blocks(page) if "EmbeddedServer" in block]
+def _set_up_block(page: Path) -> str:
+    """The page's set-up: the shell block that starts the throw-away server (``hybridlock server``)."""
+    blocks = [block for block in sh_blocks(page) if _SERVER in block.splitlines()]
     assert len(blocks) == 1, f"{page.name} should have one shell step that starts a server"
-    assert any(block.startswith(_INSTALL) for block in sh_blocks(page)), f"{page.name} should say how to install"
-    return blocks[0].removeprefix(_INSTALL).partition("\n")[2] if blocks[0].startswith(_INSTALL) else blocks[0]
+    return str(blocks[0])
+
+
+def _server_step(page: Path) -> str:
+    """The page's set-up as written, but for its install line (the package is installed already, in this
+    environment; tests/test_docs.py::test_the_readme_install_line_brings_what_every_test_needs checks that line)."""
+    lines = _set_up_block(page).splitlines()
+    assert lines[0].startswith("pip install -e '.[test"), f"{page.name} should say how to install, first"
+    return "\n".join(lines[1:]) + "\n"
 
 
 def _after_the_server(page: Path, tmp_path: Path) -> list[str]:
@@ -94,7 +103,7 @@ def _after_the_server(page: Path, tmp_path: Path) -> list[str]:
     return steps + [
         block
         for block in sh_blocks(page)
-        if not block.startswith("pip install") and "EmbeddedServer" not in block and block != f"{TEST_COMMAND}\n"
+        if not block.startswith("pip install") and _SERVER not in block.splitlines() and block != f"{TEST_COMMAND}\n"
     ]
 
 
@@ -115,6 +124,62 @@ def test_ci_runs_the_readme_test_command_as_written() -> None:
     assert TEST_COMMAND.startswith("python -m pytest")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert ci.count(TEST_COMMAND) == 2, "CI should run the README's test command once per server, as a line of its own"
+
+
+def _extras_of(line: str) -> set[str]:
+    found = _INSTALL.match(line)
+    assert found, line
+    return set(found[1].split(","))
+
+
+def test_the_readme_install_line_brings_what_every_test_needs() -> None:
+    """Issue 34: the README's set-up installed the test extra only, and the Celery, Django and FastAPI test
+    modules were skipped at collection. The install line (not run here: it would reinstall this environment's
+    package) brings every integration's extra, CI installs at least as much, and the skip reasons name that line."""
+    readme = _set_up_block(ROOT / "README.md").splitlines()[0]
+    assert readme.partition("#")[0].strip() == SET_UP_INSTALL
+    extras = _extras_of(readme)
+    assert {"test", *INTEGRATIONS} <= extras
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    installs = [line.split(" -e ", 1)[1] for line in ci if "pip install" in line and " -e " in line]
+    assert len(installs) == 1, installs
+    assert extras <= _extras_of(f"pip install -e {installs[0]}")
+
+
+_HIDE_CELERY = """
+import sys
+
+
+class _Hidden:
+    # As if celery were not installed: its import fails as a missing module's does.
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "celery":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Hidden())
+"""
+
+
+def test_a_run_without_an_integrations_extra_says_which_tests_it_skips_and_the_line_that_runs_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 34: the Celery, Django and FastAPI modules (88 tests) were skipped silently at collection: one "could
+    not import" skip per module, and nothing at the start of the run."""
+    (tmp_path / "sitecustomize.py").write_text(_HIDE_CELERY, encoding="utf-8")
+    env = checkout_env(warnings=None)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/test_celery.py", "-p", "no:cacheprovider"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # (5: no test ran, the only module given being skipped; in the whole suite the others run.)
+    assert run.returncode == 5, run.stdout[-3000:] + run.stderr[-3000:]
+    header = run.stdout.partition("collected")[0]
+    assert f"hybridlock: celery not installed: their integration tests are skipped; {SET_UP_INSTALL}" in header
+    assert f"celery is not installed (the celery extra): {SET_UP_INSTALL} installs it" in run.stdout
+    assert "1 skipped" in run.stdout
 
 
 def _refuses(port: int) -> bool:
@@ -148,7 +213,7 @@ def test_the_set_up_steps_and_examples_run_as_written_in_a_shell(page: Path, tmp
     try:
         assert terminal.stdout is not None
         export = terminal.stdout.readline().strip()
-        assert re.fullmatch(r"export REDIS_URL=redis://127\.0\.0\.1:\d+/0", export), export
+        assert re.fullmatch(r"export REDIS_URL=(redis://127\.0\.0\.1:\d+/0) HYBRIDLOCK_SERVER_URL=\1", export), export
         port = int(export.rsplit(":", 1)[1].split("/")[0])
         for step in _after_the_server(page, tmp_path):
             run = subprocess.run(

@@ -224,6 +224,29 @@ def test_paused_server_with_a_url_made_client_costs_one_socket_timeout(own_serve
         lock.release()
 
 
+def test_a_frozen_servers_error_says_it_hit_the_socket_timeout_not_the_callers(own_server):
+    """Issue 34: acquire(timeout=2) on a frozen server raised after 5 s, within the documented bound (the caller's
+    timeout plus the socket timeout) but with nothing saying which bound ended it, or why."""
+    with hybridlock.LockRegistry(f"{own_server.url}?socket_timeout=1") as registry:
+        lock = registry.obtain("k")
+        with lock:
+            pass
+        own_server.pause()
+        try:
+            start = time.monotonic()
+            kind, value = outcome_in_thread(lambda: lock.acquire(timeout=0.2))
+            elapsed = time.monotonic() - start
+        finally:
+            own_server.resume()
+    assert kind == "raised", f"acquire against a frozen server returned {value!r}"
+    assert_unavailable(value, "k", own_server)
+    assert elapsed < 0.2 + 1.0 + 1.5, f"took {elapsed:.1f}s (caller timeout 0.2 s, socket timeout 1 s)"
+    message = str(value)
+    assert "no answer within the client's socket timeout (socket_timeout=1 s)" in message
+    assert "a call's own timeout bounds its wait for the lock, not a request in flight" in message
+    assert "TLS" not in message
+
+
 def test_server_killed_during_condition_wait_raises_a_connection_error(own_server):
     # `with cond: cond.wait()` when the server dies mid-wait: the re-acquire fails, and the caller must see that
     # BackendUnavailableError, not a LockNotOwnedError from the `with` exit hiding it.

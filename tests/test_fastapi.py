@@ -21,7 +21,9 @@ import httpx
 import pytest
 import redis
 
-pytest.importorskip("fastapi")
+from tests._extras import skip_reason
+
+pytest.importorskip("fastapi", reason=skip_reason("fastapi", "fastapi"))
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
@@ -545,6 +547,13 @@ def get_registry_of(app: FastAPI) -> Any:
         lambda: RequestLock("orders", timeout=-1),
         lambda: RequestLock("orders", status_code=200),
         lambda: RequestPermit("reports", permits=0),
+        # Issue 34: values every request would be refused for (a 422 blaming the client), refused when declared.
+        lambda: RequestPermit("big", permits=2000),
+        lambda: RequestPermit("big", permits=1025),
+        lambda: RequestPermit("reports", permits=2, timeout=1e300),
+        lambda: RequestLock("orders", timeout=1e300),
+        lambda: RequestLock("}}orders"),
+        lambda: RequestLock("orders:\ud800"),
         lambda: registry_lifespan(),
         lambda: registry_lifespan("redis://x", registry=lambda: None),
         lambda: registry_lifespan("redis://x", shutdown_timeout=-1),
@@ -553,6 +562,11 @@ def get_registry_of(app: FastAPI) -> Any:
 def test_bad_arguments_are_refused_when_the_app_is_built(make: Callable[[], object]) -> None:
     with pytest.raises(InvalidArgumentError):
         make()
+
+
+def test_the_largest_values_a_request_can_use_are_accepted_when_the_app_is_built() -> None:
+    assert RequestPermit("reports", permits=1024, timeout=9e9).permits == 1024
+    assert RequestLock("{order_id}", timeout=float("inf")).timeout == float("inf")
 
 
 def test_a_refusal_is_an_http_exception_naming_the_key() -> None:

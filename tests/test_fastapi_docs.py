@@ -7,10 +7,11 @@ import pytest
 
 from hybridlock.testing.server import EmbeddedServer
 from tests._examples import checkout_env, run_program
+from tests._extras import skip_reason
 
 from .test_docs import DOCS, python_blocks
 
-pytest.importorskip("fastapi")
+pytest.importorskip("fastapi", reason=skip_reason("fastapi", "fastapi"))
 
 
 @pytest.mark.server

@@ -27,8 +27,10 @@ import pytest
 import redis
 import redis.asyncio
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+from tests._extras import skip_reason
+
+pytest.importorskip("fastapi", reason=skip_reason("fastapi", "fastapi"))
+pytest.importorskip("uvicorn", reason=skip_reason("uvicorn", "test"))
 
 from hybridlock.testing.server import EmbeddedServer, _free_port
 from tests._examples import ROOT, checkout_env

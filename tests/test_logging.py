@@ -8,14 +8,17 @@ one loss WARNING per lock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import hybridlock
+from hybridlock.backends import MemoryBackend
 from hybridlock.metrics import LockObserver, RenewalEvent
 from hybridlock.testing.server import EmbeddedServer
 
@@ -86,9 +89,36 @@ def test_an_outage_is_logged_once_for_the_renewer_and_once_per_lost_lock(
     renewer = [r for r in records if r.name == "hybridlock.renewer" and r.levelno >= logging.WARNING]
     assert len(renewer) == 2, [r.getMessage() for r in renewer]
     assert "failed" in renewer[0].getMessage()
-    assert renewer[0].exc_info is not None  # the cause, with its traceback, once
+    # Issue 34: an expected event, so one line naming its cause (it had a 60-line traceback), which is at DEBUG.
+    assert renewer[0].exc_info is None
+    assert "BackendUnavailableError: " in renewer[0].getMessage()
+    assert "\n" not in renewer[0].getMessage()
+    traced = [r for r in records if r.name == "hybridlock.renewer" and r.levelno == logging.DEBUG and r.exc_info]
+    assert len(traced) == 1, [r.getMessage() for r in traced]
     assert "works again" in renewer[1].getMessage()
     losses = [r for r in records if r.name == "hybridlock.lock" and "was lost while held" in r.getMessage()]
     assert sorted(r.getMessage().split("'")[1] for r in losses) == ["job:0", "job:1", "job:2"]
     assert all(r.levelno == logging.WARNING for r in losses)
     assert rounds.failed >= 2  # more failed rounds than log lines
+
+
+class _BrokenRenewals(MemoryBackend):
+    """Renewals fail with an error that is no hybridlock error: a bug, not an expected event."""
+
+    def renew(self, names: Any, owner: str, lease_ms: int) -> list[bool]:
+        raise ZeroDivisionError("a bug in a renewal")
+
+
+def test_a_renewal_that_fails_with_no_hybridlock_error_keeps_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="hybridlock")
+    rounds = Rounds()
+    with hybridlock.LockRegistry(_BrokenRenewals(), expire_after=3.0, observer=rounds) as registry:
+        lock = registry.obtain("k")
+        assert lock.acquire()
+        until(lambda: rounds.failed >= 1, "a failed round (a period: 1 s)")
+        with contextlib.suppress(hybridlock.LockLostError):  # (on a machine slow enough for the lease to end)
+            lock.release()
+    renewer = [r for r in caplog.records if r.name == "hybridlock.renewer" and r.levelno >= logging.WARNING]
+    assert renewer, "no warning"
+    assert "ZeroDivisionError: a bug in a renewal" in renewer[0].getMessage()
+    assert renewer[0].exc_info is not None

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,3 +192,20 @@ def test_plain_tcp_to_the_tls_port_is_not_a_lock(tls_server: TlsServer) -> None:
         pytest.raises(hybridlock.BackendUnavailableError),
     ):
         registry.obtain("tls:plain").acquire(timeout=2)
+
+
+def test_a_tls_url_to_a_server_without_tls_says_so(server: EmbeddedServer) -> None:
+    """Issue 34: a rediss:// URL to a plain server raised after the socket timeout, "Timeout connecting to server",
+    with nothing pointing at TLS (a plain server never answers the handshake). Needs no TLS build of the server."""
+    url = f"rediss://127.0.0.1:{server.port}/0?ssl_cert_reqs=none&socket_timeout=1&socket_connect_timeout=1"
+    start = time.monotonic()
+    with (
+        hybridlock.LockRegistry(url) as registry,
+        pytest.raises(hybridlock.BackendUnavailableError) as excinfo,
+    ):
+        registry.obtain("tls:plain-server").acquire(timeout=0.2)
+    assert time.monotonic() - start < 0.2 + 1.0 + 2.0
+    message = str(excinfo.value)
+    assert "the TLS handshake failed or got no answer: is the server serving TLS on that port?" in message
+    assert "use redis:// for it" in message
+    assert excinfo.value.key == "tls:plain-server"

@@ -82,8 +82,9 @@ EXIT_SIGNALLED = 128  # + N: signal N (SIGINT, SIGTERM, SIGHUP) ended the comman
 EXIT_STATUSES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         str(EXIT_OK),
-        "done; for run: CMD's own status instead, 128+N when signal N killed CMD (as a shell reports it)",
-        ("run", "inspect", "list", "release", "demo"),
+        "done; for run: CMD's own status instead, 128+N when signal N killed CMD (as a shell reports it); for "
+        "server: stopped by Ctrl-C, SIGTERM or SIGHUP, the way it is meant to end",
+        ("run", "inspect", "list", "release", "demo", "server"),
     ),
     (
         str(EXIT_NOT_DONE),
@@ -93,9 +94,10 @@ EXIT_STATUSES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     (
         str(EXIT_USAGE),
-        "usage error: an unknown option or a bad value, no server given, servers that make no quorum "
+        "usage error: an unknown option or a bad value (a malformed server URL, a key no lock can have), no "
+        "server given, servers that make no quorum "
         "(one given twice, a cluster among them), run without -- before CMD or without CMD, release not confirmed",
-        ("run", "inspect", "list", "release", "demo"),
+        ("run", "inspect", "list", "release", "demo", "server"),
     ),
     (
         str(EXIT_HELD),
@@ -112,8 +114,8 @@ EXIT_STATUSES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         str(EXIT_FAILED),
         "the server could not be reached or refused (a refused login too; over a quorum: fewer than a "
-        "majority answered); demo: no server could be started",
-        ("run", "inspect", "list", "release", "demo"),
+        "majority answered); demo, server: no server could be started (server: or it ended by itself)",
+        ("run", "inspect", "list", "release", "demo", "server"),
     ),
     (str(EXIT_CANNOT_RUN), "CMD could not be run", ("run",)),
     (str(EXIT_NOT_FOUND), "CMD was not found", ("run",)),

@@ -46,7 +46,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from .._core.config import long_lease_note
+from .._core.config import MAX_SECONDS, long_lease_note, validate_timeout
+from .._core.names import validate_key
 from .._core.runonce import RunOnceBounds
 from .._sync.lock import HybridLock
 from .._sync.registry import LockRegistry, QuorumLockRegistry
@@ -111,6 +112,22 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    """``--timeout``: seconds >= 0, or -1 (or inf) to wait as long as it takes, as ``acquire(timeout=-1)`` and
+    Django's ``--lock-timeout -1``; a value ``acquire`` would refuse is refused here, as a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    try:
+        validate_timeout(True, value)
+    except InvalidArgumentError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds >= 0 (at most {MAX_SECONDS:g}), or -1 to wait as long as it takes: {text!r}"
+        ) from None
+    return value
+
+
 def _signal(text: str) -> signal.Signals:
     name = text.upper()
     try:
@@ -135,7 +152,9 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("key", metavar="KEY", help="lock key, as given to registry.obtain()")
     wait = parser.add_mutually_exclusive_group()
-    wait.add_argument("--timeout", type=_seconds, metavar="S", help="wait at most S seconds for the lock")
+    wait.add_argument(
+        "--timeout", type=_timeout, metavar="S", help="wait at most S seconds for the lock (-1: as long as it takes)"
+    )
     wait.add_argument("--no-wait", "-n", action="store_true", help=f"fail at once (status {EXIT_HELD}) when held")
     wait.add_argument(
         "--at-least-for",
@@ -216,6 +235,7 @@ def _command(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
+        validate_key(args.key)  # (a key obtain() would refuse: told before any server is asked, not as a traceback)
         if args.at_least_for is not None:
             # Told before any server is asked, in the command's words.
             RunOnceBounds.checked(args.at_least_for, args.at_most_for)
@@ -242,6 +262,9 @@ def _command(args: argparse.Namespace) -> int:
                     registry = QuorumLockRegistry(urls, registry_key=registry_key, expire_after=args.expire_after)
                 else:
                     registry = LockRegistry(urls[0], registry_key=registry_key, expire_after=args.expire_after)
+        except InvalidArgumentError as exc:
+            # A value no server could take (a malformed URL, a bad setting): a usage error, as for every subcommand.
+            raise CommandError(str(exc), EXIT_USAGE) from None
         except HybridLockError as exc:
             raise CommandError(str(exc), EXIT_FAILED) from None
     except CommandError as exc:

@@ -59,6 +59,7 @@ Why this shape:
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
@@ -178,6 +179,28 @@ def validate_key(key: object) -> str:
         raise InvalidArgumentError(f"lock key {key!r} must not start with '}}' (it would empty the hash tag)")
     _check_encodable("lock key", key)
     return key
+
+
+def validate_key_template(template: object) -> None:
+    """Refuse a ``str.format`` key template whose own text makes every key it gives one ``validate_key`` refuses
+    (a key with no placeholder that starts with ``}``, text with no UTF-8 form, ...), so that a decorator or
+    dependency declared with it is refused when declared, not at every call. Each placeholder stands for a
+    non-empty value here; what a call's values make of the key is checked at that call. A template that does not
+    parse is left to the caller to report."""
+    if not isinstance(template, str) or not template:
+        raise InvalidArgumentError("the lock key template must be a non-empty str")
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return
+    if all(field is None for _, field, _, _ in parsed):
+        validate_key("".join(literal for literal, _, _, _ in parsed))
+        return
+    sample = "".join(literal + ("" if field is None else "x") for literal, field, _, _ in parsed)
+    try:
+        validate_key(sample)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"lock key template {template!r} gives no key a lock can have: {exc}") from None
 
 
 def lock_names(registry_key: str, key: str) -> LockNames:

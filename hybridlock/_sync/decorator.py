@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import wrapt
 
 from .._core.config import validate_timeout
+from .._core.names import validate_key_template
 from ..errors import InvalidArgumentError, LockTimeoutError
 from ._compat import IS_ASYNC, OTHER_API_REGISTRY
 
@@ -171,6 +172,7 @@ def keyed(registry: _Registry, template: str, name: str, run: Callable[..., Any]
     if not isinstance(template, str) or not template:
         raise InvalidArgumentError("the lock key template must be a non-empty str")
     roots = _placeholder_roots(template)
+    validate_key_template(template)  # (a key obtain() would refuse at every call: refused now)
 
     def decorate(function: F) -> F:
         raw = function.__func__ if isinstance(function, (classmethod, staticmethod)) else function

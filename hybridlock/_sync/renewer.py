@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import BackendUnavailableError, ReplicationNotConfirmedError
+from ..errors import BackendUnavailableError, HybridLockError, ReplicationNotConfirmedError
 from ._compat import Alarm, Worker, monotonic, new_guard
 from .owners import watch_owner
 
@@ -286,13 +286,20 @@ class LeaseRenewer:
         except Exception as exc:
             if not self._failing:
                 self._failing = True
+                # An expected event (the server out of reach, a refusal): one line, its traceback only at DEBUG.
+                # Anything else is a bug, and keeps its traceback.
+                expected = isinstance(exc, HybridLockError)
                 logger.warning(
-                    "hybridlock: renewing the leases of registry %r on %s failed; retrying (logged once until it "
-                    "works again)",
+                    "hybridlock: renewing the leases of registry %r on %s failed (%s: %s); retrying (logged once "
+                    "until it works again)",
                     self._context.config.registry_key,
                     self._context.server,
-                    exc_info=exc,
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                    exc_info=None if expected else exc,
                 )
+                if expected:
+                    logger.debug("hybridlock: the failed renewal round's traceback", exc_info=exc)
             self._delay = self._soonest(self._retry_delay())
             return
         if asked and self._failing:

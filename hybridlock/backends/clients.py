@@ -25,6 +25,7 @@ import importlib
 import inspect
 import os
 import re
+import ssl
 import sys
 import warnings
 from dataclasses import dataclass
@@ -231,7 +232,8 @@ class Login:
     ``user`` is None for the default user; ``provider`` is True when a credential provider supplies the login
     (its user is then unknown here). For a Sentinel-managed master, ``sentinels`` lists the sentinels' addresses,
     with the sentinels' own login (``sentinel_user``, ``sentinel_password``); ``topology`` is ``"server"``,
-    ``"sentinel"`` or ``"cluster"``."""
+    ``"sentinel"`` or ``"cluster"``. ``socket_timeout`` and ``socket_connect_timeout`` (seconds; None: none, or
+    unknown) are the client's, for the message of a request that got no answer in time."""
 
     user: str | None = None
     password: bool = False
@@ -240,15 +242,27 @@ class Login:
     sentinels: tuple[str, ...] = ()
     sentinel_user: str | None = None
     sentinel_password: bool = False
+    socket_timeout: float | None = None
+    socket_connect_timeout: float | None = None
 
 
 def _login_fields(kwargs: Any) -> dict[str, Any]:
     if not isinstance(kwargs, dict):
         return {}
+
+    def seconds(name: str) -> float | None:
+        value = kwargs.get(name)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    timeout = seconds("socket_timeout")
+    connect = seconds("socket_connect_timeout")
     return {
         "user": kwargs.get("username") or None,
         "password": bool(kwargs.get("password")),
         "provider": kwargs.get("credential_provider") is not None,
+        "socket_timeout": timeout,
+        # (Both libraries connect within socket_timeout when given no socket_connect_timeout.)
+        "socket_connect_timeout": timeout if connect is None else connect,
     }
 
 
@@ -553,3 +567,35 @@ def _retries(client: Any, kwargs: dict[str, Any]) -> int | None:
     if count is None and callable(getattr(retry, "get_retries", None)):
         count = retry.get_retries()
     return count if isinstance(count, int) and count >= 0 else None
+
+
+def unanswered_hint(exc: BaseException, login: Login | None = None) -> str:
+    """Why a request that failed with ``exc`` (a client's connection or timeout error) ended when it did, to follow
+    its message: a TLS handshake that failed or got no answer (most often a ``rediss://`` client, or ``ssl=True``,
+    at a server without TLS, which never answers the handshake); else a request the server did not answer within
+    the client's socket timeout, which bounds each request whatever the caller's own timeout. Empty when neither."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 6 and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(error, ssl.SSLCertVerificationError) for error in chain):
+        return ""  # (the message says which certificate failed: nothing to add)
+    if any(isinstance(error, ssl.SSLError) or "handshake" in str(error).lower() for error in chain):
+        return (
+            "; the TLS handshake failed or got no answer: is the server serving TLS on that port? A server without "
+            "TLS never answers a TLS client's handshake (a rediss:// URL, ssl=True), which then ends at the socket "
+            "timeout: use redis:// for it (see docs/tls.md)"
+        )
+    if any(isinstance(error, TimeoutError) or type(error).__name__ == "TimeoutError" for error in chain):
+        login = login or Login()
+        connecting = "connecting" in str(exc).lower()
+        seconds = login.socket_connect_timeout if connecting else login.socket_timeout
+        name = "socket_connect_timeout" if connecting else "socket_timeout"
+        bound = f" ({name}={seconds:g} s)" if seconds is not None else f" ({name})"
+        return (
+            f"; no answer within the client's socket timeout{bound}, which bounds each request to the server (it is "
+            "stalled, or out of reach): a call's own timeout bounds its wait for the lock, not a request in flight, "
+            "so the call can end up to that much after its timeout"
+        )
+    return ""

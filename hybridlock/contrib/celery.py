@@ -54,7 +54,7 @@ from ..errors import InvalidArgumentError, LockTimeoutError
 
 # The registry's own template and bounds checks, public for this: a task's key template and bounds are checked when
 # decorating, as the registry's decorators check them, although the registry is built later, in each worker process.
-from ..templates import keyed, run_once_bounds
+from ..templates import acquire_timeout, keyed, run_once_bounds, semaphore_permits
 
 __all__ = ["CeleryLocks", "OnBusy", "TaskBusyError"]
 
@@ -107,13 +107,16 @@ class CeleryLocks:
         self._registry: LockRegistry | None = None
         self._pid = 0
         self._guard = threading.Lock()
+        self._runs_here = _RunsHere()
         self_ref = weakref.ref(self)
 
         def after_fork_in_child() -> None:
             # The parent's guard may have been held by another thread at the fork: never by anyone in the child.
+            # Nor are the parent's runs the child's.
             locks = self_ref()
             if locks is not None:
                 locks._guard = threading.Lock()
+                locks._runs_here = _RunsHere()
 
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=after_fork_in_child)
@@ -182,25 +185,32 @@ class CeleryLocks:
             lock = self.registry.obtain(key)
             # This thread holds it already (the task called itself, say): reentrancy would run two at once.
             reentered = lock.hold_count > 0
-            try:
-                # The acquire inside the try, and the release decided by what this thread holds, not by what the
-                # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal handler)
-                # at whatever line the thread is on, the one just after a successful acquire included. The thread is
-                # named before the acquire, so that a holder is named from the moment it holds the key.
-                with _thread_named(label):
-                    if reentered:
-                        taken = False
-                    elif on_busy == "wait":
-                        taken = lock.acquire(timeout=-1 if timeout is None else timeout)
-                    else:
-                        taken = lock.acquire(blocking=False)
-                    if not taken:
-                        holder = _holder(lock)
-                        self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries, holder)
-                    return wrapped(*args, **kwargs)
-            finally:
-                if not reentered and lock.hold_count:
-                    lock.release()
+            # Among this process's runs of the key from before the acquire to after the release: a refusal names
+            # the run of this process that caused it, if one did (see _holder).
+            with self._runs_here.running(key, label or _task_label()) as me:
+                try:
+                    # The acquire inside the try, and the release decided by what this thread holds, not by what the
+                    # acquire returned: Celery raises a soft time limit (SoftTimeLimitExceeded, from a signal
+                    # handler) at whatever line the thread is on, the one just after a successful acquire included.
+                    # The thread is named before the acquire, so that a holder is named from the moment it holds
+                    # the key.
+                    with _thread_named(label):
+                        if reentered:
+                            taken = False
+                        else:
+                            with self._runs_here.asking(me):
+                                if on_busy == "wait":
+                                    taken = lock.acquire(timeout=-1 if timeout is None else timeout)
+                                else:
+                                    taken = lock.acquire(blocking=False)
+                        me.held = taken
+                        if not taken:
+                            holder = _holder(lock, me, self._runs_here)
+                            self._busy(key, "single_instance", on_busy, timeout, retry_after, max_retries, holder)
+                        return wrapped(*args, **kwargs)
+                finally:
+                    if not reentered and lock.hold_count:
+                        lock.release()
 
         return self._decorator(template, "single_instance", run)
 
@@ -220,8 +230,7 @@ class CeleryLocks:
         ``on_busy`` and the rest as for ``single_instance`` (here "wait" by default: waiters are served in arrival
         order)."""
         _check_busy_options(on_busy, timeout, retry_after, max_retries)
-        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-            raise InvalidArgumentError(f"permits must be a whole number of at least 1, not {permits!r}")
+        semaphore_permits(permits)  # 1 to 1024, as obtain_semaphore takes it: refused now, not at every run
 
         def run(key: str, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             label = _running_task()
@@ -314,6 +323,7 @@ def _check_busy_options(on_busy: object, timeout: object, retry_after: object, m
             raise InvalidArgumentError(f"timeout is for on_busy='wait' only, not {on_busy!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
             raise InvalidArgumentError(f"timeout must be None or a non-negative number of seconds, not {timeout!r}")
+        acquire_timeout(timeout)  # (above threading.TIMEOUT_MAX: every acquire would refuse it)
     if isinstance(retry_after, bool) or not isinstance(retry_after, (int, float)) or not 0 <= retry_after < 1e9:
         raise InvalidArgumentError(f"retry_after must be a non-negative number of seconds, not {retry_after!r}")
     if max_retries is not None and (
@@ -339,17 +349,112 @@ def _thread_named(name: str | None) -> Iterator[None]:
         thread.name = before
 
 
-def _holder(lock: Any) -> str:
+#: How long a refused run waits for the other runs of its process that are taking the key at that moment to be
+#: told whether they got it, so that its message can name the one that did (a non-blocking take is one round trip).
+SETTLE_SECONDS = 0.5
+
+
+class _Run:
+    """A run of a keyed task in this process, from before its acquire to after its release."""
+
+    __slots__ = ("asking", "ended_meanwhile", "held", "label")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.asking = False  # inside its acquire now
+        self.held = False  # it took the key
+        self.ended_meanwhile: list[str] = []  # this process's runs of the key that held it and ended during this one
+
+
+class _RunsHere:
+    """This process's runs of each key, for a refused run to tell whether a run of this process refused it.
+
+    A refusal is not always seen with its holder: the lock's local half refuses a run while another thread of the
+    process is taking the key (asking the server, before it is the holder), holds it or gives it back, and that
+    thread may have let go by the time the refused run looks (``statistics()`` then shows no holder here). A run of
+    this process that held the key and ended during the refused attempt, or gives it back, or takes it, is the
+    cause; with none, the holder is another process."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition(threading.Lock())
+        self._runs: dict[str, list[_Run]] = {}
+
+    @contextlib.contextmanager
+    def running(self, key: str, label: str) -> Iterator[_Run]:
+        me = _Run(label)
+        with self._changed:
+            self._runs.setdefault(key, []).append(me)
+        try:
+            yield me
+        finally:
+            with self._changed:
+                runs = self._runs[key]
+                runs.remove(me)
+                if me.held:
+                    for other in runs:
+                        other.ended_meanwhile.append(label)
+                if not runs:
+                    del self._runs[key]
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def asking(self, me: _Run) -> Iterator[None]:
+        """``me`` is inside its acquire while this lasts."""
+        with self._changed:
+            me.asking = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                me.asking = False
+                self._changed.notify_all()
+
+    def others(self, key: str, me: _Run) -> list[_Run]:
+        """This process's other runs of ``key`` under way now, in the order they started."""
+        with self._changed:
+            return [run for run in self._runs.get(key, ()) if run is not me]
+
+    def settle(self, key: str, me: _Run, within: float) -> None:
+        """Wait, at most ``within`` seconds, until no other run of ``key`` here is inside its acquire."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: not any(run.asking for run in self._runs.get(key, ()) if run is not me), timeout=within
+            )
+
+
+def _holder(lock: Any, me: _Run | None = None, runs: _RunsHere | None = None) -> str:
     """Who holds ``lock``, for a busy run's message (celery-once #31): the holding thread's name when it is a thread of
     this process (a run's thread is named ``task name[task id]``: two runs in one threads-pool worker, say), else
     where to look. (What another process wrote about itself is for ``hybridlock inspect``: reading it here would
     cost a round trip and the server's key layout.)"""
     held = lock.statistics()
-    if held.owner_thread is None:
-        return "a run in another process (hybridlock inspect KEY names it)"
     if held.owner_thread == threading.get_ident():
         return "this very run (the task called itself)"
-    return f"{held.owner_name!r} (in this process)"
+    if held.owner_thread is None and me is not None and runs is not None:
+        # Another run of this process may be taking the key now (it has the key's local half, and asks the server):
+        # once it is told, it holds the key or not, and the message can say which.
+        runs.settle(lock.key, me, SETTLE_SECONDS)
+        held = lock.statistics()
+    if held.owner_thread is not None:
+        return f"{held.owner_name!r} (in this process)"
+    if me is not None and runs is not None:
+        # No holder here now; but a run of this process may have held the key during the refused attempt and let
+        # go since, or be giving it back, or still be taking it (the threads pool): that run refused this one, not
+        # another process.
+        if me.ended_meanwhile:
+            return f"{me.ended_meanwhile[-1]!r} (in this process, which has just ended)"
+        others = runs.others(lock.key, me)
+        releasing = [run.label for run in others if run.held]
+        if releasing:
+            return f"{releasing[0]!r} (in this process, giving it back)"
+        taking = [run.label for run in others if run.asking]
+        if taking:
+            # (Still waiting for the server's answer: for a run in another process, perhaps.)
+            return (
+                f"{taking[0]!r} (in this process, still taking it), or a run in another process (hybridlock "
+                "inspect KEY names it)"
+            )
+    return "a run in another process (hybridlock inspect KEY names it)"
 
 
 def _running_task() -> str | None:

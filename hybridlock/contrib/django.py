@@ -42,6 +42,8 @@ from django.core.signals import setting_changed
 
 import hybridlock
 from hybridlock.backends.clients import redacted, redacted_url
+from hybridlock.errors import InvalidArgumentError
+from hybridlock.templates import acquire_timeout
 
 __all__ = [
     "EXIT_FAILED",
@@ -244,6 +246,19 @@ class LockedCommand:
     lock_timeout: float = 0
     #: The lock while ``handle()`` runs (None otherwise).
     command_lock: hybridlock.HybridLock | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # What every run would be refused for is refused where the command is declared: when its module is
+        # imported, not at each run.
+        super().__init_subclass__(**kwargs)
+        if cls.lock_key is not None and not isinstance(cls.lock_key, str):
+            raise InvalidArgumentError(f"{cls.__qualname__}.lock_key must be None or a str, not {cls.lock_key!r}")
+        try:
+            if cls.lock_timeout is None:  # (None is no timeout acquire takes; -1 waits as long as it takes)
+                raise InvalidArgumentError("timeout must be a number of seconds, not None")
+            acquire_timeout(cls.lock_timeout)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{cls.__qualname__}.lock_timeout: {exc}") from None
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         # manage.py and call_command both name the command here (a class defined in a script has no module to be

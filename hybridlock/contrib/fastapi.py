@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
 
 from .. import AsyncHybridLock, AsyncLockRegistry, AsyncSemaphore
 from ..errors import HybridLockError, InvalidArgumentError
+from ..templates import acquire_timeout, key_template, semaphore_permits
 
 __all__ = [
     "STATE_ATTRIBUTE",
@@ -203,11 +204,13 @@ class _RequestHold:
     ) -> None:
         if isinstance(key, str):
             self._fields = _template_fields(key)
+            key_template(key)  # a key every request would be refused for (a 422 blaming the client): refused now
         elif callable(key):
             self._fields = ()
         else:
             raise InvalidArgumentError(f"key must be a template (str) or a callable(request), not {type(key).__name__}")
         _check_seconds("timeout", timeout)
+        acquire_timeout(timeout)  # (above threading.TIMEOUT_MAX: every acquire would refuse it)
         if isinstance(status_code, bool) or not isinstance(status_code, int) or not 400 <= status_code <= 599:
             raise InvalidArgumentError(f"status_code must be an HTTP error status (4xx or 5xx), not {status_code!r}")
         self.key = key
@@ -353,9 +356,8 @@ class RequestPermit(_RequestHold):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(key, timeout=timeout, status_code=status_code, detail=detail, headers=headers)
-        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-            raise InvalidArgumentError(f"permits must be an int >= 1, not {permits!r}")
-        self.permits = permits
+        # Checked as obtain_semaphore checks it (1 to 1024): refused now, not at every request.
+        self.permits = semaphore_permits(permits)
 
     def _busy(self, key: str) -> str:
         return f"all {self.permits} permits of {key!r} are taken by other requests"

@@ -66,6 +66,7 @@ from ...backends.clients import (
     login_refused,
     redacted,
     redacted_url,
+    unanswered_hint,
 )
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from .._compat import Condition, FanOut, monotonic, new_guard, sleep
@@ -434,7 +435,8 @@ class RedisClusterBackend(RedisBackend):
             if isinstance(exc, family.cluster_unavailable):
                 message = f"lock cluster cannot serve {where} now, {operation} refused: {exc}"
             else:
-                message = f"lock server unreachable during {operation} ({where}): {exc}"
+                hint = unanswered_hint(exc, self.login)
+                message = f"lock server unreachable during {operation} ({where}): {exc}{hint}"
             raise BackendUnavailableError(message, key=keys_of(about), server=self.address) from exc
 
     def _where(self, about: About) -> str:

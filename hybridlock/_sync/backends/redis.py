@@ -59,6 +59,7 @@ from ...backends.clients import (
     login_of,
     login_refused,
     server_name,
+    unanswered_hint,
 )
 from ...errors import (
     BackendUnavailableError,
@@ -143,7 +144,9 @@ def translated_error(
             server=server,
         )
     if isinstance(exc, family.unavailable):
-        return BackendUnavailableError(f"lock server unreachable during {operation}: {exc}", key=key, server=server)
+        return BackendUnavailableError(
+            f"lock server unreachable during {operation}: {exc}{unanswered_hint(exc, login)}", key=key, server=server
+        )
     if isinstance(exc, family.busy_loading):
         return BackendUnavailableError(f"lock server is loading, {operation} refused: {exc}", key=key, server=server)
     if isinstance(exc, family.read_only):
