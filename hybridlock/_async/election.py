@@ -10,7 +10,9 @@ release happens on it.
 Failure modes
 -------------
 * The leader stops (``stop``, leaving the ``async with``) or yields: ``on_revoked`` runs, then the lock is
-  released, which hands it at once to the longest-waiting candidate.
+  released, which hands it at once to the candidate at the head of the server's queue. (A candidate waits in
+  slices of ``CANDIDATE_SLICE`` and queues again at the back after each: among candidates that waited longer than
+  that, the head is the one whose slice began first, not the one that has waited longest.)
 * The leader's process dies: nobody renews the lease; the next candidate is elected when it ends (within
   ``expire_after``, plus the time the server takes to notice, plus one renewal period at most).
 * Renewals fail (a partition, a server that is slow or failing over, a pause of this process): the leader steps
@@ -336,10 +338,10 @@ class AsyncLeaderElection(LossWatching):
         self._worker = None
 
     async def yield_leadership(self, pause: float | None = None) -> None:
-        """Hand leadership over now: ``on_revoked`` runs, the lock is released (the longest-waiting candidate is
-        elected at once), and this candidate does not try again for ``pause`` seconds (default: the registry's
-        renewal period, a third of ``expire_after``), so that another one wins. Waits until the lock is released,
-        except when called from a callback (then it happens once the callback returns). Does nothing when this
+        """Hand leadership over now: ``on_revoked`` runs, the lock is released (the candidate at the head of the
+        server's queue is elected at once), and this candidate does not try again for ``pause`` seconds (default: the
+        registry's renewal period, a third of ``expire_after``), so that another one wins. Waits until the lock is
+        released, except when called from a callback (then it happens once the callback returns). Does nothing when this
         candidate does not lead."""
         if pause is not None and (isinstance(pause, bool) or not isinstance(pause, (int, float)) or pause < 0):
             raise InvalidArgumentError(f"pause must be a non-negative number of seconds, not {pause!r}", key=self.key)

@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .._core.names import LockNames
-from ..errors import InvalidArgumentError, LockLostError
+from ..errors import HybridLockError, InvalidArgumentError, LockLostError
 from ._compat import monotonic, owner_alive
 from .leases import LostCallback
 
@@ -228,6 +228,26 @@ class ServerLease:
         """Whether a renewal result for ``tenancy`` speaks of the lease held now (not an earlier one, and not one
         whose release is under way)."""
         return self._in_server and self._tenancy == tenancy and not self._giving_back
+
+    async def _give_back_after_loss(self, tenancy: int) -> None:
+        """A renewal of ``tenancy`` was answered yes after the tenancy had been found lost (its ``valid_until``
+        passed with the renewal in flight, and the holder was told): the server holds the lease again, for nobody.
+        Give it back now, not at the end of the lease the renewal gave it (``_give_back_late``); best effort."""
+        if not (self._lost and self._is_current(tenancy)):
+            return
+        try:
+            given = await self._give_back_late()
+        except HybridLockError as exc:
+            logger.debug("hybridlock: could not give back the lease of %r renewed after its loss: %s", self.key, exc)
+            return
+        if given:
+            logger.debug("hybridlock: gave back the lease of %r, renewed after its loss was told", self.key)
+
+    async def _give_back_late(self) -> bool:
+        """Give back the lease of this (lost) tenancy in the server if the key still holds it and no later tenancy
+        was taken: see ``_give_back_after_loss``. Returns whether it did. This default gives nothing back: the
+        lease ends with its lease."""
+        return False
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:
         """A renewal of ``tenancy`` sent at ``start`` (with ``lease``, or the registry's) was answered yes: move

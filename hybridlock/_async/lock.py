@@ -685,6 +685,15 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
             self._mutex.release()
         return True
 
+    async def _give_back_late(self) -> bool:
+        # (Only if the key holds this tenancy and its fencing counter still holds this tenancy's token: another
+        # tenancy of this registry taken since holds the same owner id.)
+        token = self._fencing_token
+        if token is None:
+            return False
+        context = self._context
+        return await context.backend.release_late(self._names, context.client_id, token)
+
     async def _give_back_orphaned_lease(self) -> None:
         """If the lease is held but no thread here holds or waits for the lock, give it back to the server."""
         if not self._in_server or self._owner is not None or not await self._mutex.acquire(False):

@@ -582,6 +582,8 @@ RELEASE = (
 -- ARGV[4]  counter TTL in ms (for the token of a grant)
 -- ARGV[5]  (optional) the value the key holds while it is ours, if not ARGV[1]: "<owner>|<token>" for a tenancy
 --          granted by a release (see grant)
+-- ARGV[6]  (optional) a token: release only if the fencing counter still holds it, i.e. no tenancy of the key was
+--          taken since ours (a lease given back after a renewal that came back too late: see ServerLease)
 -- returns  1                     released: granted to the queue's live head if that is a single lock's wait (see
 --                                the queue above), else deleted, the head woken ("released:<head owner>")
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
@@ -596,6 +598,9 @@ if tenancy == nil or tenancy == '' then
   tenancy = ARGV[1]
 end
 if redis.pcall('GET', KEYS[1]) ~= tenancy then
+  return 0
+end
+if ARGV[6] ~= nil and ARGV[6] ~= '' and redis.pcall('GET', KEYS[4]) ~= ARGV[6] then
   return 0
 end
 local firsts = redis.pcall('ZRANGE', KEYS[2], 0, 1, 'WITHSCORES')

@@ -384,13 +384,18 @@ class LeaseRenewer:
             raise
         self.rounds += 1
         unreached: list[tuple[HeldLease, int]] = []
+        late: list[tuple[HeldLease, int]] = []
         for (lock, tenancy), renewed in zip(locks, flags, strict=True):
             if renewed:
                 lock._renewed(tenancy, start)
+                if lock.lost:
+                    late.append((lock, tenancy))  # (renewed after its loss was told: given back below)
             elif renewed is None:
                 unreached.append((lock, tenancy))  # its node or servers were out of reach: as for a failed round
             else:
                 lock._mark_lost(tenancy)
+        for lock, tenancy in late:
+            lock._give_back_after_loss(tenancy)
         error: BackendUnavailableError | None = None
         if unreached:
             self._mark_ended_lost(unreached)
@@ -422,6 +427,7 @@ class LeaseRenewer:
             renewed = None
         if renewed:
             lock._renewed(tenancy, start, left)
+            lock._give_back_after_loss(tenancy)  # (if renewed after its loss was told)
         elif renewed is None:
             self._mark_ended_lost([(lock, tenancy)])
         else:

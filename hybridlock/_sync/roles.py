@@ -74,6 +74,8 @@ class HeldLease(Protocol):
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None: ...
 
+    def _give_back_after_loss(self, tenancy: int) -> None: ...
+
 
 class HeldLeases(Protocol):
     """What the renewer and the describer read of the lease table (``leases.LeaseTable``)."""

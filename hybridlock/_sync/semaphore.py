@@ -175,6 +175,10 @@ class _Permit(ServerLease):
         finally:
             self._end_lease()
 
+    def _give_back_late(self) -> bool:
+        # (The slot holds this permit's tenancy: only it is given back, never a later grant of the slot.)
+        return self._context.backend.release_permit(self._semaphore._names, self.slot, self.tenancy)
+
     def _mark_lost(self, tenancy: int) -> None:
         if self._claim_loss(tenancy):
             self._context.leases.report_lost(self._semaphore, list(self._callbacks))

@@ -169,6 +169,13 @@ class AsyncLockBackend(abc.ABC):
         """Delete ``names.lock`` only if its value is ``owner`` (and then, if ``notify``, wake waiters). Returns
         False when the key was gone or held by someone else: the caller's lease had ended."""
 
+    async def release_late(self, names: LockNames, owner: str, token: int) -> bool:
+        """Give back ``owner``'s lease of ``names.lock`` (the tenancy ``names.tenancy`` says, or ``owner``) only if
+        the key still holds it and no tenancy of the key was taken since the one whose fencing token is ``token``:
+        a lease a renewal extended after its holder was told it was lost. Returns whether it did; False where the
+        backend cannot tell (the lease then ends with its lease)."""
+        return False
+
     #: Whether ``keep_for`` is available (``registry.run_once``): in every built-in backend.
     keeps_keys: bool = False
 

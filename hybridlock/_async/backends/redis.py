@@ -711,6 +711,22 @@ class AsyncRedisBackend(AsyncLockBackend):
             )
         return bool(released)
 
+    async def release_late(self, names: LockNames, owner: str, token: int) -> bool:
+        async with self._translated(names, "release"):
+            released = await self._scripts.run(
+                scripts.RELEASE,
+                (names.lock, names.queue, names.queue_until, names.fence),
+                (
+                    owner,
+                    names.channel,
+                    await self._announcement(),
+                    self._fence_retention_ms,
+                    names.tenancy,
+                    str(token),
+                ),
+            )
+        return bool(released)
+
     keeps_keys = True
 
     async def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:

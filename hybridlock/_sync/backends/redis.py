@@ -712,6 +712,22 @@ class RedisBackend(LockBackend):
             )
         return bool(released)
 
+    def release_late(self, names: LockNames, owner: str, token: int) -> bool:
+        with self._translated(names, "release"):
+            released = self._scripts.run(
+                scripts.RELEASE,
+                (names.lock, names.queue, names.queue_until, names.fence),
+                (
+                    owner,
+                    names.channel,
+                    self._announcement(),
+                    self._fence_retention_ms,
+                    names.tenancy,
+                    str(token),
+                ),
+            )
+        return bool(released)
+
     keeps_keys = True
 
     def keep_for(self, names: LockNames, owner: str, marker: str, keep_ms: int) -> bool:
