@@ -326,9 +326,7 @@ class LeaseRenewer:
         now = monotonic()
         max_hold = context.config.max_hold
         locks = []
-        bounded: list[
-            tuple[HeldLease, int, float]
-        ] = []  # leases whose bound comes within a lease: (lease, tenancy, left)
+        bounded: list[tuple[HeldLease, int]] = []  # leases whose bound comes within a lease: (lease, tenancy)
         lease = context.config.lease
         earliest: float | None = None
         abandoned_until: float | None = None
@@ -353,15 +351,15 @@ class LeaseRenewer:
                 continue
             hold_until = lock._hold_until
             if hold_until is not None and lease is not None and hold_until - now < lease:
-                bounded.append((lock, tenancy, hold_until - now))
+                bounded.append((lock, tenancy))
                 continue
             locks.append((lock, tenancy))
         if earliest is not None:
             # Before the round leaves: it may not come back before some of these deadlines.
             self._watch.ring_by(earliest)
         self._abandoned_until = abandoned_until
-        for lock, tenancy, left in bounded:
-            self._renew_to_bound(lock, tenancy, left)
+        for lock, tenancy in bounded:
+            self._renew_to_bound(lock, tenancy)
         lease_ms = context.config.lease_ms
         if not locks or lease_ms is None:  # (nothing to renew, or a registry whose leases never end)
             return False
@@ -412,13 +410,18 @@ class LeaseRenewer:
             raise error
         return True
 
-    def _renew_to_bound(self, lock: HeldLease, tenancy: int, left: float) -> None:
-        """Renew ``lock`` for the ``left`` seconds before its bound only (not at all under a millisecond): the key
-        then ends at the bound, and the deadline watch reports the lease lost as its ``valid_until`` passes."""
+    def _renew_to_bound(self, lock: HeldLease, tenancy: int) -> None:
+        """Renew ``lock`` for the time left before its bound only (not at all under a millisecond), counted as the
+        request leaves: the key then ends at the bound (later only by the request's one-way delay to the server),
+        and the deadline watch reports the lease lost as its ``valid_until`` passes."""
         context = self._context
-        if left < 0.001:
+        hold_until = lock._hold_until
+        if hold_until is None:
             return
         start = monotonic()
+        left = hold_until - start
+        if left < 0.001:
+            return
         try:
             (renewed,) = context.backend.renew([lock._names], context.client_id, int(left * 1000))
         except Exception:
