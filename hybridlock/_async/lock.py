@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -64,7 +64,7 @@ from .lease import ServerLease
 from .observing import AcquireProbe, observe_acquire, observe_release
 from .owners import Site, caller_frame, caller_site, site_text
 from .scope import LossWatching
-from .waiting import WaitHint, acquire_remote, contention_watch, release_remote, wanted_before_heard
+from .waiting import Grant, WaitHint, acquire_remote, contention_watch, release_remote, wanted_before_heard
 
 if TYPE_CHECKING:
     from .context import LockContext
@@ -402,10 +402,16 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
         if grant is None:
             self._mutex.release()
             return False
-        result = grant.result
-        self._start_tenancy(
-            me, result.fencing_token, result.contended, grant.sent_at, site, grant.valid_until, grant.tenancy
-        )
+        try:
+            result = grant.result
+            self._start_tenancy(
+                me, result.fencing_token, result.contended, grant.sent_at, site, grant.valid_until, grant.tenancy
+            )
+        except BaseException:
+            # Interrupted between the server's grant and the local hold (on threads: an exception a signal handler
+            # raises, KeyboardInterrupt or Celery's SoftTimeLimitExceeded): the lease would stay held by nobody.
+            await shielded(partial(self._give_back_interrupted, me, grant))
+            raise
         try:
             await self._listen_for_contention()
         except BaseException:
@@ -496,6 +502,25 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
             watch = self._contention_watch = await contention_watch(self._context, self._names)
             if not self._contended and await wanted_before_heard(self._context, self._names, watch):
                 self._contended = True
+
+    async def _give_back_interrupted(self, me: object, grant: Grant) -> None:
+        """Give back the tenancy ``grant`` gave ``me``, whose ``acquire`` was interrupted before its local hold was
+        recorded (or while it was)."""
+        if self._in_server and self._owner == me:
+            await self._abandon()  # (recorded: released as a held lock)
+            return
+        try:
+            await release_remote(self._context, replace(self._names, tenancy=grant.tenancy))
+        except HybridLockError as exc:
+            logger.warning(
+                "hybridlock: could not give back the lease of %r after an interrupted acquire: %s", self.key, exc
+            )
+        finally:
+            if self._in_server:
+                self._end_tenancy()
+            self._owner = None
+            self._count = 0
+            self._mutex.release()
 
     async def _abandon(self) -> None:
         """Give up a tenancy whose ``acquire`` was interrupted after the server granted it, before it returned:
