@@ -710,6 +710,21 @@ return result
 """
 )
 
+EXTEND_GRANT = """
+-- EXTEND_GRANT: pipelined right after a waiter's pop of its grant box, in the same round trip: a lock granted to this
+-- owner by a release holds a provisional lease (see grant); extend it to the owner's own lease, so that a granted
+-- holder has the lease expire_after promises as its acquire returns, with no round trip of its own. Runs whether
+-- or not the pop found a grant: on a key that holds no grant to this owner it does nothing.
+-- KEYS[1]  lock key              ARGV[1]  owner (client_id)     ARGV[2]  lease in ms
+-- returns  the value extended ("<owner>|<token>": the caller checks it is the grant it popped), or false
+local value = redis.pcall('GET', KEYS[1])
+if type(value) == 'string' and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return value
+end
+return false
+"""
+
 RENEW = """
 -- RENEW: reset the lease of every given hold that is still ours, and keep alive what must outlive them.
 -- KEYS[1..n]  lock keys (one cluster slot per call): a plain lock or a write hold (a string whose value is the

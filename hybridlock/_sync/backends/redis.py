@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -262,34 +263,87 @@ class ScriptRunner:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def run_then_pop(
-        self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
-    ) -> tuple[Any, Any] | None:
-        """Run ``source`` and, pipelined right after it on the same connection, ``BLPOP box timeout``: one round
-        trip, which lasts until the pop returns. Returns both replies, the pop's as the error the server answered
-        it with if it refused it (the script's writes are done then); None when the server's script cache was cold
-        (NOSCRIPT: nothing ran, the pop waited out its timeout; the caller runs the script on its own)."""
+        self,
+        source: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        box: str,
+        timeout: float,
+        then: tuple[str, Sequence[str], Sequence[Any]] | None = None,
+    ) -> tuple[Any, Any, Any] | None:
+        """Run ``source`` and, pipelined right after it on the same connection, ``BLPOP box timeout``, then the
+        script ``then`` if given (source, keys, args): one round trip, which lasts until the pop returns. Returns the
+        three replies, the pop's as the error the server answered it with if it refused it (the script's writes are
+        done then), ``then``'s as None if it did not run (NOSCRIPT, or refused) or was not given; None when the
+        server's script cache was cold for ``source`` (NOSCRIPT: nothing ran, the pop waited out its timeout; the
+        caller runs the script on its own)."""
         try:
-            return self._run_then_pop_once(source, keys, args, box, timeout)
+            return self._run_then_pop_once(source, keys, args, box, timeout, then)
         except self.failed_over:  # once more after a failover, as for every script (see __init__)
-            return self._run_then_pop_once(source, keys, args, box, timeout)
+            return self._run_then_pop_once(source, keys, args, box, timeout, then)
 
     def _run_then_pop_once(
-        self, source: str, keys: Sequence[str], args: Sequence[Any], box: str, timeout: float
-    ) -> tuple[Any, Any] | None:
-        if self._pool is not None:
-            reply, popped = self._exchange(
-                (("EVALSHA", self._digest(source), len(keys), *keys, *args), ("BLPOP", box, timeout))
-            )
-        else:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.evalsha(self._digest(source), len(keys), *keys, *args)
-            pipe.blpop([box], timeout=timeout)
-            reply, popped = pipe.execute(raise_on_error=False)
+        self,
+        source: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        box: str,
+        timeout: float,
+        then: tuple[str, Sequence[str], Sequence[Any]] | None,
+    ) -> tuple[Any, Any, Any] | None:
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", self._digest(source), len(keys), *keys, *args),
+            ("BLPOP", box, timeout),
+        ]
+        if then is not None:
+            commands.append(("EVALSHA", self._digest(then[0]), len(then[1]), *then[1], *then[2]))
+        replies = self._in_one_write(commands)
+        reply, popped = replies[0], replies[1]
         if isinstance(reply, self._no_script):
             return None
         if isinstance(reply, Exception):
             raise reply
-        return reply, popped
+        after = None
+        if then is not None:
+            after = self._after_pop(replies[2], then[0])
+        return reply, popped, after
+
+    def pop_then_run(
+        self, box: str, timeout: float | None, source: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[Any, Any]:
+        """``BLPOP box timeout`` (``LPOP box`` for ``timeout`` None) and, pipelined right after it on the same
+        connection, the script ``source``: one round trip, which lasts until the pop returns. Returns the pop's reply
+        (a refusal raised) and the script's (None if it did not run: NOSCRIPT, or refused)."""
+        try:
+            return self._pop_then_run_once(box, timeout, source, keys, args)
+        except self.failed_over:  # once more after a failover, as for every script (see __init__)
+            return self._pop_then_run_once(box, timeout, source, keys, args)
+
+    def _pop_then_run_once(
+        self, box: str, timeout: float | None, source: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[Any, Any]:
+        pop: tuple[Any, ...] = ("LPOP", box) if timeout is None else ("BLPOP", box, timeout)
+        popped, reply = self._in_one_write((pop, ("EVALSHA", self._digest(source), len(keys), *keys, *args)))
+        if isinstance(popped, Exception):
+            raise popped
+        return popped, self._after_pop(reply, source)
+
+    def _after_pop(self, reply: Any, source: str) -> Any:
+        """The reply of a script pipelined after a pop, None if it did not run; a cold script cache (NOSCRIPT) is
+        warmed for the next time (the caller does without it this once)."""
+        if isinstance(reply, self._no_script):
+            self._client.script_load(source)
+            return None
+        return None if isinstance(reply, Exception) else reply
+
+    def _in_one_write(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send ``commands`` in one write and read every reply, an error in its place."""
+        if self._pool is not None:
+            return self._exchange(commands)
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
 
     def run(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -809,17 +863,41 @@ class RedisBackend(LockBackend):
             return super().acquire_and_await(names, owner, lease_ms, place, timeout)
         wait_id = wait_id_of(place)
         keys, args = self._acquire_args(names, owner, lease_ms, True, place, wait_id)
+        extend = self._extension(names, owner, lease_ms)
+        sent_at = monotonic()
         with self._translated(names, "acquire"):
-            replies = self._scripts.run_then_pop(scripts.ACQUIRE, keys, args, box_of(names.lock, owner), timeout)
+            replies = self._scripts.run_then_pop(
+                scripts.ACQUIRE, keys, args, box_of(names.lock, owner), timeout, extend
+            )
         if replies is None:  # a cold script cache: the script did not run
             return self.try_acquire(names, owner, lease_ms, True, place), None
-        reply, popped = replies
+        reply, popped, extended = replies
         result = self._acquire_result(names, reply)
         if result.acquired:
             return result, None  # (the pop took our own grant, pushed by the script; or it was refused: see below)
         if isinstance(popped, Exception):
             return result, self._pop_refused(names, owner, popped)
-        return result, None if popped is None else self._grant_read(popped[1], wait_id, result.queued_at)
+        if popped is None:
+            return result, None
+        return result, self._extended(self._grant_read(popped[1], wait_id, result.queued_at), owner, extended, sent_at)
+
+    @staticmethod
+    def _extension(
+        names: LockNames, owner: str, lease_ms: int | None
+    ) -> tuple[str, Sequence[str], Sequence[Any]] | None:
+        """The script pipelined after a pop of our grant box: the extension of a grant's provisional lease to our
+        own (``scripts.EXTEND_GRANT``); None without a lease."""
+        return None if not lease_ms else (scripts.EXTEND_GRANT, (names.lock,), (owner, lease_ms))
+
+    @staticmethod
+    def _extended(result: AcquireResult, owner: str, extended: Any, sent_at: float) -> AcquireResult:
+        """``result`` (a grant read) marked extended to our own lease by the request sent at ``sent_at`` if the
+        extension pipelined after the pop extended this very grant (the key held "<owner>|<token>" of it)."""
+        if not result.acquired or extended is None:
+            return result
+        if _text(extended) != f"{owner}|{result.fencing_token}":
+            return result  # (not this grant: the caller extends it on its own, or finds it lost)
+        return result._replace(extended_at=sent_at)
 
     def _grant_read(self, message: Any, wait_id: str, arrival: int | None) -> AcquireResult:
         """What a grant popped from our box says (``grants.read_grant``): acquired, with its token and whether others
@@ -868,23 +946,36 @@ class RedisBackend(LockBackend):
     ) -> AcquireResult | None:
         box = box_of(names.lock, owner)
         wait_id = wait_id_of(place)
+        # (Without replica confirmation, the extension of a grant's provisional lease to ours is pipelined after the
+        # pop, in the same round trip; with it, a confirmed renewal follows below.)
+        extend = self._extension(names, owner, lease_ms) if self.pipelines_waits else None
+        extended: Any = None
+        sent_at = 0.0
         try:
             with self._translated(names, "wait for a grant"):
                 if timeout < _SERVER_TICK:
                     # The server times a blocking pop out at its next tick (up to 100 ms late on an idle server): a
                     # wait this short sleeps here, then looks once without blocking.
                     sleep(timeout)
-                    popped = self.client.lpop(box)
+                    sent_at = monotonic()
+                    if extend is not None:
+                        popped, extended = self._scripts.pop_then_run(box, None, *extend)
+                    else:
+                        popped = self.client.lpop(box)
                     reply = None if popped is None else (box, popped)
                 else:
                     # BLPOP takes seconds (a fraction since Redis 6); 0 would wait for ever. Kept well inside the
                     # client's socket timeout (grant_wait_limit), which its read of the reply must not run into.
-                    reply = self.client.blpop([box], timeout=timeout)
+                    sent_at = monotonic()
+                    if extend is not None:
+                        reply, extended = self._scripts.pop_then_run(box, timeout, *extend)
+                    else:
+                        reply = self.client.blpop([box], timeout=timeout)
         except HybridLockError as exc:
             return self._pop_refused(names, owner, exc.__cause__ or exc)
         if reply is None:
             return None
-        result = self._grant_read(reply[1], wait_id, arrival)
+        result = self._extended(self._grant_read(reply[1], wait_id, arrival), owner, extended, sent_at)
         if result.acquired and self.confirmation is not None:
             # Confirmed like an acquire: a write of ours after the grant (extending its lease to ours) reaching the
             # replicas means the grant before it did too (one replication stream).
@@ -896,8 +987,9 @@ class RedisBackend(LockBackend):
             if not reply[0]:
                 return AcquireResult(False)  # the grant's lease ended before we read it: attempt again
             if not self._confirmed(acknowledged):
+                granted = replace(names, tenancy=tenancy)
                 raise self._given_back(
-                    names.key, "acquire", acknowledged, lambda: self.release(names, owner, notify=True)
+                    names.key, "acquire", acknowledged, lambda: self.release(granted, owner, notify=True)
                 )
             return result._replace(extended_at=extended_at)
         return result
