@@ -1338,8 +1338,14 @@ GIVE_BACK_ATTEMPT = (
     + _KEYS_LIB
     + _MIGRATION_PROBE
     + """
-local span = tonumber(redis.pcall('HGET', KEYS[1], 'span')) or 0
-for i = 0, math.min(span, 4096) - 1 do
+-- (A config gone, evicted or deleted, says no span: every slot there can be is looked at, or the permit granted to
+-- the tag would be left held by nobody until its lease ends. Found by tests/test_semaphore_model.py.)
+local span = tonumber(redis.pcall('HGET', KEYS[1], 'span')) or """
+    + str(MAX_PERMITS)
+    + """
+for i = 0, math.min(span, """
+    + str(MAX_PERMITS)
+    + """) - 1 do
   local slot = ARGV[2] .. i
   if string_at(slot) == ARGV[3] then
     redis.call('DEL', slot)
@@ -1424,7 +1430,8 @@ for j = 0, k - 1 do
 end
 local again, to = nil, nil
 if string_at(KEYS[1]) ~= ARGV[1] then
-  local span = tonumber(redis.pcall('HGET', KEYS[2], 'span')) or 0
+  -- (A config gone, evicted or deleted, says no span: every slot there can be is looked at.)
+  local span = tonumber(redis.pcall('HGET', KEYS[2], 'span')) or MAX_PERMITS
   for i = 0, math.min(span, MAX_PERMITS) - 1 do
     if not skip[tostring(i)] then
       to = asked[string_at(ARGV[4] .. i) or '']

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from ..._core.names import LockNames, ReadWriteNames, SemaphoreNames
 from ..._core.results import PermitResult
+from ..._protocol.scripts import MAX_PERMITS
 from .._compat import AsyncCondition, monotonic
 from .base import QUEUE_PLACE_KEEP_MS, AcquireManyResult, AcquireResult, AsyncLockBackend, AsyncReleaseWatch
 
@@ -361,7 +362,7 @@ class AsyncMemoryBackend(AsyncLockBackend):
     async def give_back_attempt(self, names: SemaphoreNames, owner: str, tag: str, lease_ms: int | None) -> bool:
         with self._cond:  # as scripts.GIVE_BACK_ATTEMPT (a mark that lives as long as the backend)
             now = monotonic()
-            for index in range(self._semaphores.get(names.config, [0, 0])[1]):
+            for index in range(self._semaphores.get(names.config, [MAX_PERMITS, MAX_PERMITS])[1]):
                 entry = self._live_entry(names.slot(index), now)
                 if entry is not None and entry.owner == tag:
                     del self._entries[names.slot(index)]
