@@ -64,7 +64,8 @@ class _ShortRenewals:
 class ServerLease:
     def __init__(self, context: LockContext, names: LockNames) -> None:
         self._context = context
-        self._names = names
+        self._names = names  # (with the current tenancy's value where it is not the owner id: see _begin_lease)
+        self._base_names = names  # (what the names are between tenancies)
         self._tenancy = 0  # counts server tenancies, so late renewal results for an earlier one are ignored
         self._in_server = False  # this process holds the lease now
         # Two clocks per tenancy, deliberately different (see _begin_lease): when the server granted it (the reply
@@ -164,8 +165,9 @@ class ServerLease:
 
         ``tenancy``: what the key holds while it is this tenancy's where that is not the owner id alone ("" for the
         owner id; None: the names given at construction say it), which renewals and the release compare."""
-        if tenancy is not None and tenancy != self._names.tenancy:
-            self._names = replace(self._names, tenancy=tenancy)
+        if tenancy is not None:
+            base = self._base_names
+            self._names = replace(base, tenancy=tenancy) if tenancy != base.tenancy else base
         self._tenancy += 1
         self._in_server = True
         self._giving_back = False
@@ -208,6 +210,7 @@ class ServerLease:
         self._fencing_token = None
         self._valid_until = None
         self._loss_listeners = []
+        self._names = self._base_names  # (a granted tenancy's value goes with it: the next one says its own)
         self._context.leases.untrack(self)
 
     def _forget_lease_after_fork(self) -> None:
@@ -223,6 +226,7 @@ class ServerLease:
         self._valid_until = None
         self._lost = False
         self._loss_listeners = []
+        self._names = self._base_names  # (the parent's granted tenancy is not the child's)
 
     def _is_current(self, tenancy: int) -> bool:
         """Whether a renewal result for ``tenancy`` speaks of the lease held now (not an earlier one, and not one
@@ -233,20 +237,25 @@ class ServerLease:
         """A renewal of ``tenancy`` was answered yes after the tenancy had been found lost (its ``valid_until``
         passed with the renewal in flight, and the holder was told): the server holds the lease again, for nobody.
         Give it back now, not at the end of the lease the renewal gave it (``_give_back_late``); best effort."""
+        # What the give-back names is read before the check that it is still this tenancy's: on threads, the holder
+        # may release and another thread take a new tenancy at any moment, and that one must never be given back.
+        # Read after a new tenancy began, the check fails; read before, it names this tenancy's token, which the
+        # server compares with its counter (a new tenancy minted another).
+        token, names = self._fencing_token, self._names
         if not (self._lost and self._is_current(tenancy)):
             return
         try:
-            given = await self._give_back_late()
+            given = await self._give_back_late(token, names)
         except HybridLockError as exc:
             logger.debug("hybridlock: could not give back the lease of %r renewed after its loss: %s", self.key, exc)
             return
         if given:
             logger.debug("hybridlock: gave back the lease of %r, renewed after its loss was told", self.key)
 
-    async def _give_back_late(self) -> bool:
-        """Give back the lease of this (lost) tenancy in the server if the key still holds it and no later tenancy
-        was taken: see ``_give_back_after_loss``. Returns whether it did. This default gives nothing back: the
-        lease ends with its lease."""
+    async def _give_back_late(self, token: int | None, names: LockNames) -> bool:
+        """Give back the lease of this (lost) tenancy, with fencing token ``token`` and names ``names``, in the
+        server if the key still holds it and no later tenancy was taken: see ``_give_back_after_loss``. Returns
+        whether it did. This default gives nothing back: the lease ends with its lease."""
         return False
 
     def _renewed(self, tenancy: int, start: float, lease: float | None = None) -> None:

@@ -149,6 +149,8 @@ class LeaseTable:
             )
         lock._renewed(tenancy, start, lease)
         if lock.lost and lock._tenancy == tenancy:
+            # Renewed in the server for a holder already told it lost the lock: given back, not left for nobody.
+            await lock._give_back_after_loss(tenancy)
             raise LockLostError(
                 "the lock's valid_until passed before the renewal was answered, so it was reported lost: another "
                 "owner may have held it meanwhile",

@@ -710,14 +710,13 @@ class AsyncHybridLock(ServerLease, AsyncJavaStyleLock, LossWatching):
             self._mutex.release()
         return True
 
-    async def _give_back_late(self) -> bool:
+    async def _give_back_late(self, token: int | None, names: LockNames) -> bool:
         # (Only if the key holds this tenancy and its fencing counter still holds this tenancy's token: another
         # tenancy of this registry taken since holds the same owner id.)
-        token = self._fencing_token
         if token is None:
             return False
         context = self._context
-        return await context.backend.release_late(self._names, context.client_id, token)
+        return await context.backend.release_late(names, context.client_id, token)
 
     async def _give_back_orphaned_lease(self) -> None:
         """If the lease is held but no thread here holds or waits for the lock, give it back to the server."""

@@ -75,6 +75,8 @@ class HeldLease(Protocol):
 
     async def _give_back_after_loss(self, tenancy: int) -> None: ...
 
+    def _is_current(self, tenancy: int) -> bool: ...
+
 
 class HeldLeases(Protocol):
     """What the renewer and the describer read of the lease table (``leases.LeaseTable``)."""

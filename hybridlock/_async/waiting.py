@@ -217,6 +217,41 @@ async def acquire_remote(
         if place is not None:
             context.wait_keeper.end(place)
     granted_until = None if grant_wait is None else grant_wait.valid_until
+    tenancy = ""
+    if result is not None and granted_until is not None:
+        # (A grant writes "<owner>|<token>" into the key: our renewals and release compare that, so a later grant
+        # to a stale place of ours, after a failover, is never taken for this tenancy.)
+        tenancy = f"{context.client_id}|{result.fencing_token}"
+        names = replace(names, tenancy=tenancy)
+        undo = partial(release_remote, context, names)
+    try:
+        return await _taken(
+            context, names, result, grant_wait, granted_until, tenancy, sent_at, queued, give_up, undo, probe, hint
+        )
+    except BaseException:
+        # Interrupted once taken (on threads, an exception a signal handler raises; a cancel at an await): what we
+        # took is given back, else it would stay held by nobody.
+        if result is not None:
+            await shielded(partial(_quietly, undo))
+        raise
+
+
+async def _taken(
+    context: LockContext,
+    names: LockNames,
+    result: AcquireResult | None,
+    grant_wait: _GrantWait | None,
+    granted_until: float | None,
+    tenancy: str,
+    sent_at: float,
+    queued: bool,
+    give_up: Thunk[object],
+    undo: Thunk[object],
+    probe: AcquireProbe | None,
+    hint: WaitHint | None,
+) -> Grant | None:
+    """What ``acquire_remote`` does once the wait is over: ``result`` (None: not taken) as a ``Grant``, the lease
+    extended at once where it is short."""
     if probe is not None and granted_until is not None:
         probe.attempt()  # the release that granted us the lock took it in the server for us: an attempt of ours
     if hint is not None:
@@ -226,13 +261,6 @@ async def acquire_remote(
         if queued:
             await shielded(partial(_quietly, give_up))
         return None
-    tenancy = ""
-    if granted_until is not None:
-        # (A grant writes "<owner>|<token>" into the key: our renewals and release compare that, so a later grant
-        # to a stale place of ours, after a failover, is never taken for this tenancy.)
-        tenancy = f"{context.client_id}|{result.fencing_token}"
-        names = replace(names, tenancy=tenancy)
-        undo = partial(release_remote, context, names)
     config = context.config
     if grant_wait is not None and config.lease_ms is not None:
         left = (config.valid_until(sent_at) if granted_until is None else granted_until) - monotonic()

@@ -202,7 +202,7 @@ def inspect_locks(
     owners: set[str] = set()
     for value, _pttl, _fence, first, second in per_key:
         if isinstance(value, str):
-            owners.add(ran_by(value) or value)
+            owners.add(ran_by(value) or owner_of_place(value))  # (a granted lock holds "<owner>|<token>")
         # (a place in a plain lock's queue is named after its owner and its wait: described under the owner)
         owners.update(owner_of_place(member) for member, _score in first or ())
         owners.update(owner_of_place(member) for member, _score in second or ())

@@ -593,8 +593,9 @@ RELEASE = (
 -- or the place lapsed while its process stood still for PLACE_KEEP_MS) misses the release: it still comes back at
 -- the holder's lease end it was told, or after WaitPolicy.notified_cap, and queues afresh.
 -- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
+-- (A tenancy is only ever one of ARGV[1]'s: "<owner>|<token>".)
 local tenancy = ARGV[5]
-if tenancy == nil or tenancy == '' then
+if tenancy == nil or string.sub(tenancy, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then
   tenancy = ARGV[1]
 end
 if redis.pcall('GET', KEYS[1]) ~= tenancy then
@@ -748,7 +749,7 @@ for i = 1, n do
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'string' then
     local ours = ARGV[4 + i]
-    if not ours or ours == '' then
+    if not ours or string.sub(ours, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then  -- (a tenancy is only ever ARGV[1]'s)
       ours = ARGV[1]
     end
     if redis.call('GET', key) == ours then
@@ -1036,7 +1037,7 @@ KEEP_FOR = """
 --          0                     not ours: the key is gone, another owner's or not a string (our lease had ended)
 -- (A key of another type makes GET fail: pcall returns an error table, which is not our owner id either.)
 local tenancy = ARGV[4]
-if tenancy == nil or tenancy == '' then
+if tenancy == nil or string.sub(tenancy, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then
   tenancy = ARGV[1]
 end
 if redis.pcall('GET', KEYS[1]) ~= tenancy then

@@ -711,14 +711,13 @@ class HybridLock(ServerLease, JavaStyleLock, LossWatching):
             self._mutex.release()
         return True
 
-    def _give_back_late(self) -> bool:
+    def _give_back_late(self, token: int | None, names: LockNames) -> bool:
         # (Only if the key holds this tenancy and its fencing counter still holds this tenancy's token: another
         # tenancy of this registry taken since holds the same owner id.)
-        token = self._fencing_token
         if token is None:
             return False
         context = self._context
-        return context.backend.release_late(self._names, context.client_id, token)
+        return context.backend.release_late(names, context.client_id, token)
 
     def _give_back_orphaned_lease(self) -> None:
         """If the lease is held but no thread here holds or waits for the lock, give it back to the server."""

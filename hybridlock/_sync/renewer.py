@@ -416,10 +416,11 @@ class LeaseRenewer:
         and the deadline watch reports the lease lost as its ``valid_until`` passes."""
         context = self._context
         hold_until = lock._hold_until
-        if hold_until is None:
-            return
+        lease = context.config.lease
+        if hold_until is None or lease is None or not lock._is_current(tenancy):
+            return  # (ended during the round: a new tenancy's bound, if any, is the next round's)
         start = monotonic()
-        left = hold_until - start
+        left = min(hold_until - start, lease)
         if left < 0.001:
             return
         try:

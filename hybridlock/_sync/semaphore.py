@@ -50,7 +50,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._core.config import QUEUE_PLACE_KEEP_MS, validate_timeout
-from .._core.names import SemaphoreNames
+from .._core.names import LockNames, SemaphoreNames
 from .._core.results import AcquireResult, PermitResult
 from .._protocol.scripts import MAX_PERMITS
 from ..errors import HybridLockError, InvalidArgumentError, LockNotOwnedError, LockTimeoutError
@@ -175,7 +175,7 @@ class _Permit(ServerLease):
         finally:
             self._end_lease()
 
-    def _give_back_late(self) -> bool:
+    def _give_back_late(self, token: int | None, names: LockNames) -> bool:
         # (The slot holds this permit's tenancy: only it is given back, never a later grant of the slot.)
         return self._context.backend.release_permit(self._semaphore._names, self.slot, self.tenancy)
 
