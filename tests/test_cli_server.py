@@ -90,18 +90,18 @@ def test_it_prints_the_export_line_serves_and_stops_on_each_signal(started, stop
         time.sleep(0.05)
 
 
-def test_a_usage_error_gives_2():
-    for args in (("--port", "0"), ("--port", "x"), ("--bogus",)):
-        done = subprocess.run(
-            [sys.executable, "-m", "hybridlock", "server", *args],
-            env=_env(),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == EXIT_USAGE, done
-        assert done.stdout == ""
+@pytest.mark.parametrize("args", [("--port", "0"), ("--port", "x"), ("--bogus",)], ids=["port-0", "port-x", "bogus"])
+def test_a_usage_error_gives_2(args: tuple[str, ...]):
+    done = subprocess.run(
+        [sys.executable, "-m", "hybridlock", "server", *args],
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == EXIT_USAGE, done
+    assert done.stdout == ""
 
 
 def test_a_server_that_cannot_be_started_gives_125(tmp_path: Path):
