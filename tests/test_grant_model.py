@@ -1,0 +1,416 @@
+"""A model of the plain lock's direct-grant protocol, checked by Hypothesis on a real server: the steps are the real
+scripts (ACQUIRE, RELEASE, RENEW, CANCEL_WAIT, KEEP_WAITING), called by simulated owners in any order, with leases
+running out, replies lost and failovers to a lagging replica.
+
+Owners ``A``, ``B`` (and ``C``) are one registry each: at most one tenancy or one wait at a time (their local lock
+sees to that). Each believes what the library would: idle; waiting, with its place (``grants.place_name``), wait id
+and the arrival its queueing attempt reported; or holding, with its token and the value the key holds while it is
+its tenancy (the bare owner id for a lock taken by its own attempt, ``"<owner>|<token>"`` for one granted by a
+release: what its renewals and release pass). A waiter reads its box as the client does (``LPOP``, then
+``grants.read_grant``) and holds the lock when the grant is its own.
+
+Time passes by rules, never by sleeping: a lease running out is the lock key deleted (with every grant box that
+expires no later, on the master and on the replica); a place lapsing is the place removed from the queue (a pruned
+place). A lost reply is a script that ran and whose reply the owner never reads: it forgets the attempt (the server
+out of reach: what it may hold lapses by itself), or gives back what the attempt may have taken and leaves the queue
+(an interrupted wait's ``undo`` and ``give_up``). A failover to a lagging replica restores a copy of every key taken
+at an earlier step (``DUMP``/``PTTL``, then ``RESTORE``; keys written since are deleted); owners keep their beliefs.
+A lease that ran out by time is gone on the replica too (it expires there at the same instant), unless the replica's
+copy is another, longer lease.
+
+What is checked, by the model's ground truth: every mint of a token (the fencing counter moves) makes the key
+a new tenancy, ``(owner, token)``; a failover brings back the replica's.
+
+* Told at its next renewal (no two untold holders): a RENEW or RELEASE that answers 1 acts on a tenancy its owner
+  accepted. An owner whose tenancy was lost (run out, overwritten, lost in a failover) and that renews a tenancy it
+  never read (a grant to a stale place of its, say) is an owner never told, while another was inside meanwhile.
+  (A failover that brings back an *earlier* tenancy of the same owner, taken with its own attempt, is renewed
+  under the bare owner id: harmless, since the replica had it exclusive; so it is allowed.)
+* Tokens never go back: every token an owner accepts (from its attempt or a grant) is greater than every token
+  accepted before, failovers included (the counter goes back with the replica; the clock term does not).
+* A grant's lease is provisional: right after a grant the key lives at most ``min(QUEUE_PLACE_KEEP_MS, lease)``.
+* Nothing held by nobody: once every owner has released or left the queue (the end of each run), the lock key is
+  gone, unless a reply was lost or a failover happened: then whatever is left ends with its lease (a grant's
+  provisional lease, at most ``QUEUE_PLACE_KEEP_MS``; an own attempt's, at most the lease).
+
+The variants at the end break one piece each and check that Hypothesis finds a counterexample: the grant before the
+fix of issue 33's x3 (the bare owner id, compared by owner id only), a release that does not check the key is its
+tenancy, and a cancelled wait that does not give back a grant made to its place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pytest
+import redis
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from hybridlock._core.config import QUEUE_PLACE_KEEP_MS
+from hybridlock._core.names import lock_names
+from hybridlock._protocol import scripts
+from hybridlock._protocol.grants import box_of, place_name, read_grant
+from hybridlock.testing import EmbeddedServer
+
+LEASE_MS = 10_000  # longer than a place lives: a grant's provisional lease ends when the place would have lapsed
+FENCE_TTL_MS = 3_600_000
+#: Seconds by which two expiries may differ and still count as one instant (a key copied to the replica expires there
+#: when it does on its master; the model's readings of the two are a few ms apart).
+SLACK = 0.5
+NAMES = lock_names("m", "k")
+LOCK_KEYS = (NAMES.lock, NAMES.fence, NAMES.queue, NAMES.queue_until)  # ACQUIRE's
+SERVE_KEYS = (NAMES.lock, NAMES.queue, NAMES.queue_until, NAMES.fence)  # RELEASE's, CANCEL_WAIT's
+#: How one call's reply fares: read, or lost (the script ran; the owner forgets, or gives back and leaves the queue).
+FATES = st.sampled_from(("read", "read", "read", "forget", "undo"))
+
+
+@dataclass
+class Owner:
+    state: Literal["idle", "waiting", "holding"] = "idle"
+    place: str = ""  # waiting: our place's name
+    wait_id: str = ""
+    arrival: int | None = None  # waiting: the server time our place was taken, as its grant names it
+    token: int = 0  # holding
+    tenancy: str = ""  # holding: what the key holds while ours, "" for the bare owner id
+    since: int = 0  # holding: how many tenancies had been accepted when we accepted ours (``GrantModel.accepted``)
+
+
+class GrantModel(RuleBasedStateMachine):
+    OWNERS: tuple[str, ...] = ("A", "B", "C")
+    #: Pre-fix grant (issue 33, x3): the key holds the bare owner id, and holders compare only that.
+    BARE_GRANT = False
+    #: RELEASE deletes or grants the key without checking it is our tenancy.
+    UNCHECKED_RELEASE = False
+    #: CANCEL_WAIT leaves the queue but keeps a grant made to our place.
+    KEEPS_CANCELLED_GRANT = False
+    client: redis.Redis
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client.flushall()
+        self.scripts = {name: self.client.register_script(self._source(name)) for name in self._SCRIPTS}
+        self.owners = {name: Owner() for name in self.OWNERS}
+        self.wait_ids = itertools.count(1)
+        # The ground truth: the tenancy the key is, (owner, token), as the last mint made it (None: no key).
+        self.truth: tuple[str, int] | None = None
+        self.counter: str | None = None
+        self.accepted: list[tuple[str, int]] = []  # every tenancy accepted, (owner, token), in order
+        self.snapshot: dict[str, tuple[bytes, int, float]] | None = None  # key -> (dump, pttl, when)
+        self.snapshot_truth: tuple[str, int] | None = None
+        self.untidy = False  # a reply was lost or a failover happened: something may be left to lapse
+
+    _SCRIPTS = ("ACQUIRE", "RELEASE", "RENEW", "CANCEL_WAIT", "KEEP_WAITING")
+
+    def _source(self, name: str) -> str:
+        source: str = getattr(scripts, name)
+        if self.BARE_GRANT and name != "RENEW":
+            source = _replaced(source, "grantee .. '|' .. granted, 'PX'", "grantee, 'PX'")
+        if self.UNCHECKED_RELEASE and name == "RELEASE":
+            source = _replaced(source, "if redis.pcall('GET', KEYS[1]) ~= tenancy then", "if false then")
+        if self.KEEPS_CANCELLED_GRANT and name == "CANCEL_WAIT":
+            source = _replaced(source, "if place ~= ARGV[1] and ours(", "if false and ours(")
+        return source
+
+    # -- calling the scripts, and the ground truth --------------------------------------------------------------
+
+    def _run(self, name: str, keys: tuple[str, ...], args: tuple[Any, ...], observe: bool = True) -> Any:
+        reply = self.scripts[name](keys=keys, args=args)
+        if observe:
+            self._observe()
+        return reply
+
+    def _observe(self) -> None:
+        """After every step: a moved fencing counter means a mint, which made the key a new tenancy."""
+        counter, value, pttl = self.client.pipeline().get(NAMES.fence).get(NAMES.lock).pttl(NAMES.lock).execute()
+        if counter != self.counter:
+            self.counter = counter
+            if value is not None and counter is not None:
+                holder = value.decode().partition("|")[0]
+                self.truth = (holder, int(counter))
+                if b"|" in value:
+                    # A grant: its lease is provisional (ends when the place would have lapsed, or sooner).
+                    assert 0 < pttl <= min(QUEUE_PLACE_KEEP_MS, LEASE_MS), f"a grant's lease of {pttl} ms"
+        if value is None:
+            self.truth = None
+
+    def _accept(self, name: str, token: int, tenancy: str) -> None:
+        owner = self.owners[name]
+        if self.accepted:
+            assert token > self.accepted[-1][1], f"token order: {name} accepted {token} after {self.accepted}"
+        self.accepted.append((name, token))
+        owner.state, owner.token, owner.tenancy, owner.since = "holding", token, tenancy, len(self.accepted)
+        owner.place, owner.wait_id, owner.arrival = "", "", None
+
+    def _check_told(self, name: str, what: str) -> None:
+        """A RENEW or RELEASE by ``name`` answered 1: nobody else may have accepted the lock since ``name`` accepted
+        its tenancy (it would be two holders, ``name`` never told)."""
+        owner = self.owners[name]
+        others = [(other, token) for other, token in self.accepted[owner.since :] if other != name]
+        assert not others, (
+            f"untold: {name}'s {what} succeeded (its tenancy: token {owner.token}; the key's: {self.truth}) after "
+            f"{others} accepted the lock: {name} was never told it lost it"
+        )
+
+    def _idle(self, name: str) -> None:
+        self.owners[name] = Owner()
+
+    def _in(self, *states: str) -> list[str]:
+        return [name for name in self.OWNERS if self.owners[name].state in states]
+
+    # -- the owners' calls -----------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self._in("idle", "waiting"))
+    @rule(data=st.data(), blocking=st.booleans(), fate=FATES)
+    def attempt(self, data: st.DataObject, blocking: bool, fate: str) -> None:
+        """An attempt (ACQUIRE); a waiter attempts again (its place lost, its holder's lease end, a grant not its)."""
+        name = data.draw(st.sampled_from(self._in("idle", "waiting")))
+        owner = self.owners[name]
+        blocking = blocking or owner.state == "waiting"
+        if blocking and owner.state == "idle":
+            owner.wait_id = f"{next(self.wait_ids):x}"
+            owner.place = place_name(name, owner.wait_id, LEASE_MS)
+        args = (name, LEASE_MS, FENCE_TTL_MS, NAMES.channel, "", int(blocking), owner.place if blocking else "", "")
+        reply = self._run("ACQUIRE", LOCK_KEYS, args)
+        if fate != "read":
+            self._lost(name, fate)
+            return
+        if isinstance(reply, int):
+            self._accept(name, reply, "")
+        elif reply[0] == 1:
+            self._accept(name, int(reply[1]), "")
+        elif reply[0] == 0 and blocking:
+            owner.state = "waiting"
+            if reply[2]:
+                owner.arrival = int(reply[2])
+        else:
+            assert reply[0] == 0, reply
+
+    def _lost(self, name: str, fate: str) -> None:
+        """The reply of ``name``'s attempt was lost: forgotten, or (an interrupted wait) given back and left."""
+        self.untidy = True
+        owner = self.owners[name]
+        if fate == "undo":
+            self._run("RELEASE", SERVE_KEYS, (name, NAMES.channel, "", FENCE_TTL_MS, ""))
+            if owner.place:
+                self._run("CANCEL_WAIT", SERVE_KEYS, (name, NAMES.channel, "", FENCE_TTL_MS, owner.place))
+        self._idle(name)
+
+    @precondition(lambda self: self._in("waiting"))
+    @rule(data=st.data())
+    def read_box(self, data: st.DataObject) -> None:
+        """A waiter looks at its box (BLPOP, or LPOP for a short wait) and reads what it finds as the client does."""
+        name = data.draw(st.sampled_from(self._in("waiting")))
+        owner = self.owners[name]
+        message = self.client.lpop(box_of(NAMES.lock, name))
+        if message is None:
+            return
+        grant = read_grant(message.decode(), owner.wait_id, owner.arrival)
+        if grant is not None and grant.token is not None:
+            self._accept(name, grant.token, "" if self.BARE_GRANT else f"{name}|{grant.token}")
+        # (else: not a grant to this wait's place; the client attempts again, a rule of its own)
+
+    @precondition(lambda self: self._in("waiting"))
+    @rule(data=st.data())
+    def keep_waiting(self, data: st.DataObject) -> None:
+        """The wait keeper keeps a waiter's place (and serves a lock found free)."""
+        name = data.draw(st.sampled_from(self._in("waiting")))
+        args = (name, FENCE_TTL_MS, "", self.owners[name].place, NAMES.channel)
+        self._run("KEEP_WAITING", (NAMES.queue, NAMES.queue_until, NAMES.lock, NAMES.fence), args)
+        # (0: the place is gone; the client attempts again, a rule of its own)
+
+    @precondition(lambda self: self._in("waiting"))
+    @rule(data=st.data())
+    def give_up(self, data: st.DataObject) -> None:
+        """A waiter runs out of time: it leaves the queue (giving back a grant made to its place meanwhile)."""
+        name = data.draw(st.sampled_from(self._in("waiting")))
+        self._run("CANCEL_WAIT", SERVE_KEYS, (name, NAMES.channel, "", FENCE_TTL_MS, self.owners[name].place))
+        self._idle(name)
+
+    @precondition(lambda self: self._in("holding"))
+    @rule(data=st.data(), fate=FATES)
+    def renew(self, data: st.DataObject, fate: str) -> None:
+        """A holder's renewal (or the extension of a provisional lease at once after a grant); 0 tells it lost."""
+        name = data.draw(st.sampled_from(self._in("holding")))
+        owner = self.owners[name]
+        args: tuple[Any, ...] = (name, LEASE_MS)
+        if owner.tenancy:
+            args = (name, LEASE_MS, 1, 0, owner.tenancy)
+        (renewed,) = self._run("RENEW", (NAMES.lock,), args)
+        if fate != "read":
+            return  # not known: it renews again later
+        if renewed:
+            self._check_told(name, "renewal")
+        else:
+            self._idle(name)  # told: lost
+
+    @precondition(lambda self: self._in("holding"))
+    @rule(data=st.data(), fate=FATES)
+    def release(self, data: st.DataObject, fate: str) -> None:
+        name = data.draw(st.sampled_from(self._in("holding")))
+        owner = self.owners[name]
+        args = (name, NAMES.channel, "", FENCE_TTL_MS, owner.tenancy)
+        released = self._run("RELEASE", SERVE_KEYS, args, observe=False)
+        if fate == "read" and released:
+            self._check_told(name, "release")  # (on the tenancy it acted on: observed after)
+        self._observe()
+        self.untidy |= fate != "read"
+        self._idle(name)
+
+    # -- time, failovers -----------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.truth is not None)
+    @rule()
+    def lease_runs_out(self) -> None:
+        """Time passes until the lock's lease ends: the key goes, with every grant box that expires no later, here
+        and on the replica (which expires a key at the same instant as its master)."""
+        pttl = self.client.pttl(NAMES.lock)
+        if pttl < 0:
+            return
+        end = time.monotonic() + pttl / 1000
+        for key in self.client.keys(f"{NAMES.lock}:grant:*"):
+            if 0 < self.client.pttl(key) <= pttl:
+                self.client.delete(key)
+        self.client.delete(NAMES.lock)
+        if self.snapshot is not None:
+            for key, (_, kept, when) in list(self.snapshot.items()):
+                leased = key == NAMES.lock or key.startswith(f"{NAMES.lock}:grant:")
+                if leased and kept > 0 and when + kept / 1000 <= end + SLACK:
+                    del self.snapshot[key]
+                    if key == NAMES.lock:
+                        self.snapshot_truth = None
+        self._observe()
+
+    @precondition(lambda self: self._in("waiting"))
+    @rule(data=st.data())
+    def place_lapses(self, data: st.DataObject) -> None:
+        """A waiter's place lapses (its process stood still): pruned from the queue."""
+        name = data.draw(st.sampled_from(self._in("waiting")))
+        place = self.owners[name].place
+        self.client.zrem(NAMES.queue, place)
+        self.client.zrem(NAMES.queue_until, place)
+
+    @rule()
+    def replicate(self) -> None:
+        """The replica's copy is this state (it lags behind from here on)."""
+        now = time.monotonic()
+        self.snapshot = {}
+        for key in self.client.keys("*"):
+            dump, pttl = self.client.pipeline().dump(key).pttl(key).execute()
+            if dump is not None:
+                self.snapshot[key.decode()] = (dump, pttl, now)
+        self.snapshot_truth = self.truth
+
+    @precondition(lambda self: self.snapshot is not None)
+    @rule()
+    def failover(self) -> None:
+        """The lagging replica takes over: every key as it was at ``replicate``; owners keep their beliefs."""
+        assert self.snapshot is not None
+        now = time.monotonic()
+        self.client.flushall()
+        for key, (dump, pttl, when) in self.snapshot.items():
+            left = 0 if pttl < 0 else pttl - int((now - when) * 1000)
+            if pttl < 0 or left > 0:
+                self.client.restore(key, left, dump, replace=True)
+        self.snapshot, self.untidy = None, True
+        self.counter = self.client.get(NAMES.fence)
+        self.truth = self.snapshot_truth if self.client.exists(NAMES.lock) else None
+
+    # -- the end: everyone lets go -------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Every holder releases, every waiter leaves the queue: then nothing is held by nobody for long."""
+        for name in self.OWNERS:
+            owner = self.owners[name]
+            if owner.state == "holding":
+                self._run("RELEASE", SERVE_KEYS, (name, NAMES.channel, "", FENCE_TTL_MS, owner.tenancy))
+            elif owner.state == "waiting":
+                self._run("CANCEL_WAIT", SERVE_KEYS, (name, NAMES.channel, "", FENCE_TTL_MS, owner.place))
+            self._idle(name)
+        value, pttl = self.client.pipeline().get(NAMES.lock).pttl(NAMES.lock).execute()
+        if value is None:
+            return
+        assert self.untidy, f"held by nobody: the key holds {value!r} after every owner let go"
+        bound = QUEUE_PLACE_KEEP_MS if b"|" in value else LEASE_MS
+        assert 0 < pttl <= bound, f"held by nobody: {value!r} for {pttl} ms"
+
+    @invariant()
+    def one_tenancy_per_owner(self) -> None:
+        for name, owner in self.owners.items():
+            assert (owner.state == "waiting") == bool(owner.place), (name, owner)
+
+
+def _replaced(source: str, old: str, new: str) -> str:
+    assert old in source, old
+    return source.replace(old, new)
+
+
+@pytest.fixture(scope="module")
+def model_client() -> Any:
+    with EmbeddedServer() as server:
+        client = redis.Redis.from_url(server.url)
+        yield client
+        client.close()
+
+
+_SETTINGS = settings(
+    max_examples=60, stateful_step_count=30, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+
+
+def test_the_direct_grant_protocol_keeps_its_promises(model_client: redis.Redis) -> None:
+    GrantModel.client = model_client
+    run_state_machine_as_test(GrantModel, settings=_SETTINGS)
+
+
+class BareGrant(GrantModel):
+    OWNERS = ("A", "B")
+    BARE_GRANT = True
+
+
+class UncheckedRelease(GrantModel):
+    OWNERS = ("A", "B")
+    UNCHECKED_RELEASE = True
+
+
+class KeepsCancelledGrant(GrantModel):
+    OWNERS = ("A", "B")
+    KEEPS_CANCELLED_GRANT = True
+
+
+@pytest.mark.parametrize(
+    ("machine", "broken"),
+    [(UncheckedRelease, "untold"), (KeepsCancelledGrant, "held by nobody")],
+    ids=["release-unchecked", "cancelled-wait-keeps-its-grant"],
+)
+def test_the_model_catches_a_broken_rule(model_client: redis.Redis, machine: type[GrantModel], broken: str) -> None:
+    machine.client = model_client
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=3000,
+                stateful_step_count=30,
+                derandomize=True,
+                phases=(Phase.generate,),
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+                print_blob=False,
+            ),
+        )
+    except Exception as exc:
+        found = "\n".join(str(error) for error in _leaves(exc))
+        assert re.search(broken, found), found
+    else:
+        pytest.fail("the broken model passed: the model cannot tell this rule is needed")
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    nested = getattr(error, "exceptions", None)
+    return [leaf for inner in nested for leaf in _leaves(inner)] if nested else [error]
