@@ -751,6 +751,14 @@ class AsyncRedisBackend(AsyncLockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     async def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        return await self._release(names, owner, notify)
+
+    async def release_late(self, names: LockNames, owner: str, token: int) -> bool:
+        return await self._release(names, owner, True, str(token))
+
+    async def _release(self, names: LockNames, owner: str, notify: bool, token: str = "") -> bool:
+        """RELEASE of ``names.tenancy`` (or ``owner``'s bare id), only while the fencing counter holds ``token`` if
+        one is given (see ``release_late``)."""
         async with self._translated(names, "release"):
             released = await self._scripts.run(
                 scripts.RELEASE,
@@ -761,22 +769,7 @@ class AsyncRedisBackend(AsyncLockBackend):
                     await self._announcement() if notify else "",
                     self._fence_retention_ms,
                     names.tenancy,
-                ),
-            )
-        return bool(released)
-
-    async def release_late(self, names: LockNames, owner: str, token: int) -> bool:
-        async with self._translated(names, "release"):
-            released = await self._scripts.run(
-                scripts.RELEASE,
-                (names.lock, names.queue, names.queue_until, names.fence),
-                (
-                    owner,
-                    names.channel,
-                    await self._announcement(),
-                    self._fence_retention_ms,
-                    names.tenancy,
-                    str(token),
+                    token,
                 ),
             )
         return bool(released)

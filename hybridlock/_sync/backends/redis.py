@@ -752,6 +752,14 @@ class RedisBackend(LockBackend):
         return AcquireManyResult(False, (), index, None if pttl < 0 else pttl / 1000.0)
 
     def release(self, names: LockNames, owner: str, notify: bool) -> bool:
+        return self._release(names, owner, notify)
+
+    def release_late(self, names: LockNames, owner: str, token: int) -> bool:
+        return self._release(names, owner, True, str(token))
+
+    def _release(self, names: LockNames, owner: str, notify: bool, token: str = "") -> bool:
+        """RELEASE of ``names.tenancy`` (or ``owner``'s bare id), only while the fencing counter holds ``token`` if
+        one is given (see ``release_late``)."""
         with self._translated(names, "release"):
             released = self._scripts.run(
                 scripts.RELEASE,
@@ -762,22 +770,7 @@ class RedisBackend(LockBackend):
                     self._announcement() if notify else "",
                     self._fence_retention_ms,
                     names.tenancy,
-                ),
-            )
-        return bool(released)
-
-    def release_late(self, names: LockNames, owner: str, token: int) -> bool:
-        with self._translated(names, "release"):
-            released = self._scripts.run(
-                scripts.RELEASE,
-                (names.lock, names.queue, names.queue_until, names.fence),
-                (
-                    owner,
-                    names.channel,
-                    self._announcement(),
-                    self._fence_retention_ms,
-                    names.tenancy,
-                    str(token),
+                    token,
                 ),
             )
         return bool(released)
