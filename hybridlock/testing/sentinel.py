@@ -301,8 +301,18 @@ class SentinelService:
                 with contextlib.suppress(redis.RedisError), _client(old_port) as client:
                     if client.info("replication").get("role") == "master":
                         client.execute_command("REPLICAOF", _HOST, new_port)
-            self.wait_healthy(max(1.0, deadline - time.monotonic()), new_port)
+            new_port = self._settled(old_port, deadline)
         return new_port
+
+    def _settled(self, old_port: int, deadline: float) -> int:
+        """Wait until the service has settled on a master other than ``old_port``, and return its port. Usually the
+        one just promoted; but on a loaded machine the sentinels sometimes pass over a node they just promoted and
+        fail over once more (a new epoch), and the master they settle on then is another replica."""
+        self.wait_healthy(max(1.0, deadline - time.monotonic()))
+        port = self.master_address()[1]
+        if port == old_port:
+            raise TimeoutError(f"the sentinel service {self.service} settled back on {old_port}: {self.state_report()}")
+        return port
 
     def kill_master(self, timeout: float = 30.0, *, restart: bool = True) -> int:
         """SIGKILL the master and wait for the sentinels to promote a replica; with ``restart``, start the killed
@@ -315,7 +325,7 @@ class SentinelService:
             old.stop()
             revived = EmbeddedServer(self.binary, extra_args=self._server_args(new_port))
             self.servers[index] = revived.start(port=old.port)
-            self.wait_healthy(timeout, new_port)
+            new_port = self._settled(old.port, time.monotonic() + timeout)
         return new_port
 
 
