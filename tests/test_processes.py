@@ -18,14 +18,15 @@ CTX = multiprocessing.get_context("spawn")
 
 
 def stored_owners(client, key: str) -> list[str]:
-    """The values of the server's lock keys for ``key``: every string key naming it whose value is no counter."""
+    """The owners the server's lock keys for ``key`` name: every string key naming it whose value is no counter (a
+    lock granted by a release holds "<owner>|<token>": its owner part)."""
     owners = []
     for name in client.scan_iter(match=f"*{key}*"):
         if client.type(name) != b"string":
             continue
         value = client.get(name)
         if value is not None and not value.isdigit():
-            owners.append(value.decode())
+            owners.append(value.decode().partition("|")[0])
     return owners
 
 
